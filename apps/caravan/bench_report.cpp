@@ -1,0 +1,135 @@
+#include "apps/caravan/bench_report.h"
+
+#include "apps/caravan/commands.h"
+
+#include <caravan/platform.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+namespace caravan::app {
+namespace {
+
+struct BenchCaseEntry {
+  std::string name;
+  BenchRunner run;
+};
+
+std::vector<BenchCaseEntry>& bench_cases() {
+  static std::vector<BenchCaseEntry> cases;
+  return cases;
+}
+
+bool g_json = false;
+
+void print_table(const BenchTable& table) {
+  std::vector<std::size_t> width(table.columns.size(), 0);
+  for (std::size_t c = 0; c < table.columns.size(); ++c) width[c] = table.columns[c].size();
+  for (const auto& row : table.rows)
+    for (std::size_t c = 0; c < row.size() && c < width.size(); ++c)
+      width[c] = std::max(width[c], row[c].size());
+  if (!table.title.empty()) fmt::print("\n{}\n", table.title);
+  auto print_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (std::size_t c = 0; c < width.size(); ++c) {
+      const std::string& cell = c < row.size() ? row[c] : std::string();
+      // First column left-aligned (labels), the rest right-aligned (numbers).
+      line += c == 0 ? fmt::format("{:<{}}", cell, width[c]) : fmt::format("  {:>{}}", cell, width[c]);
+    }
+    fmt::print("{}\n", line);
+  };
+  print_row(table.columns);
+  std::size_t total = 0;
+  for (auto w : width) total += w + 2;
+  fmt::print("{}\n", std::string(total - 2, '-'));
+  for (const auto& row : table.rows) print_row(row);
+}
+
+}  // namespace
+
+std::string describe_machine() {
+  std::string cpu = "unknown CPU";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  GpuProbe gpus = probe_gpus();
+  std::string gpu = gpus.device_count > 0 ? fmt::format("{} GPU(s)", gpus.device_count) : "no GPU";
+  return fmt::format("{} x {} ({}), {}", std::thread::hardware_concurrency(), cpu, "cores", gpu);
+}
+
+void print_report(const BenchReport& report, bool json) {
+  if (json) {
+    nlohmann::json out = report.figures;
+    out["bench"] = report.name;
+    out["machine"] = report.machine;
+    out["headlines"] = report.headlines;
+    fmt::print("{}\n", out.dump(2));
+    return;
+  }
+  fmt::print("== caravan bench {} ==\nmachine: {}\n", report.name, report.machine);
+  for (const auto& table : report.tables) print_table(table);
+  if (!report.notes.empty()) fmt::print("\n");
+  for (const auto& note : report.notes) fmt::print("note: {}\n", note);
+  fmt::print("\n");
+  for (const auto& line : report.headlines) fmt::print("{}\n", line);
+}
+
+CLI::App& add_bench_case(CLI::App& bench, const std::string& name, const std::string& description,
+                         BenchRunner run) {
+  CLI::App* sub = bench.add_subcommand(name, description);
+  bench_cases().push_back({name, run});
+  sub->callback([name, run] {
+    BenchReport report = run();
+    report.name = name;
+    report.machine = describe_machine();
+    print_report(report, g_json);
+  });
+  return *sub;
+}
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Run benchmarks; each prints a ratio against a baseline measured in the same run");
+  bench->add_flag("--json", g_json, "Print one JSON object of figures per case instead of tables");
+  bench->require_subcommand(1);
+  add_bench_tasks(*bench);
+  bench->add_subcommand("all", "Run every benchmark case with its default options")->callback([] {
+    for (const auto& entry : bench_cases()) {
+      BenchReport report = entry.run();
+      report.name = entry.name;
+      report.machine = describe_machine();
+      print_report(report, g_json);
+    }
+  });
+}
+
+Summary summarize(std::vector<double> samples) {
+  Summary s;
+  s.count = samples.size();
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end());
+  auto at = [&](double q) {
+    double pos = q * static_cast<double>(samples.size() - 1);
+    auto lo = static_cast<std::size_t>(std::floor(pos));
+    auto hi = std::min(lo + 1, samples.size() - 1);
+    double frac = pos - static_cast<double>(lo);
+    return samples[lo] * (1 - frac) + samples[hi] * frac;
+  };
+  s.median = at(0.5);
+  s.p10 = at(0.1);
+  s.p90 = at(0.9);
+  s.min = samples.front();
+  s.max = samples.back();
+  return s;
+}
+
+}  // namespace caravan::app

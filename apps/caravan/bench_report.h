@@ -1,0 +1,48 @@
+// What every benchmark prints: a readable table (the default) or, with --json, one JSON object
+// holding the same figures. Also the statistics the tables use (median and spread).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace caravan::app {
+
+struct BenchTable {
+  std::string title;
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::string>> rows;
+};
+
+struct BenchReport {
+  std::string name;                    // the bench case, e.g. "tasks"
+  std::string machine;                 // filled in by the framework
+  std::vector<BenchTable> tables;
+  std::vector<std::string> headlines;  // one-line results, e.g. "1.23 M tasks/s"
+  std::vector<std::string> notes;
+  nlohmann::json figures = nlohmann::json::object();
+};
+
+// Prints the report as tables or as one JSON object.
+void print_report(const BenchReport& report, bool json);
+
+// Registers a case: adds `bench <name>` with the common --json flag and lets `bench all` run it.
+// `setup` adds the case's own options to its subcommand; `run` runs it.
+using BenchRunner = std::function<BenchReport()>;
+CLI::App& add_bench_case(CLI::App& bench, const std::string& name, const std::string& description,
+                         BenchRunner run);
+
+struct Summary {
+  double median = 0, p10 = 0, p90 = 0, min = 0, max = 0;
+  std::size_t count = 0;
+};
+Summary summarize(std::vector<double> samples);
+std::string describe_machine();
+
+}  // namespace caravan::app

@@ -1,0 +1,15 @@
+// Each subcommand of the caravan tool adds itself to the CLI11 app through one function here.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace caravan::app {
+
+void add_config_command(CLI::App& app);
+// `caravan bench <case>`: adds the bench command and every case; bench_*.cpp each add one case.
+void add_bench_command(CLI::App& app);
+void add_bench_tasks(CLI::App& bench);
+
+}  // namespace caravan::app

@@ -1,0 +1,66 @@
+// `caravan config`: every CARAVAN_* setting with its default, current value, source and doc.
+#include "apps/caravan/commands.h"
+
+#include <caravan/platform.h>
+#include <caravan/settings.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+namespace caravan::app {
+namespace {
+
+const char* source_name(settings::Source s) {
+  switch (s) {
+    case settings::Source::default_value: return "default";
+    case settings::Source::environment: return "environment";
+    case settings::Source::override_value: return "override";
+  }
+  return "?";
+}
+
+void print_config(bool json) {
+  auto all = settings::list();
+  GpuProbe gpu = probe_gpus();
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& s : all)
+      out.push_back({{"name", s.name}, {"type", s.type}, {"default", s.default_value}, {"current", s.current_value},
+                     {"source", source_name(s.source)}, {"doc", s.doc}, {"error", s.error}});
+    fmt::print("{}\n", nlohmann::json{{"settings", out},
+                                      {"gpu", {{"built", gpu.built}, {"devices", gpu.device_count},
+                                               {"toolchain", gpu.toolchain}, {"reason", gpu.reason}}}}
+                           .dump(2));
+    return;
+  }
+  std::size_t name_width = 4, value_width = 7, default_width = 7;
+  for (const auto& s : all) {
+    name_width = std::max(name_width, s.name.size());
+    value_width = std::max(value_width, s.current_value.size());
+    default_width = std::max(default_width, s.default_value.size());
+  }
+  fmt::print("{:<{}}  {:<{}}  {:<{}}  {:<11}  {}\n", "name", name_width, "current", value_width, "default",
+             default_width, "source", "doc");
+  for (const auto& s : all) {
+    fmt::print("{:<{}}  {:<{}}  {:<{}}  {:<11}  {} [{}]\n", s.name, name_width, s.current_value, value_width,
+               s.default_value, default_width, source_name(s.source), s.doc, s.type);
+    if (!s.error.empty()) fmt::print("  ^ invalid: {}\n", s.error);
+  }
+  fmt::print("\nGPU support: {}\n", gpu.built ? fmt::format("built ({}), {} device(s){}", gpu.toolchain,
+                                                            gpu.device_count, gpu.reason.empty() ? "" : ": " + gpu.reason)
+                                              : gpu.reason);
+}
+
+}  // namespace
+
+void add_config_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("config", "List every CARAVAN_* setting with its default, current value and doc");
+  static bool json = false;
+  cmd->add_flag("--json", json, "Print JSON instead of a table");
+  cmd->callback([] { print_config(json); });
+}
+
+}  // namespace caravan::app

@@ -1,0 +1,30 @@
+# GPU sources are optional. With CARAVAN_GPU=AUTO they build when a CUDA compiler is found
+# (nvcc, also looked for in /usr/local/cuda/bin); CARAVAN_GPU=ON makes a missing one an error.
+# The result is CARAVAN_HAVE_GPU, which runtime/ turns into the CARAVAN_HAVE_GPU definition.
+set(CARAVAN_HAVE_GPU OFF)
+if(NOT CARAVAN_GPU STREQUAL "OFF")
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)  # Hopper (H100/H200), the GPUs Caravan is measured on
+    endif()
+    enable_language(CUDA)
+    # CMake 3.25 predates nvcc's C++20 support (CUDA 12+); tell it the flag so that CUDA_STANDARD 20
+    # and the cxx_std_20 requirement of Caravan's targets work for .cu files too.
+    if(CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0 AND NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_COMPILE_FEATURES cuda_std_20)
+      list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
+    endif()
+    find_package(CUDAToolkit REQUIRED)
+    set(CARAVAN_HAVE_GPU ON)
+  elseif(CARAVAN_GPU STREQUAL "ON")
+    message(FATAL_ERROR "CARAVAN_GPU=ON but no CUDA compiler was found (set CUDACXX or put nvcc on PATH)")
+  endif()
+endif()
+message(STATUS "Caravan GPU sources: ${CARAVAN_HAVE_GPU}")

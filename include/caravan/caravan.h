@@ -1,0 +1,10 @@
+// Everything a Caravan application needs.
+#pragma once
+
+#include <caravan/error.h>
+#include <caravan/event.h>
+#include <caravan/platform.h>
+#include <caravan/runtime.h>
+#include <caravan/settings.h>
+#include <caravan/task.h>
+#include <caravan/task_graph.h>

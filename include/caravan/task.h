@@ -1,0 +1,84 @@
+// Tasks: functions registered by name, spawned with argument bytes, a precondition event and a
+// priority, returning a completion event. Names make tasks spawnable on other ranks.
+#pragma once
+
+#include <caravan/event.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace caravan {
+
+// Task priorities: among ready tasks on a processor, higher runs first.
+inline constexpr int kMinPriority = -1000;
+inline constexpr int kMaxPriority = 1000;
+
+enum class ProcessorKind : std::uint8_t { cpu, gpu };
+
+// A processor: where tasks run. The default value is this rank's CPU processor.
+struct Processor {
+  ProcessorKind kind = ProcessorKind::cpu;
+  std::uint16_t rank = 0;
+  std::uint16_t index = 0;
+  friend constexpr bool operator==(const Processor&, const Processor&) = default;
+  std::string to_string() const;
+};
+
+struct TaskId {
+  std::uint32_t value = UINT32_MAX;
+  constexpr bool valid() const { return value != UINT32_MAX; }
+  friend constexpr bool operator==(const TaskId&, const TaskId&) = default;
+};
+
+// What a running task sees.
+struct TaskContext {
+  TaskId task;
+  std::string_view task_name;
+  std::span<const std::byte> args;
+  Processor processor;
+  Event completion;  // the event that triggers when this task returns
+
+  // The arguments as a trivially copyable T; throws Error(invalid_argument) if sizes differ.
+  template <class T>
+  T args_as() const {
+    static_assert(std::is_trivially_copyable_v<T>, "task arguments are raw bytes");
+    check_args_size(sizeof(T));
+    T value;
+    std::memcpy(&value, args.data(), sizeof(T));
+    return value;
+  }
+
+ private:
+  void check_args_size(std::size_t expected) const;
+};
+
+// A task body. An exception it throws poisons the task's completion event with its message.
+using TaskFn = std::function<void(TaskContext&)>;
+
+// Registers a task under `name` (process-wide, before or after the runtime starts).
+// Throws Error(invalid_argument) for an empty name, Error(already_done) if the name is taken.
+TaskId register_task(std::string name, TaskFn fn);
+// The task registered as `name`; throws Error(not_found) naming it otherwise.
+TaskId find_task(std::string_view name);
+std::string_view task_name(TaskId id);
+
+// The bytes of a trivially copyable value, for spawn's args.
+template <class T>
+std::span<const std::byte> task_args(const T& value) {
+  static_assert(std::is_trivially_copyable_v<T>, "task arguments are raw bytes");
+  return std::as_bytes(std::span<const T, 1>(&value, 1));
+}
+
+struct SpawnOptions {
+  Event precondition;   // the task runs after this triggers; if it is poisoned, the task never runs
+  int priority = 0;     // in [kMinPriority, kMaxPriority]
+  Processor processor;  // default: this rank's CPU processor
+};
+
+}  // namespace caravan

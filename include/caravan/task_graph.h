@@ -1,0 +1,53 @@
+// Task graphs: describe tasks (and, later, copies) with their dependencies once, then launch
+// the whole graph many times. Each launch returns one event that triggers when every node of
+// that launch has finished. Iterative applications build the graph once per loop body.
+#pragma once
+
+#include <caravan/event.h>
+#include <caravan/task.h>
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace caravan {
+
+class TaskGraph {
+ public:
+  using NodeId = std::size_t;
+
+  // A task node. `dependencies` must name nodes already added, so a graph is acyclic by
+  // construction; anything else throws Error(invalid_argument) naming the bad id.
+  NodeId add_task(TaskId task, std::span<const std::byte> args = {},
+                  std::span<const NodeId> dependencies = {}, int priority = 0,
+                  Processor processor = {});
+  NodeId add_task(std::string_view task_name, std::span<const std::byte> args = {},
+                  std::span<const NodeId> dependencies = {}, int priority = 0,
+                  Processor processor = {});
+
+  // A generic node: `start` is called at launch with the node's precondition and returns the
+  // event of the work it started (copies and other operations become nodes this way).
+  using Starter = std::function<Event(Event precondition)>;
+  NodeId add_node(std::string label, Starter start, std::span<const NodeId> dependencies = {});
+
+  // Starts one execution of the graph after `precondition`. Nodes with no dependencies wait on
+  // `precondition`; the result triggers when all nodes have, and is poisoned if any node fails.
+  Event launch(Event precondition = {}) const;
+
+  std::size_t size() const { return nodes_.size(); }
+  const std::string& label(NodeId id) const;
+
+ private:
+  struct Node {
+    std::string label;
+    Starter start;
+    std::vector<NodeId> dependencies;
+  };
+  NodeId add(Node node);
+  std::vector<Node> nodes_;
+  std::vector<bool> has_dependents_;
+};
+
+}  // namespace caravan

@@ -1,0 +1,157 @@
+// The public Event API: each call finds the event's table through the running runtime.
+#include "runtime/log.h"
+#include "runtime/runtime_impl.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+
+namespace caravan {
+namespace {
+
+using detail::EventTable;
+using detail::EventWaiter;
+
+class CallbackWaiter final : public EventWaiter {
+ public:
+  explicit CallbackWaiter(Event::Callback callback) : callback_(std::move(callback)) {}
+  void event_triggered(const FailureCause& failure) override {
+    try {
+      callback_(failure);
+    } catch (const std::exception& e) {
+      log::get("event")->error("an event callback threw (ignored): {}", e.what());
+    } catch (...) {
+      log::get("event")->error("an event callback threw an unknown exception (ignored)");
+    }
+    delete this;
+  }
+
+ private:
+  Event::Callback callback_;
+};
+
+// Joins N events. Each input needs its own intrusive list node, so the record holds one Input
+// per pending event; the record is freed by whichever input is notified last.
+class MergeRecord {
+ public:
+  MergeRecord(EventTable& table, Event result, std::size_t inputs)
+      : table_(table), result_(result), inputs_(inputs), remaining_(static_cast<std::int64_t>(inputs)) {
+    for (auto& input : inputs_) input.record = this;
+  }
+  void attach(std::size_t i, Event e) { table_.add_waiter(e, &inputs_[i]); }
+
+ private:
+  struct Input final : EventWaiter {
+    MergeRecord* record = nullptr;
+    void event_triggered(const FailureCause& failure) override { record->input_triggered(failure); }
+  };
+
+  void input_triggered(const FailureCause& failure) {
+    // Fail fast: the first failure triggers the result; later inputs only count down.
+    if (failure && !fired_.exchange(true, std::memory_order_acq_rel)) table_.trigger(result_, failure);
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      if (!fired_.exchange(true, std::memory_order_acq_rel)) table_.trigger(result_, nullptr);
+      delete this;
+    }
+  }
+
+  EventTable& table_;
+  Event result_;
+  std::vector<Input> inputs_;
+  std::atomic<std::int64_t> remaining_;
+  std::atomic<bool> fired_{false};
+};
+
+}  // namespace
+
+EventState Event::query() const {
+  if (is_none()) return EventState::triggered;
+  return RuntimeImpl::table_for(*this).query(*this);
+}
+
+FailureCause Event::failure() const {
+  if (is_none()) return nullptr;
+  return RuntimeImpl::table_for(*this).failure(*this);
+}
+
+void Event::wait() const {
+  if (is_none()) return;
+  FailureCause failure;
+  RuntimeImpl::table_for(*this).wait(*this, nullptr, &failure);
+  if (failure) throw EventPoisoned(failure);
+}
+
+bool Event::wait_for(std::chrono::nanoseconds timeout) const {
+  if (is_none()) return true;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  FailureCause failure;
+  if (!RuntimeImpl::table_for(*this).wait(*this, &deadline, &failure)) return false;
+  if (failure) throw EventPoisoned(failure);
+  return true;
+}
+
+void Event::on_trigger(Callback callback) const {
+  if (!callback) throw Error(Errc::invalid_argument, "Event::on_trigger: the callback is empty");
+  if (is_none()) {
+    CallbackWaiter* waiter = new CallbackWaiter(std::move(callback));
+    waiter->event_triggered(nullptr);
+    return;
+  }
+  EventTable& table = RuntimeImpl::table_for(*this);
+  table.add_waiter(*this, new CallbackWaiter(std::move(callback)));
+}
+
+std::string Event::to_string() const {
+  if (is_none()) return "event(none)";
+  return fmt::format("event(rank {}, slot {}, gen {})", owner_rank_, slot_, generation_);
+}
+
+UserEvent UserEvent::create() {
+  RuntimeImpl* rt = RuntimeImpl::current();
+  if (!rt) throw Error(Errc::shut_down, "UserEvent::create: no Caravan runtime is running");
+  return UserEvent(rt->events().create());
+}
+
+void UserEvent::trigger() const {
+  if (is_none()) throw Error(Errc::invalid_argument, "UserEvent::trigger: this is the empty UserEvent (use UserEvent::create())");
+  if (!RuntimeImpl::table_for(*this).trigger(*this, nullptr))
+    throw Error(Errc::already_done, fmt::format("UserEvent::trigger: {} has already triggered", to_string()));
+}
+
+void UserEvent::poison(FailureCause cause) const {
+  if (is_none()) throw Error(Errc::invalid_argument, "UserEvent::poison: this is the empty UserEvent (use UserEvent::create())");
+  if (!cause) throw Error(Errc::invalid_argument, "UserEvent::poison: the cause must not be null");
+  if (!RuntimeImpl::table_for(*this).trigger(*this, std::move(cause)))
+    throw Error(Errc::already_done, fmt::format("UserEvent::poison: {} has already triggered", to_string()));
+}
+
+void UserEvent::poison(const std::string& message) const { poison(make_failure(Errc::poisoned, message)); }
+
+Event merge_events(std::span<const Event> events) {
+  // Drop inputs that have triggered already; a poisoned one decides the result at once.
+  std::vector<Event> pending;
+  pending.reserve(events.size());
+  EventTable* table = nullptr;
+  for (const Event& e : events) {
+    if (e.is_none()) continue;
+    EventTable& t = RuntimeImpl::table_for(e);
+    table = &t;
+    switch (t.query(e)) {
+      case EventState::triggered: break;
+      case EventState::poisoned: return e;
+      case EventState::pending: pending.push_back(e); break;
+    }
+  }
+  if (pending.empty()) return Event::none();
+  if (pending.size() == 1) return pending.front();
+  Event result = table->create();
+  auto* record = new MergeRecord(*table, result, pending.size());
+  for (std::size_t i = 0; i < pending.size(); ++i) record->attach(i, pending[i]);
+  return result;
+}
+
+Event merge_events(std::initializer_list<Event> events) {
+  return merge_events(std::span<const Event>(events.begin(), events.size()));
+}
+
+}  // namespace caravan

@@ -1,0 +1,288 @@
+#include "runtime/event_table.h"
+
+#include "runtime/log.h"
+
+#include <fmt/format.h>
+
+#include <condition_variable>
+
+namespace caravan::detail {
+namespace {
+
+// Notification trampoline state (see EventTable::notify).
+struct PendingNotification {
+  EventWaiter* waiters;
+  FailureCause failure;
+};
+struct NotifyState {
+  bool active = false;
+  std::vector<PendingNotification> queue;
+};
+thread_local NotifyState t_notify;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// A waiter that wakes a blocked thread. The notifier signals under the mutex because the
+// waiting thread destroys this object as soon as it sees done == true.
+class BlockingWaiter final : public EventWaiter {
+ public:
+  void event_triggered(const FailureCause& failure) override {
+    std::lock_guard lock(mutex_);
+    failure_ = failure;
+    done_ = true;
+    cv_.notify_one();
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  FailureCause failure_;
+};
+
+}  // namespace
+
+EventTable::EventTable(std::uint16_t rank, std::uint16_t instance, int wait_spin_us)
+    : rank_(rank), instance_(instance), wait_spin_us_(wait_spin_us), free_head_(kNil) {
+  grow();
+}
+
+EventTable::~EventTable() {
+  auto n = chunk_count_.load();
+  for (std::uint32_t c = 0; c < n; ++c) delete[] chunks_[c].load();
+}
+
+EventTable::Slot& EventTable::slot(std::uint32_t index) const {
+  return chunks_[index >> kChunkBits].load(std::memory_order_acquire)[index & (kChunkSize - 1)];
+}
+
+EventTable::Slot& EventTable::checked_slot(const Event& e) const {
+  if (e.owner_rank() != rank_ || e.runtime_instance() != instance_ ||
+      (e.slot() >> kChunkBits) >= chunk_count_.load(std::memory_order_acquire))
+    throw Error(Errc::invalid_argument, fmt::format("{} does not belong to this runtime (rank {}, instance {})",
+                                                    e.to_string(), rank_, instance_));
+  Slot& s = slot(e.slot());
+  if (e.generation() > s.issued_generation.load(std::memory_order_acquire))
+    throw Error(Errc::invalid_argument, fmt::format("{} was never created", e.to_string()));
+  return s;
+}
+
+void EventTable::grow() {
+  std::lock_guard lock(grow_mutex_);
+  std::uint32_t c = chunk_count_.load();
+  if (c == kMaxChunks)
+    throw Error(Errc::internal, fmt::format("event table full: {} events pending", pending_count()));
+  auto* chunk = new Slot[kChunkSize];
+  std::uint32_t base = c << kChunkBits;
+  // Chain the new slots and publish the chunk before pushing the chain on the free list.
+  for (std::uint32_t i = 0; i + 1 < kChunkSize; ++i) chunk[i].next_free.store(base + i + 1, std::memory_order_relaxed);
+  chunks_[c].store(chunk, std::memory_order_release);
+  chunk_count_.store(c + 1, std::memory_order_release);
+  std::uint64_t head = free_head_.load(std::memory_order_relaxed);
+  for (;;) {
+    chunk[kChunkSize - 1].next_free.store(static_cast<std::uint32_t>(head), std::memory_order_relaxed);
+    std::uint64_t desired = (head & ~0xFFFFFFFFull) + (1ull << 32) + base;
+    if (free_head_.compare_exchange_weak(head, desired, std::memory_order_release, std::memory_order_relaxed)) break;
+  }
+}
+
+std::uint32_t EventTable::pop_free() {
+  for (;;) {
+    std::uint64_t head = free_head_.load(std::memory_order_acquire);
+    while (static_cast<std::uint32_t>(head) != kNil) {
+      auto index = static_cast<std::uint32_t>(head);
+      // next_free may be stale if another thread pops this slot first; the tag makes our CAS
+      // fail in that case, so the stale value is never used.
+      std::uint32_t next = slot(index).next_free.load(std::memory_order_relaxed);
+      std::uint64_t desired = (head & ~0xFFFFFFFFull) + (1ull << 32) + next;
+      if (free_head_.compare_exchange_weak(head, desired, std::memory_order_acquire, std::memory_order_acquire))
+        return index;
+    }
+    grow();
+  }
+}
+
+void EventTable::push_free(std::uint32_t index) {
+  Slot& s = slot(index);
+  std::uint64_t head = free_head_.load(std::memory_order_relaxed);
+  for (;;) {
+    s.next_free.store(static_cast<std::uint32_t>(head), std::memory_order_relaxed);
+    std::uint64_t desired = (head & ~0xFFFFFFFFull) + index;
+    if (free_head_.compare_exchange_weak(head, desired, std::memory_order_release, std::memory_order_relaxed)) return;
+  }
+}
+
+Event EventTable::create() {
+  std::uint32_t index = pop_free();
+  Slot& s = slot(index);
+  // The slot is ours until its event triggers; only we advance issued_generation.
+  std::uint64_t generation = s.issued_generation.load(std::memory_order_relaxed) + 1;
+  s.issued_generation.store(generation, std::memory_order_release);
+  pending_.fetch_add(1, std::memory_order_relaxed);
+  return Event::from_parts(index, rank_, instance_, generation);
+}
+
+bool EventTable::trigger(Event e, FailureCause failure) {
+  Slot& s = checked_slot(e);
+  s.lock.lock();
+  if (s.triggered_generation.load(std::memory_order_relaxed) >= e.generation()) {
+    s.lock.unlock();
+    return false;
+  }
+  if (failure) {
+    if (!s.poison_records) s.poison_records = std::make_unique<std::vector<std::pair<std::uint64_t, FailureCause>>>();
+    s.poison_records->emplace_back(e.generation(), failure);
+    s.has_poison_record.store(true, std::memory_order_release);
+  }
+  s.triggered_generation.store(e.generation(), std::memory_order_release);
+  EventWaiter* waiters = s.waiters;
+  s.waiters = nullptr;
+  s.lock.unlock();
+  pending_.fetch_sub(1, std::memory_order_relaxed);
+  push_free(e.slot());  // the slot may be reused from here on; its waiters are already taken
+  notify(waiters, failure);
+  return true;
+}
+
+void EventTable::notify(EventWaiter* waiters, const FailureCause& failure) {
+  if (waiters == nullptr) return;
+  NotifyState& state = t_notify;
+  if (state.active) {
+    state.queue.push_back({waiters, failure});
+    return;
+  }
+  state.active = true;
+  auto run_list = [](EventWaiter* list, const FailureCause& f) {
+    // The list is newest-first; reverse it so waiters run in registration order.
+    EventWaiter* ordered = nullptr;
+    while (list) {
+      EventWaiter* next = list->next_waiter_;
+      list->next_waiter_ = ordered;
+      ordered = list;
+      list = next;
+    }
+    while (ordered) {
+      EventWaiter* next = ordered->next_waiter_;  // read first: the call may delete the waiter
+      ordered->next_waiter_ = nullptr;
+      ordered->event_triggered(f);
+      ordered = next;
+    }
+  };
+  run_list(waiters, failure);
+  for (std::size_t i = 0; i < state.queue.size(); ++i) {
+    PendingNotification item = std::move(state.queue[i]);
+    run_list(item.waiters, item.failure);
+  }
+  state.queue.clear();
+  state.active = false;
+}
+
+FailureCause EventTable::find_poison(Slot& s, std::uint64_t generation) const {
+  if (!s.has_poison_record.load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard lock(s.lock);
+  if (!s.poison_records) return nullptr;
+  for (auto it = s.poison_records->rbegin(); it != s.poison_records->rend(); ++it)
+    if (it->first == generation) return it->second;
+  return nullptr;
+}
+
+EventState EventTable::query(Event e) const {
+  Slot& s = checked_slot(e);
+  if (s.triggered_generation.load(std::memory_order_acquire) < e.generation()) return EventState::pending;
+  return find_poison(s, e.generation()) ? EventState::poisoned : EventState::triggered;
+}
+
+FailureCause EventTable::failure(Event e) const {
+  Slot& s = checked_slot(e);
+  if (s.triggered_generation.load(std::memory_order_acquire) < e.generation()) return nullptr;
+  return find_poison(s, e.generation());
+}
+
+void EventTable::add_waiter(Event e, EventWaiter* waiter) {
+  Slot& s = checked_slot(e);
+  s.lock.lock();
+  if (s.triggered_generation.load(std::memory_order_relaxed) >= e.generation()) {
+    s.lock.unlock();
+    waiter->next_waiter_ = nullptr;
+    notify(waiter, find_poison(s, e.generation()));
+    return;
+  }
+  waiter->next_waiter_ = s.waiters;
+  s.waiters = waiter;
+  s.lock.unlock();
+}
+
+bool EventTable::remove_waiter(Event e, EventWaiter* waiter) {
+  Slot& s = checked_slot(e);
+  std::lock_guard lock(s.lock);
+  if (s.triggered_generation.load(std::memory_order_relaxed) >= e.generation()) return false;
+  for (EventWaiter** link = &s.waiters; *link; link = &(*link)->next_waiter_) {
+    if (*link == waiter) {
+      *link = waiter->next_waiter_;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool EventTable::wait(Event e, const std::chrono::steady_clock::time_point* deadline, FailureCause* failure) {
+  Slot& s = checked_slot(e);
+  using Clock = std::chrono::steady_clock;
+  // Poll briefly first: most waits on a busy runtime end within microseconds, and a futex
+  // sleep/wake round trip costs more than that.
+  if (s.triggered_generation.load(std::memory_order_acquire) < e.generation() && wait_spin_us_ > 0) {
+    auto spin_until = Clock::now() + std::chrono::microseconds(wait_spin_us_);
+    if (deadline && *deadline < spin_until) spin_until = *deadline;
+    for (unsigned i = 0; s.triggered_generation.load(std::memory_order_acquire) < e.generation(); ++i) {
+      cpu_relax();
+      if ((i & 63) == 63) {
+        if (Clock::now() >= spin_until) break;
+        if ((i & 1023) == 1023) std::this_thread::yield();
+      }
+    }
+  }
+  if (s.triggered_generation.load(std::memory_order_acquire) >= e.generation()) {
+    *failure = find_poison(s, e.generation());
+    return true;
+  }
+  BlockingWaiter waiter;
+  add_waiter(e, &waiter);
+  std::unique_lock lock(waiter.mutex_);
+  if (deadline) {
+    if (!waiter.cv_.wait_until(lock, *deadline, [&] { return waiter.done_; })) {
+      lock.unlock();
+      if (remove_waiter(e, &waiter)) return false;
+      // The event triggered while we were timing out: its notification is on its way.
+      lock.lock();
+      waiter.cv_.wait(lock, [&] { return waiter.done_; });
+    }
+  } else {
+    waiter.cv_.wait(lock, [&] { return waiter.done_; });
+  }
+  *failure = waiter.failure_;
+  return true;
+}
+
+void EventTable::poison_all_pending(const FailureCause& failure) {
+  std::uint32_t chunks = chunk_count_.load(std::memory_order_acquire);
+  for (std::uint32_t c = 0; c < chunks; ++c) {
+    for (std::uint32_t i = 0; i < kChunkSize; ++i) {
+      std::uint32_t index = (c << kChunkBits) | i;
+      Slot& s = slot(index);
+      std::uint64_t issued = s.issued_generation.load(std::memory_order_acquire);
+      if (issued > s.triggered_generation.load(std::memory_order_acquire))
+        trigger(Event::from_parts(index, rank_, instance_, issued), failure);
+    }
+  }
+}
+
+std::size_t EventTable::pending_count() const {
+  auto n = pending_.load(std::memory_order_relaxed);
+  return n > 0 ? static_cast<std::size_t>(n) : 0;
+}
+
+}  // namespace caravan::detail

@@ -1,0 +1,138 @@
+// The event table: the storage behind caravan::Event.
+//
+// An event is one generation of one slot. A slot is taken from a free list when an event is
+// created and returned to it as soon as that event triggers; the next event in the slot gets
+// the next generation. "Has event (slot, g) triggered?" is then one atomic load:
+// triggered_generation >= g, which stays true for every older generation. This is Realm's
+// generational-event scheme; it makes handles plain values that can later travel between ranks,
+// and it recycles storage without reference counting.
+//
+// Who waits on an event registers an EventWaiter: an intrusive list node (no allocation per
+// waiter) whose event_triggered() runs exactly once. Tasks, merges, callbacks and blocking
+// waits are all waiters.
+#pragma once
+
+#include <caravan/error.h>
+#include <caravan/event.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace caravan::detail {
+
+class EventWaiter {
+ public:
+  // Called exactly once, when the event triggers: failure is nullptr on success. It may
+  // delete the waiter. It runs on the triggering thread and must not block.
+  virtual void event_triggered(const FailureCause& failure) = 0;
+
+ protected:
+  virtual ~EventWaiter() = default;
+
+ private:
+  friend class EventTable;
+  EventWaiter* next_waiter_ = nullptr;
+};
+
+// A tiny test-and-set lock for a slot's waiter list: held for a few instructions, so it spins,
+// yielding the core when it does not get the lock at once (this machine may have 2 cores).
+class SlotLock {
+ public:
+  void lock() noexcept {
+    for (int spins = 0; flag_.exchange(true, std::memory_order_acquire); ++spins) {
+      while (flag_.load(std::memory_order_relaxed)) {
+        if (spins > 16) std::this_thread::yield();
+        ++spins;
+      }
+    }
+  }
+  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
+class EventTable {
+ public:
+  EventTable(std::uint16_t rank, std::uint16_t instance, int wait_spin_us);
+  ~EventTable();
+  EventTable(const EventTable&) = delete;
+  EventTable& operator=(const EventTable&) = delete;
+
+  std::uint16_t rank() const { return rank_; }
+  std::uint16_t instance() const { return instance_; }
+
+  // A new pending event.
+  Event create();
+
+  // Triggers `e` (poisoned if failure is set) and runs its waiters. Returns false, changing
+  // nothing, if it had already triggered.
+  bool trigger(Event e, FailureCause failure);
+
+  EventState query(Event e) const;
+  FailureCause failure(Event e) const;
+
+  // Runs waiter->event_triggered() when `e` triggers, at once if it already has.
+  void add_waiter(Event e, EventWaiter* waiter);
+  // Takes back a waiter whose event has not triggered. Returns false if the event triggered
+  // first (the waiter has been or is being called).
+  bool remove_waiter(Event e, EventWaiter* waiter);
+
+  // Blocks until `e` triggers or `deadline` passes (nullptr: no deadline). Returns false on
+  // timeout; otherwise sets *failure to the event's failure (nullptr on success).
+  bool wait(Event e, const std::chrono::steady_clock::time_point* deadline, FailureCause* failure);
+
+  // Poisons every pending event with `failure` (used at shutdown so that nothing waits forever).
+  void poison_all_pending(const FailureCause& failure);
+
+  std::size_t pending_count() const;
+
+  // Runs `waiters` (a list taken from a slot) with `failure`. Nested calls on one thread are
+  // queued and run by the outermost call, so long dependency chains do not grow the stack.
+  static void notify(EventWaiter* waiters, const FailureCause& failure);
+
+ private:
+  struct Slot {
+    std::atomic<std::uint64_t> triggered_generation{0};
+    std::atomic<std::uint64_t> issued_generation{0};
+    std::atomic<std::uint32_t> next_free{0};
+    std::atomic<bool> has_poison_record{false};
+    SlotLock lock;
+    EventWaiter* waiters = nullptr;  // guarded by lock; newest first
+    // Generations of this slot that triggered poisoned, with their causes; guarded by lock.
+    // Kept (rarely large: only failures add to it) so that old handles still report poisoning.
+    std::unique_ptr<std::vector<std::pair<std::uint64_t, FailureCause>>> poison_records;
+  };
+
+  static constexpr std::uint32_t kChunkBits = 12;  // 4096 slots per chunk
+  static constexpr std::uint32_t kChunkSize = 1u << kChunkBits;
+  static constexpr std::uint32_t kMaxChunks = 1u << 14;  // 64 M slots at most
+  static constexpr std::uint32_t kNil = UINT32_MAX;
+
+  Slot& slot(std::uint32_t index) const;
+  Slot& checked_slot(const Event& e) const;
+  std::uint32_t pop_free();
+  void push_free(std::uint32_t index);
+  void grow();
+  FailureCause find_poison(Slot& s, std::uint64_t generation) const;
+
+  const std::uint16_t rank_;
+  const std::uint16_t instance_;
+  const int wait_spin_us_;
+  std::array<std::atomic<Slot*>, kMaxChunks> chunks_{};
+  std::atomic<std::uint32_t> chunk_count_{0};
+  std::mutex grow_mutex_;
+  // Treiber stack of free slots; the upper 32 bits are a tag bumped on every pop so that a
+  // slot popped and pushed back between another thread's load and CAS cannot fool it (ABA).
+  std::atomic<std::uint64_t> free_head_;
+  std::atomic<std::int64_t> pending_{0};
+};
+
+}  // namespace caravan::detail

@@ -1,0 +1,132 @@
+#include "runtime/runtime_impl.h"
+
+#include "runtime/log.h"
+
+#include <caravan/settings.h>
+
+#include <fmt/format.h>
+
+#include <thread>
+
+namespace caravan {
+
+std::atomic<RuntimeImpl*> RuntimeImpl::g_current{nullptr};
+
+namespace {
+
+std::atomic<std::uint16_t> g_next_instance{1};
+
+int resolve_worker_count(const RuntimeOptions& options) {
+  if (options.cpu_workers) {
+    if (*options.cpu_workers <= 0)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("RuntimeOptions::cpu_workers = {}: the CPU processor needs at least 1 worker",
+                              *options.cpu_workers));
+    return *options.cpu_workers;
+  }
+  auto configured = settings::get_int("CARAVAN_CPU_WORKERS");
+  if (configured > 0) return static_cast<int>(configured);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
+RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_(owner) {
+  log::apply_level_setting();
+  int workers = resolve_worker_count(options);
+  int wait_spin = static_cast<int>(settings::get_int("CARAVAN_WAIT_SPIN_US"));
+  int worker_spin = static_cast<int>(settings::get_int("CARAVAN_WORKER_SPIN_US"));
+  // Instance 0 is never used, so that no live runtime matches a zeroed handle.
+  std::uint16_t instance = g_next_instance.fetch_add(1);
+  if (instance == 0) instance = g_next_instance.fetch_add(1);
+  events_ = std::make_unique<detail::EventTable>(static_cast<std::uint16_t>(rank()), instance, wait_spin);
+  RuntimeImpl* expected = nullptr;
+  if (!g_current.compare_exchange_strong(expected, this))
+    throw Error(Errc::already_done, "a Caravan runtime is already running in this process (one per process; shut it down first)");
+  cpu_ = std::make_unique<detail::CpuProcessor>(*events_, Processor{ProcessorKind::cpu, static_cast<std::uint16_t>(rank()), 0},
+                                                workers, worker_spin);
+  log::get("runtime")->info("runtime started: rank {}/{}, {} CPU workers", rank(), world_size(), workers);
+}
+
+RuntimeImpl::~RuntimeImpl() { shutdown(); }
+
+void RuntimeImpl::shutdown() {
+  if (stopped_.exchange(true)) return;
+  stopping_.store(true, std::memory_order_release);
+  auto failure = make_failure(Errc::shut_down, "the runtime shut down before this work ran");
+  if (cpu_) cpu_->stop(failure);
+  // Everything still pending (tasks waiting on preconditions, user events) fails now, so that
+  // no thread waits forever on work that can no longer happen.
+  events_->poison_all_pending(failure);
+  RuntimeImpl* self = this;
+  g_current.compare_exchange_strong(self, nullptr);
+  log::get("runtime")->info("runtime shut down");
+}
+
+detail::EventTable& RuntimeImpl::table_for(const Event& e) {
+  RuntimeImpl* rt = current();
+  if (!rt || rt->events_->instance() != e.runtime_instance()) {
+    throw Error(Errc::shut_down,
+                fmt::format("{} belongs to a Caravan runtime that has been shut down{}", e.to_string(),
+                            rt ? " (another runtime is running now)" : ""));
+  }
+  if (e.owner_rank() != rt->rank())
+    throw Error(Errc::invalid_argument,
+                fmt::format("{} is owned by rank {}; remote events need the distributed runtime", e.to_string(), e.owner_rank()));
+  return *rt->events_;
+}
+
+Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options) {
+  const detail::TaskEntry* entry = detail::lookup_task(task);
+  if (!entry) throw Error(Errc::not_found, fmt::format("spawn: no task has id {}", task.value));
+  if (options.priority < kMinPriority || options.priority > kMaxPriority)
+    throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): priority {} is outside [{}, {}]", entry->name,
+                                                    options.priority, kMinPriority, kMaxPriority));
+  if (!(options.processor == cpu_->id()))
+    throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): processor {} does not exist on this rank (it has {})",
+                                                    entry->name, options.processor.to_string(), cpu_->id().to_string()));
+  if (!accepting_work())
+    throw Error(Errc::shut_down, fmt::format("spawn('{}'): the runtime is shutting down", entry->name));
+  // Validate the precondition before creating anything, so a bad one leaves nothing behind.
+  detail::EventTable* pre_table = options.precondition.is_none() ? nullptr : &table_for(options.precondition);
+  Event completion = events_->create();
+  auto* record = new detail::TaskRecord(entry, task, completion, options.priority, cpu_.get(), args);
+  if (pre_table) pre_table->add_waiter(options.precondition, record);
+  else cpu_->make_ready(record);
+  return completion;
+}
+
+// --- Runtime (the public handle) ---
+
+Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<RuntimeImpl>(this, options)) {}
+
+Runtime::~Runtime() { shutdown(); }
+
+Runtime& Runtime::current() {
+  RuntimeImpl* rt = RuntimeImpl::current();
+  if (!rt) throw Error(Errc::shut_down, "no Caravan runtime is running (create a caravan::Runtime first)");
+  return *rt->owner();
+}
+
+bool Runtime::is_running() { return RuntimeImpl::current() != nullptr; }
+
+int Runtime::rank() const { return impl_->rank(); }
+int Runtime::world_size() const { return impl_->world_size(); }
+std::vector<Processor> Runtime::processors() const { return {impl_->cpu().id()}; }
+int Runtime::cpu_worker_count() const { return impl_->cpu().worker_count(); }
+
+Event Runtime::spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options) {
+  return impl_->spawn(task, args, options);
+}
+
+Event Runtime::spawn(std::string_view name, std::span<const std::byte> args, const SpawnOptions& options) {
+  return impl_->spawn(find_task(name), args, options);
+}
+
+void Runtime::shutdown() { impl_->shutdown(); }
+
+std::string Processor::to_string() const {
+  return fmt::format("rank{}/{}{}", rank, kind == ProcessorKind::cpu ? "cpu" : "gpu", index);
+}
+
+}  // namespace caravan

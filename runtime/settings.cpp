@@ -1,0 +1,261 @@
+// The one table of CARAVAN_* settings. Every subsystem's knobs are declared here, so that
+// `caravan config` can list all of them with defaults and docs, and so that a typo in a name is
+// an error rather than a silently ignored variable.
+#include <caravan/error.h>
+#include <caravan/settings.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+
+namespace caravan::settings {
+namespace {
+
+enum class Kind { integer, bytes, real, boolean, string, choice };
+
+struct Definition {
+  const char* name;
+  Kind kind;
+  const char* default_value;
+  const char* doc;
+  double min = -std::numeric_limits<double>::infinity();  // for integer, bytes, real
+  double max = std::numeric_limits<double>::infinity();
+  const char* choices = "";  // for choice: "a|b|c"
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// clang-format off
+const Definition kTable[] = {
+  // --- core runtime ---
+  {"CARAVAN_LOG_LEVEL", Kind::choice, "warn",
+   "Log level of every subsystem logger", -kInf, kInf, "trace|debug|info|warn|error|critical|off"},
+  {"CARAVAN_CPU_WORKERS", Kind::integer, "0",
+   "Worker threads of each rank's CPU processor; 0 means one per core", 0, 4096},
+  {"CARAVAN_WORKER_SPIN_US", Kind::integer, "50",
+   "How long an idle CPU worker polls for new tasks before it sleeps (microseconds)", 0, 1000000},
+  {"CARAVAN_WAIT_SPIN_US", Kind::integer, "20",
+   "How long Event::wait polls before it blocks the thread (microseconds)", 0, 1000000},
+  // --- planner ---
+  // --- DMA engine ---
+  // --- distributed ---
+  // --- GPU ---
+};
+// clang-format on
+
+const Definition* find(std::string_view name) {
+  for (const auto& d : kTable)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+const Definition& require(std::string_view name) {
+  if (const Definition* d = find(name)) return *d;
+  throw Error(Errc::not_found, fmt::format("unknown setting '{}' (run `caravan config` to list them)", name));
+}
+
+std::shared_mutex g_mutex;
+std::map<std::string, std::string, std::less<>>& overrides() {
+  static std::map<std::string, std::string, std::less<>> map;
+  return map;
+}
+
+std::string type_name(const Definition& d) {
+  switch (d.kind) {
+    case Kind::integer: return "int";
+    case Kind::bytes: return "bytes";
+    case Kind::real: return "double";
+    case Kind::boolean: return "bool";
+    case Kind::string: return "string";
+    case Kind::choice: return fmt::format("one of {}", d.choices);
+  }
+  return "?";
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+[[noreturn]] void reject(const Definition& d, std::string_view value, std::string_view rule) {
+  throw Error(Errc::invalid_argument, fmt::format("{}='{}': {}", d.name, value, rule));
+}
+
+void check_range(const Definition& d, std::string_view text, double value) {
+  if (value < d.min || value > d.max)
+    reject(d, text, fmt::format("must be in [{}, {}]", d.min, d.max));
+}
+
+std::int64_t parse_int(const Definition& d, std::string_view text) {
+  std::int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr != text.data() + text.size() || text.empty())
+    reject(d, text, "expected an integer");
+  check_range(d, text, static_cast<double>(value));
+  return value;
+}
+
+std::uint64_t parse_bytes(const Definition& d, std::string_view text) {
+  std::uint64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr == text.data()) reject(d, text, "expected a byte count such as 4096, 64K, 16M or 1G");
+  std::string_view suffix(ptr, static_cast<std::size_t>(text.data() + text.size() - ptr));
+  std::string s = lower(suffix);
+  if (!s.empty() && s.back() == 'b') s.pop_back();
+  if (!s.empty() && s.back() == 'i') s.pop_back();
+  unsigned shift = 0;
+  if (s.empty()) shift = 0;
+  else if (s == "k") shift = 10;
+  else if (s == "m") shift = 20;
+  else if (s == "g") shift = 30;
+  else if (s == "t") shift = 40;
+  else reject(d, text, "unknown size suffix (use K, M, G or T)");
+  if (shift && value > (std::numeric_limits<std::uint64_t>::max() >> shift)) reject(d, text, "too large");
+  value <<= shift;
+  check_range(d, text, static_cast<double>(value));
+  return value;
+}
+
+double parse_real(const Definition& d, std::string_view text) {
+  std::string copy(text);
+  char* end = nullptr;
+  double value = std::strtod(copy.c_str(), &end);
+  if (copy.empty() || end != copy.c_str() + copy.size()) reject(d, text, "expected a number");
+  check_range(d, text, value);
+  return value;
+}
+
+bool parse_bool(const Definition& d, std::string_view text) {
+  std::string s = lower(text);
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
+  reject(d, text, "expected one of 1/0, true/false, yes/no, on/off");
+}
+
+std::string parse_choice(const Definition& d, std::string_view text) {
+  std::string s = lower(text);
+  std::string_view choices = d.choices;
+  while (!choices.empty()) {
+    auto bar = choices.find('|');
+    auto choice = choices.substr(0, bar);
+    if (s == choice) return s;
+    if (bar == std::string_view::npos) break;
+    choices.remove_prefix(bar + 1);
+  }
+  reject(d, text, fmt::format("must be one of {}", d.choices));
+}
+
+// Validates `text` as a value of `d`; throws if it is not one.
+void validate(const Definition& d, std::string_view text) {
+  switch (d.kind) {
+    case Kind::integer: parse_int(d, text); break;
+    case Kind::bytes: parse_bytes(d, text); break;
+    case Kind::real: parse_real(d, text); break;
+    case Kind::boolean: parse_bool(d, text); break;
+    case Kind::string: break;
+    case Kind::choice: parse_choice(d, text); break;
+  }
+}
+
+// The raw current value and where it came from.
+std::pair<std::string, Source> raw_value(const Definition& d) {
+  {
+    std::shared_lock lock(g_mutex);
+    auto it = overrides().find(d.name);
+    if (it != overrides().end()) return {it->second, Source::override_value};
+  }
+  if (const char* env = std::getenv(d.name)) return {env, Source::environment};
+  return {d.default_value, Source::default_value};
+}
+
+const Definition& require_kind(std::string_view name, std::initializer_list<Kind> kinds) {
+  const Definition& d = require(name);
+  if (std::find(kinds.begin(), kinds.end(), d.kind) == kinds.end())
+    throw Error(Errc::internal, fmt::format("setting {} is a {}, read with the wrong accessor", d.name, type_name(d)));
+  return d;
+}
+
+}  // namespace
+
+std::vector<SettingView> list() {
+  std::vector<SettingView> out;
+  for (const auto& d : kTable) {
+    auto [value, source] = raw_value(d);
+    SettingView view{d.name, type_name(d), d.default_value, value, source, d.doc, ""};
+    try {
+      validate(d, value);
+    } catch (const Error& e) {
+      view.error = e.what();
+    }
+    out.push_back(std::move(view));
+  }
+  return out;
+}
+
+std::int64_t get_int(std::string_view name) {
+  const Definition& d = require_kind(name, {Kind::integer});
+  return parse_int(d, raw_value(d).first);
+}
+
+std::uint64_t get_bytes(std::string_view name) {
+  const Definition& d = require_kind(name, {Kind::bytes});
+  return parse_bytes(d, raw_value(d).first);
+}
+
+double get_double(std::string_view name) {
+  const Definition& d = require_kind(name, {Kind::real, Kind::integer});
+  return parse_real(d, raw_value(d).first);
+}
+
+bool get_bool(std::string_view name) {
+  const Definition& d = require_kind(name, {Kind::boolean});
+  return parse_bool(d, raw_value(d).first);
+}
+
+std::string get_string(std::string_view name) {
+  const Definition& d = require_kind(name, {Kind::string, Kind::choice});
+  std::string value = raw_value(d).first;
+  return d.kind == Kind::choice ? parse_choice(d, value) : value;
+}
+
+void set_override(std::string_view name, std::string value) {
+  const Definition& d = require(name);
+  validate(d, value);
+  std::unique_lock lock(g_mutex);
+  overrides()[std::string(name)] = std::move(value);
+}
+
+void clear_override(std::string_view name) {
+  require(name);
+  std::unique_lock lock(g_mutex);
+  overrides().erase(std::string(name));
+}
+
+ScopedOverride::ScopedOverride(std::string_view name, std::string value) : name_(name) {
+  {
+    std::shared_lock lock(g_mutex);
+    auto it = overrides().find(name_);
+    if (it != overrides().end()) {
+      had_previous_ = true;
+      previous_ = it->second;
+    }
+  }
+  set_override(name, std::move(value));
+}
+
+ScopedOverride::~ScopedOverride() {
+  std::unique_lock lock(g_mutex);
+  if (had_previous_) overrides()[name_] = previous_;
+  else overrides().erase(name_);
+}
+
+}  // namespace caravan::settings

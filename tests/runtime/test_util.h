@@ -1,0 +1,36 @@
+// Helpers shared by the runtime tests.
+#pragma once
+
+#include <caravan/caravan.h>
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace caravan::test {
+
+// Registers `fn` under `name`, or returns the id it already has (tasks are process-wide, and a
+// test binary may run a test body more than once with --gtest_repeat).
+inline TaskId task(const std::string& name, TaskFn fn) {
+  try {
+    return register_task(name, std::move(fn));
+  } catch (const Error& e) {
+    if (e.code() != Errc::already_done) throw;
+    return find_task(name);
+  }
+}
+
+// Expects `statement` to throw caravan::Error with `code` and a message containing `text`.
+#define CARAVAN_EXPECT_ERROR(statement, expected_code, text)                                 \
+  do {                                                                                       \
+    try {                                                                                    \
+      statement;                                                                             \
+      ADD_FAILURE() << "expected caravan::Error from: " #statement;                          \
+    } catch (const ::caravan::Error& caravan_error_) {                                       \
+      EXPECT_EQ(caravan_error_.code(), expected_code) << caravan_error_.what();              \
+      EXPECT_NE(std::string(caravan_error_.what()).find(text), std::string::npos)            \
+          << "message was: " << caravan_error_.what();                                       \
+    }                                                                                        \
+  } while (0)
+
+}  // namespace caravan::test
