@@ -1,6 +1,6 @@
 include(CMakePackageConfigHelpers)
 get_property(caravan_targets GLOBAL PROPERTY CARAVAN_EXPORTED_TARGETS)
-install(TARGETS ${caravan_targets} caravan_warnings caravan_sanitizers EXPORT caravanTargets
+install(TARGETS ${caravan_targets} EXPORT caravanTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

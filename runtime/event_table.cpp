@@ -4,7 +4,12 @@
 
 #include <fmt/format.h>
 
-#include <condition_variable>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
 
 namespace caravan::detail {
 namespace {
@@ -28,21 +33,64 @@ inline void cpu_relax() {
 #endif
 }
 
-// A waiter that wakes a blocked thread. The notifier signals under the mutex because the
-// waiting thread destroys this object as soon as it sees done == true.
+// Parks a thread on a futex word until the event triggers.
+//
+// state_: 0 = pending, 1 = pending and the waiter is (about to be) asleep in the kernel,
+// 2 = triggered. The notifier publishes failure_ and then state_ = 2 with release order; it
+// calls futex-wake only if a sleeper announced itself (state_ was 1). The waiting thread may
+// return and destroy this object as soon as it reads 2, possibly before the notifier's wake
+// call runs: a futex wake on a stale address is harmless (at worst a spurious wake-up for
+// whoever reuses the address, which every futex user must tolerate), and the notifier touches
+// no member after its store. There is no lock to hand over, so the woken thread runs at once.
 class BlockingWaiter final : public EventWaiter {
  public:
   void event_triggered(const FailureCause& failure) override {
-    std::lock_guard lock(mutex_);
     failure_ = failure;
-    done_ = true;
-    cv_.notify_one();
+    std::uint32_t* address = reinterpret_cast<std::uint32_t*>(&state_);
+    if (state_.exchange(kDone, std::memory_order_acq_rel) == kSleeping) futex_wake(address);
   }
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
+
+  // Returns false if `deadline` passed first.
+  bool wait_until(const std::chrono::steady_clock::time_point* deadline) {
+    for (;;) {
+      std::uint32_t s = state_.load(std::memory_order_acquire);
+      if (s == kDone) return true;
+      if (s == kPending && !state_.compare_exchange_weak(s, kSleeping, std::memory_order_acq_rel)) continue;
+      if (!futex_wait(reinterpret_cast<std::uint32_t*>(&state_), kSleeping, deadline))
+        return state_.load(std::memory_order_acquire) == kDone;
+    }
+  }
+
+  const FailureCause& failure() const { return failure_; }
+
+ private:
+  static constexpr std::uint32_t kPending = 0, kSleeping = 1, kDone = 2;
+
+  static void futex_wake(std::uint32_t* address) {
+    syscall(SYS_futex, address, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  }
+  // Sleeps while *address == expected. Returns false on timeout.
+  static bool futex_wait(std::uint32_t* address, std::uint32_t expected,
+                         const std::chrono::steady_clock::time_point* deadline) {
+    timespec ts{};
+    timespec* timeout = nullptr;
+    if (deadline) {
+      // FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC time, which is what steady_clock is.
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline->time_since_epoch()).count();
+      if (ns < 0) ns = 0;
+      ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+      ts.tv_nsec = static_cast<long>(ns % 1000000000);
+      timeout = &ts;
+    }
+    long rc = syscall(SYS_futex, address, FUTEX_WAIT_BITSET_PRIVATE, expected, timeout, nullptr,
+                      FUTEX_BITSET_MATCH_ANY);
+    return !(rc == -1 && errno == ETIMEDOUT);
+  }
+
+  std::atomic<std::uint32_t> state_{kPending};
   FailureCause failure_;
 };
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t), "futex word must be 32 bits");
 
 }  // namespace
 
@@ -251,19 +299,12 @@ bool EventTable::wait(Event e, const std::chrono::steady_clock::time_point* dead
   }
   BlockingWaiter waiter;
   add_waiter(e, &waiter);
-  std::unique_lock lock(waiter.mutex_);
-  if (deadline) {
-    if (!waiter.cv_.wait_until(lock, *deadline, [&] { return waiter.done_; })) {
-      lock.unlock();
-      if (remove_waiter(e, &waiter)) return false;
-      // The event triggered while we were timing out: its notification is on its way.
-      lock.lock();
-      waiter.cv_.wait(lock, [&] { return waiter.done_; });
-    }
-  } else {
-    waiter.cv_.wait(lock, [&] { return waiter.done_; });
+  if (!waiter.wait_until(deadline)) {
+    if (remove_waiter(e, &waiter)) return false;
+    // The event triggered while we were timing out: its notification is on its way.
+    waiter.wait_until(nullptr);
   }
-  *failure = waiter.failure_;
+  *failure = waiter.failure();
   return true;
 }
 

@@ -104,50 +104,84 @@ double caravan_tasks_per_second(Runtime& rt, TaskId empty, int tasks) {
   return tasks / seconds_since(start);
 }
 
-// Trigger-to-wake latency, in microseconds: a thread blocks in wait, another triggers after
-// `delay`; the time runs from just before the trigger to just after the wait returns.
-std::vector<double> caravan_wakeups(int count, std::chrono::microseconds delay) {
+// Trigger-to-wake latency, in microseconds. One long-lived waiter thread; per sample it
+// announces that it is about to wait, the main thread waits `delay` more, notes the time and
+// triggers; the waiter notes the time when its wait returns. Thread start-up is outside the
+// measurement, and the trigger never comes before the wait has begun.
+template <class Round>
+std::vector<double> measure_wakeups(int count, std::chrono::microseconds delay, Round& round) {
   std::vector<double> samples;
+  samples.reserve(static_cast<std::size_t>(count));
+  std::atomic<int> phase{0};  // per sample: 1 = armed, 2 = waiter about to wait, 3 = woke
+  std::atomic<std::int64_t> woke_at{0};
+  std::atomic<bool> quit{false};
+  std::thread waiter([&] {
+    for (;;) {
+      while (phase.load(std::memory_order_acquire) != 1) {
+        if (quit.load()) return;
+        std::this_thread::yield();
+      }
+      phase.store(2, std::memory_order_release);
+      round.wait();
+      woke_at.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+      phase.store(3, std::memory_order_release);
+    }
+  });
   for (int i = 0; i < count; ++i) {
-    UserEvent e = UserEvent::create();
-    std::atomic<std::int64_t> triggered_at{0};
-    std::int64_t woke_at = 0;
-    std::thread waiter([&] {
-      e.wait();
-      woke_at = Clock::now().time_since_epoch().count();
-    });
-    std::this_thread::sleep_for(delay);
-    triggered_at.store(Clock::now().time_since_epoch().count());
-    e.trigger();
-    waiter.join();
-    samples.push_back(static_cast<double>(woke_at - triggered_at.load()) / 1000.0);
+    round.arm();
+    phase.store(1, std::memory_order_release);
+    while (phase.load(std::memory_order_acquire) != 2) std::this_thread::yield();
+    auto until = Clock::now() + delay;
+    while (Clock::now() < until) {
+      if (delay > std::chrono::microseconds(50)) std::this_thread::sleep_until(until);
+    }
+    std::int64_t triggered_at = Clock::now().time_since_epoch().count();
+    round.fire();
+    while (phase.load(std::memory_order_acquire) != 3) std::this_thread::yield();
+    samples.push_back(static_cast<double>(woke_at.load() - triggered_at) / 1000.0);
+    phase.store(0, std::memory_order_release);
   }
+  quit = true;
+  waiter.join();
   return samples;
 }
 
-std::vector<double> plain_wakeups(int count, std::chrono::microseconds delay) {
-  std::vector<double> samples;
-  for (int i = 0; i < count; ++i) {
-    std::mutex mutex;
-    std::condition_variable cv;
-    bool ready = false;
-    std::int64_t triggered_at = 0, woke_at = 0;
-    std::thread waiter([&] {
-      std::unique_lock lock(mutex);
-      cv.wait(lock, [&] { return ready; });
-      woke_at = Clock::now().time_since_epoch().count();
-    });
-    std::this_thread::sleep_for(delay);
+struct CaravanRound {
+  UserEvent event;
+  void arm() { event = UserEvent::create(); }
+  void wait() { event.wait(); }
+  void fire() { event.trigger(); }
+};
+
+struct PlainRound {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool ready = false;
+  void arm() {
+    std::lock_guard lock(mutex);
+    ready = false;
+  }
+  void wait() {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return ready; });
+  }
+  void fire() {
     {
       std::lock_guard lock(mutex);
-      triggered_at = Clock::now().time_since_epoch().count();
       ready = true;
     }
     cv.notify_one();
-    waiter.join();
-    samples.push_back(static_cast<double>(woke_at - triggered_at) / 1000.0);
   }
-  return samples;
+};
+
+std::vector<double> caravan_wakeups(int count, std::chrono::microseconds delay) {
+  CaravanRound round;
+  return measure_wakeups(count, delay, round);
+}
+
+std::vector<double> plain_wakeups(int count, std::chrono::microseconds delay) {
+  PlainRound round;
+  return measure_wakeups(count, delay, round);
 }
 
 std::string fmt_us(double us) { return fmt::format("{:.2f}", us); }

@@ -238,33 +238,41 @@ TEST(EventShutdown, NoRuntimeMeansAClearError) {
   CARAVAN_EXPECT_ERROR(Runtime::current(), Errc::shut_down, "no Caravan runtime is running");
 }
 
-// Many threads create, trigger, poison, merge, wait and add callbacks at once. Every merge must
-// end in the state its inputs dictate, and every callback must run exactly once.
+// Many threads trigger, poison, merge, wait (blocking, with timeouts) and add callbacks at once,
+// while most events are still pending. Every merge must end in the state its inputs dictate,
+// every waiter must wake, and every callback must run exactly once.
 TEST(EventStress, ConcurrentTriggerMergeWait) {
   Runtime rt(RuntimeOptions{.cpu_workers = 2});
   constexpr int kEvents = 20000;
-  constexpr int kTriggerers = 4;
-  constexpr int kMergers = 4;
+  constexpr int kTriggerers = 3;
+  constexpr int kMergers = 3;
+  constexpr int kWaiters = 3;
   std::vector<UserEvent> events;
   events.reserve(kEvents);
   for (int i = 0; i < kEvents; ++i) events.push_back(UserEvent::create());
   auto poisoned = [](int i) { return i % 97 == 13; };
   std::vector<std::atomic<int>> callback_runs(kEvents);
   for (auto& c : callback_runs) c = 0;
+  auto at = [&](int i) -> UserEvent& { return events[static_cast<std::size_t>(i)]; };
 
   std::atomic<int> failures{0};
+  std::atomic<int> merges_made{0};
   std::atomic<bool> start{false};
   std::vector<std::thread> threads;
   for (int t = 0; t < kTriggerers; ++t) {
     threads.emplace_back([&, t] {
       while (!start) std::this_thread::yield();
+      // Let the mergers register most merges on pending events first.
+      while (merges_made.load() < kMergers * 1000) std::this_thread::yield();
       std::vector<int> mine;
       for (int i = t; i < kEvents; i += kTriggerers) mine.push_back(i);
       std::shuffle(mine.begin(), mine.end(), std::mt19937(static_cast<unsigned>(t)));
+      int n = 0;
       for (int i : mine) {
-        events[static_cast<std::size_t>(i)].on_trigger([&, i](const FailureCause&) { ++callback_runs[static_cast<std::size_t>(i)]; });
-        if (poisoned(i)) events[static_cast<std::size_t>(i)].poison("poisoned " + std::to_string(i));
-        else events[static_cast<std::size_t>(i)].trigger();
+        at(i).on_trigger([&, i](const FailureCause&) { ++callback_runs[static_cast<std::size_t>(i)]; });
+        if (poisoned(i)) at(i).poison("poisoned " + std::to_string(i));
+        else at(i).trigger();
+        if (++n % 32 == 0) std::this_thread::yield();  // keep the race going
       }
     });
   }
@@ -273,25 +281,43 @@ TEST(EventStress, ConcurrentTriggerMergeWait) {
       while (!start) std::this_thread::yield();
       std::mt19937 rng(static_cast<unsigned>(100 + m));
       std::uniform_int_distribution<int> pick(0, kEvents - 1), width(2, 12);
+      std::vector<std::pair<Event, bool>> merges;
       for (int round = 0; round < 2000; ++round) {
         std::vector<Event> inputs;
         bool expect_poison = false;
         for (int k = width(rng); k > 0; --k) {
           int i = pick(rng);
           expect_poison |= poisoned(i);
-          inputs.push_back(events[static_cast<std::size_t>(i)]);
+          inputs.push_back(at(i));
         }
         Event merged = merge_events(inputs);
-        // Nest merges too.
-        if (round % 5 == 0) merged = merge_events({merged, inputs.front()});
+        if (round % 5 == 0) merged = merge_events({merged, inputs.front()});  // nested
+        merges.emplace_back(merged, expect_poison);
+        ++merges_made;
+      }
+      for (auto& [merged, expect_poison] : merges) {
         try {
-          if (!merged.wait_for(20s)) {
-            ++failures;  // would be a hang
-            continue;
-          }
-          if (expect_poison) ++failures;
+          if (!merged.wait_for(20s)) ++failures;  // would be a hang
+          else if (expect_poison) ++failures;
         } catch (const EventPoisoned&) {
           if (!expect_poison) ++failures;
+        }
+      }
+    });
+  }
+  for (int w = 0; w < kWaiters; ++w) {
+    threads.emplace_back([&, w] {
+      while (!start) std::this_thread::yield();
+      std::mt19937 rng(static_cast<unsigned>(200 + w));
+      std::uniform_int_distribution<int> pick(0, kEvents - 1);
+      for (int round = 0; round < 300; ++round) {
+        int i = pick(rng);
+        try {
+          // Short timeouts exercise the take-back path; a final long wait must succeed.
+          if (!at(i).wait_for(std::chrono::microseconds(50)) && !at(i).wait_for(20s)) ++failures;
+          else if (poisoned(i)) ++failures;
+        } catch (const EventPoisoned& e) {
+          if (!poisoned(i) || std::string(e.cause()->what()) != "poisoned " + std::to_string(i)) ++failures;
         }
       }
     });
