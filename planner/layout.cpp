@@ -1,0 +1,437 @@
+// The data model: rectangles, field spaces, layouts, their text form and linearization.
+#include <caravan/error.h>
+#include <caravan/layout.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <limits>
+#include <set>
+
+namespace caravan {
+namespace {
+
+[[noreturn]] void invalid(const std::string& message) { throw Error(Errc::invalid_argument, message); }
+
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+
+int dim_index(char c) {
+  switch (c) {
+    case 'x': return 0;
+    case 'y': return 1;
+    case 'z': return 2;
+    case 'w': return 3;
+    default: return -1;
+  }
+}
+
+std::string component_text(const LayoutComponent& c) {
+  switch (c.kind) {
+    case LayoutComponent::Kind::fields: return "F";
+    case LayoutComponent::Kind::dim: return std::string(1, dim_name(c.dim));
+    case LayoutComponent::Kind::dim_in: return fmt::format("{}_in={}", dim_name(c.dim), c.block);
+    case LayoutComponent::Kind::dim_out: return fmt::format("{}_out", dim_name(c.dim));
+  }
+  return "?";
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+char dim_name(int d) { return "xyzw"[d & 3]; }
+
+// ---------------------------------------------------------------- Rect
+
+Rect Rect::from_extents(const std::vector<std::int64_t>& extents) {
+  if (extents.empty() || extents.size() > static_cast<std::size_t>(kMaxDims))
+    invalid(fmt::format("index space: {} dimensions given, 1 to {} allowed", extents.size(), kMaxDims));
+  Point lo{}, hi{};
+  for (std::size_t d = 0; d < extents.size(); ++d) {
+    if (extents[d] < 1)
+      invalid(fmt::format("index space: extent of dimension {} is {}, must be at least 1", dim_name(static_cast<int>(d)), extents[d]));
+    hi[d] = extents[d] - 1;
+  }
+  return Rect(static_cast<int>(extents.size()), lo, hi);
+}
+
+Rect::Rect(int dims, const Point& lo, const Point& hi) : dims_(dims), lo_(lo), hi_(hi) {
+  if (dims < 1 || dims > kMaxDims) invalid(fmt::format("rect: {} dimensions, 1 to {} allowed", dims, kMaxDims));
+  for (int d = 0; d < dims; ++d)
+    if (hi_[static_cast<std::size_t>(d)] < lo_[static_cast<std::size_t>(d)])
+      invalid(fmt::format("rect: dimension {} has hi {} < lo {}", dim_name(d), hi_[static_cast<std::size_t>(d)], lo_[static_cast<std::size_t>(d)]));
+  for (int d = dims; d < kMaxDims; ++d) lo_[static_cast<std::size_t>(d)] = hi_[static_cast<std::size_t>(d)] = 0;
+}
+
+std::uint64_t Rect::volume() const noexcept {
+  if (dims_ == 0) return 0;
+  std::uint64_t v = 1;
+  for (int d = 0; d < dims_; ++d) v *= static_cast<std::uint64_t>(extent(d));
+  return v;
+}
+
+bool Rect::contains(const Point& p) const noexcept {
+  for (int d = 0; d < dims_; ++d) {
+    auto i = static_cast<std::size_t>(d);
+    if (p[i] < lo_[i] || p[i] > hi_[i]) return false;
+  }
+  return true;
+}
+
+bool Rect::operator==(const Rect& other) const noexcept {
+  return dims_ == other.dims_ && lo_ == other.lo_ && hi_ == other.hi_;
+}
+
+std::string Rect::to_string() const {
+  std::string out;
+  for (int d = 0; d < dims_; ++d) {
+    auto i = static_cast<std::size_t>(d);
+    if (d) out += "x";
+    out += fmt::format("[{},{}]", lo_[i], hi_[i]);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- FieldSpace
+
+FieldSpace::FieldSpace(std::vector<Field> fields) : fields_(std::move(fields)) {
+  if (fields_.empty()) invalid("field space: at least one field is needed");
+  std::set<std::string> names;
+  min_ = std::numeric_limits<std::uint32_t>::max();
+  for (const auto& f : fields_) {
+    if (f.size == 0) invalid(fmt::format("field space: field '{}' has size 0", f.name));
+    if (!names.insert(f.name).second) invalid(fmt::format("field space: field '{}' appears twice", f.name));
+    offsets_.push_back(total_);
+    total_ += f.size;
+    min_ = std::min(min_, f.size);
+    max_ = std::max(max_, f.size);
+  }
+}
+
+FieldSpace FieldSpace::uniform(int count, std::uint32_t size) {
+  std::vector<Field> fields;
+  for (int i = 0; i < count; ++i) fields.push_back({fmt::format("f{}", i), size});
+  return FieldSpace(std::move(fields));
+}
+
+std::size_t FieldSpace::index_of(std::string_view name) const {
+  for (std::size_t i = 0; i < fields_.size(); ++i)
+    if (fields_[i].name == name) return i;
+  throw Error(Errc::not_found, fmt::format("field space: no field named '{}'", name));
+}
+
+bool FieldSpace::operator==(const FieldSpace& other) const noexcept {
+  if (fields_.size() != other.fields_.size()) return false;
+  for (std::size_t i = 0; i < fields_.size(); ++i)
+    if (fields_[i].name != other.fields_[i].name || fields_[i].size != other.fields_[i].size) return false;
+  return true;
+}
+
+// ---------------------------------------------------------------- Layout
+
+Layout::Layout(std::initializer_list<LayoutComponent> components) {
+  for (const auto& c : components) push_back(c);
+}
+
+void Layout::push_back(const LayoutComponent& c) {
+  if (count_ == kMaxComponents) invalid(fmt::format("layout: more than {} components", kMaxComponents));
+  items_[count_++] = c;
+}
+
+bool Layout::operator==(const Layout& other) const noexcept {
+  return count_ == other.count_ && std::equal(begin(), end(), other.begin());
+}
+
+std::size_t Layout::hash() const noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull ^ count_;
+  for (const auto& c : *this) {
+    std::uint64_t word = (static_cast<std::uint64_t>(c.kind) << 8) | c.dim;
+    h = (h ^ word) * 0x100000001b3ull;
+    h = (h ^ c.block) * 0x100000001b3ull;
+  }
+  return static_cast<std::size_t>(h);
+}
+
+std::string Layout::to_string() const {
+  std::string out;
+  for (std::size_t i = 0; i < count_; ++i) {
+    if (i) out += ',';
+    out += component_text(items_[i]);
+  }
+  return out;
+}
+
+Layout Layout::parse(std::string_view text) {
+  std::string_view s = trim(text);
+  if (s.size() >= 2 && s.front() == '<' && s.back() == '>') s = trim(s.substr(1, s.size() - 2));
+  if (s.empty()) invalid(fmt::format("layout '{}': empty", text));
+  Layout layout;
+  while (true) {
+    auto comma = s.find(',');
+    std::string_view item = trim(s.substr(0, comma));
+    if (item.empty()) invalid(fmt::format("layout '{}': empty component", text));
+    LayoutComponent c;
+    if (item == "F") {
+      c = LayoutComponent::fields();
+    } else {
+      int d = dim_index(item[0]);
+      if (d < 0)
+        invalid(fmt::format("layout '{}': unknown component '{}' (expected F, a dimension x/y/z/w, x_in=C or x_out)", text, item));
+      std::string_view rest = item.substr(1);
+      if (rest.empty()) {
+        c = LayoutComponent::whole(d);
+      } else if (rest == "_out") {
+        c = LayoutComponent::outer(d);
+      } else if (rest.rfind("_in", 0) == 0) {
+        std::string_view value = trim(rest.substr(3));
+        if (value.empty() || value.front() != '=')
+          invalid(fmt::format("layout '{}': '{}' needs a block size, as in {}_in=4", text, item, dim_name(d)));
+        value = trim(value.substr(1));
+        std::uint64_t block = 0;
+        auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), block);
+        if (ec != std::errc() || ptr != value.data() + value.size() || block == 0)
+          invalid(fmt::format("layout '{}': block size of '{}' must be a positive integer", text, item));
+        c = LayoutComponent::inner(d, block);
+      } else {
+        invalid(fmt::format("layout '{}': unknown component '{}' (expected F, a dimension x/y/z/w, x_in=C or x_out)", text, item));
+      }
+    }
+    for (const auto& prev : layout) {
+      bool same = prev.kind == c.kind && (c.kind == LayoutComponent::Kind::fields || prev.dim == c.dim);
+      if (same) invalid(fmt::format("layout '{}': component '{}' appears twice", text, component_text(c)));
+    }
+    if (layout.size() == kMaxComponents) invalid(fmt::format("layout '{}': more than {} components", text, kMaxComponents));
+    layout.push_back(c);
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  return layout;
+}
+
+Layout Layout::aos(int dims) {
+  Layout l;
+  l.push_back(LayoutComponent::fields());
+  for (int d = 0; d < dims; ++d) l.push_back(LayoutComponent::whole(d));
+  return l;
+}
+
+Layout Layout::soa(int dims) {
+  Layout l;
+  for (int d = 0; d < dims; ++d) l.push_back(LayoutComponent::whole(d));
+  l.push_back(LayoutComponent::fields());
+  return l;
+}
+
+Layout Layout::hybrid(std::uint64_t block) {
+  return Layout{LayoutComponent::inner(0, block), LayoutComponent::fields(), LayoutComponent::outer(0)};
+}
+
+void Layout::validate(int dims, std::string_view what) const {
+  int fields = 0;
+  std::array<int, kMaxDims> whole{}, in{}, out{};
+  for (const auto& c : *this) {
+    if (c.kind == LayoutComponent::Kind::fields) {
+      ++fields;
+      continue;
+    }
+    if (c.dim >= dims) {
+      std::string names;
+      for (int d = 0; d < dims; ++d) names += (d ? "," : "") + std::string(1, dim_name(d));
+      invalid(fmt::format("{} '{}': dimension {} is not in the index space ({})", what, to_string(), dim_name(c.dim), names));
+    }
+    if (c.kind == LayoutComponent::Kind::dim) ++whole[c.dim];
+    if (c.kind == LayoutComponent::Kind::dim_in) {
+      ++in[c.dim];
+      if (c.block == 0) invalid(fmt::format("{} '{}': block size of {}_in must be at least 1", what, to_string(), dim_name(c.dim)));
+    }
+    if (c.kind == LayoutComponent::Kind::dim_out) ++out[c.dim];
+  }
+  if (fields != 1) invalid(fmt::format("{} '{}': F must appear exactly once (found {} times)", what, to_string(), fields));
+  for (int d = 0; d < dims; ++d) {
+    auto i = static_cast<std::size_t>(d);
+    char n = dim_name(d);
+    bool ok = (whole[i] == 1 && in[i] == 0 && out[i] == 0) || (whole[i] == 0 && in[i] == 1 && out[i] == 1);
+    if (!ok) {
+      if (whole[i] + in[i] + out[i] == 0)
+        invalid(fmt::format("{} '{}': dimension {} is missing (each dimension appears as {} or as {}_in=C and {}_out)", what, to_string(), n, n, n, n));
+      invalid(fmt::format("{} '{}': dimension {} must appear either whole ({}) or as both {}_in=C and {}_out, exactly once", what, to_string(), n, n, n, n));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- sizes and linearization
+
+std::uint64_t component_size(const Layout& layout, std::size_t k, const IndexSpace& space, const FieldSpace& fields) {
+  const auto& c = layout[k];
+  switch (c.kind) {
+    case LayoutComponent::Kind::fields: return fields.total_size();
+    case LayoutComponent::Kind::dim: return static_cast<std::uint64_t>(space.extent(c.dim));
+    case LayoutComponent::Kind::dim_in: return c.block;
+    case LayoutComponent::Kind::dim_out: {
+      for (const auto& other : layout)
+        if (other.kind == LayoutComponent::Kind::dim_in && other.dim == c.dim)
+          return ceil_div(static_cast<std::uint64_t>(space.extent(c.dim)), other.block);
+      invalid(fmt::format("layout '{}': {}_out without {}_in", layout.to_string(), dim_name(c.dim), dim_name(c.dim)));
+    }
+  }
+  return 0;
+}
+
+Linearization::Linearization(const Layout& layout, const IndexSpace& space, const FieldSpace& fields)
+    : fields_(&fields), lo_(space.lo()) {
+  layout.validate(space.dims());
+  bool after_fields = false;
+  std::uint64_t outer_weight = 0;
+  for (std::size_t k = 0; k < layout.size(); ++k) {
+    const auto& c = layout[k];
+    std::uint64_t size = component_size(layout, k, space, fields);
+    if (c.kind == LayoutComponent::Kind::fields) {
+      after_fields = true;
+      outer_weight = fields.total_size() * inner_count_;
+      continue;
+    }
+    Term t{c.dim, 1, size, 0};
+    if (c.kind == LayoutComponent::Kind::dim_out) {
+      for (const auto& other : layout)
+        if (other.kind == LayoutComponent::Kind::dim_in && other.dim == c.dim) t.div = other.block;
+    }
+    if (!after_fields) {
+      t.weight = inner_count_;
+      inner_count_ *= size;
+      inner_.push_back(t);
+    } else {
+      t.weight = outer_weight;
+      outer_weight *= size;
+      outer_.push_back(t);
+    }
+  }
+  total_ = outer_weight;
+}
+
+std::uint64_t Linearization::offset(const Point& point, std::size_t field) const {
+  auto digit = [&](const Term& t) {
+    auto coord = static_cast<std::uint64_t>(point[static_cast<std::size_t>(t.dim)] - lo_[static_cast<std::size_t>(t.dim)]);
+    return (coord / t.div) % t.mod;
+  };
+  // Components before F count values of one field: field f's values for the whole inner block
+  // sit together, after those of the fields declared before it.
+  std::uint64_t inner_index = 0;
+  for (const auto& t : inner_) inner_index += digit(t) * t.weight;
+  std::uint64_t offset = fields_->offset(field) * inner_count_ + fields_->fields()[field].size * inner_index;
+  for (const auto& t : outer_) offset += digit(t) * t.weight;
+  return offset;
+}
+
+// ---------------------------------------------------------------- PREFIX / SUFFIX / TOTAL
+
+namespace {
+
+// A layout rewritten as a sequence of atoms that two layouts can compare position by position.
+struct Atom {
+  int kind;              // 0 = F, 1 = whole dimension, 2 = inner part, 3 = outer part
+  int dim = 0;
+  std::uint64_t block = 0;  // for inner/outer parts
+  int side = 0;          // non-zero for atoms that only one of the two layouts has
+  std::uint64_t size = 0;
+  bool operator==(const Atom& o) const { return kind == o.kind && dim == o.dim && block == o.block && side == o.side; }
+};
+
+std::uint64_t block_of(const Layout& l, int d) {
+  for (const auto& c : l)
+    if (c.kind == LayoutComponent::Kind::dim_in && c.dim == d) return c.block;
+  return 0;  // whole
+}
+
+// The common refinement of l1 and l2 (see the header). Returns the atom sequences of both.
+std::pair<std::vector<Atom>, std::vector<Atom>> refine(const Layout& l1, const Layout& l2, const IndexSpace& space,
+                                                     const FieldSpace& fields) {
+  l1.validate(space.dims(), "first layout");
+  l2.validate(space.dims(), "second layout");
+  enum class Split { whole, blocked, apart };
+  std::array<Split, kMaxDims> split{};
+  std::array<std::uint64_t, kMaxDims> block{};
+  for (int d = 0; d < space.dims(); ++d) {
+    auto i = static_cast<std::size_t>(d);
+    std::uint64_t b1 = block_of(l1, d), b2 = block_of(l2, d);
+    auto ext = static_cast<std::uint64_t>(space.extent(d));
+    if (b1 == 0 && b2 == 0) {
+      split[i] = Split::whole;
+    } else if (b1 == b2) {
+      split[i] = Split::blocked;
+      block[i] = b1;
+    } else if ((b1 == 0 || b2 == 0) && ext % (b1 + b2) == 0) {
+      split[i] = Split::blocked;
+      block[i] = b1 + b2;
+    } else {
+      split[i] = Split::apart;
+    }
+  }
+  auto convert = [&](const Layout& l, int side) {
+    std::vector<Atom> atoms;
+    for (const auto& c : l) {
+      auto i = static_cast<std::size_t>(c.dim);
+      std::uint64_t ext = static_cast<std::uint64_t>(space.extent(c.dim));
+      switch (c.kind) {
+        case LayoutComponent::Kind::fields: atoms.push_back({0, 0, 0, 0, fields.total_size()}); break;
+        case LayoutComponent::Kind::dim:
+          if (split[i] == Split::blocked) {
+            atoms.push_back({2, c.dim, block[i], 0, block[i]});
+            atoms.push_back({3, c.dim, block[i], 0, ext / block[i]});
+          } else {
+            atoms.push_back({1, c.dim, 0, split[i] == Split::apart ? side : 0, ext});
+          }
+          break;
+        case LayoutComponent::Kind::dim_in:
+          atoms.push_back({2, c.dim, c.block, split[i] == Split::apart ? side : 0, c.block});
+          break;
+        case LayoutComponent::Kind::dim_out:
+          atoms.push_back({3, c.dim, block_of(l, c.dim), split[i] == Split::apart ? side : 0,
+                           ceil_div(ext, block_of(l, c.dim))});
+          break;
+      }
+    }
+    return atoms;
+  };
+  return {convert(l1, 1), convert(l2, 2)};
+}
+
+}  // namespace
+
+std::uint64_t prefix_bytes(const Layout& l1, const Layout& l2, const IndexSpace& space, const FieldSpace& fields) {
+  auto [a, b] = refine(l1, l2, space, fields);
+  std::uint64_t product = 1;
+  bool has_fields = false;
+  for (std::size_t i = 0; i < a.size() && i < b.size() && a[i] == b[i]; ++i) {
+    product *= a[i].size;
+    has_fields |= a[i].kind == 0;
+  }
+  return has_fields ? product : product * fields.min_size();
+}
+
+std::uint64_t shuffle_bytes(const Layout& l1, const Layout& l2, const IndexSpace& space, const FieldSpace& fields) {
+  auto [a, b] = refine(l1, l2, space, fields);
+  std::size_t common = 0;
+  while (common < a.size() && common < b.size() && a[a.size() - 1 - common] == b[b.size() - 1 - common]) ++common;
+  std::uint64_t product = 1;
+  bool has_fields = false;
+  for (std::size_t i = 0; i + common < a.size(); ++i) {
+    product *= a[i].size;
+    has_fields |= a[i].kind == 0;
+  }
+  return has_fields ? product : product * fields.max_size();
+}
+
+std::uint64_t total_bytes(const Layout& layout, const IndexSpace& space, const FieldSpace& fields) {
+  layout.validate(space.dims());
+  std::uint64_t product = 1;
+  for (std::size_t k = 0; k < layout.size(); ++k) product *= component_size(layout, k, space, fields);
+  return product;
+}
+
+}  // namespace caravan

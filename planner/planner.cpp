@@ -1,0 +1,66 @@
+// Planner: the cache in front of the simple and full planners.
+#include "planner/context.h"
+
+#include <caravan/error.h>
+
+#include <numeric>
+
+namespace caravan::planner {
+namespace {
+
+// The largest divisor of n that is at most c.
+std::uint64_t divisor_at_most(std::uint64_t n, std::uint64_t c) {
+  for (std::uint64_t d = std::min(c, n); d > 1; --d)
+    if (n % d == 0) return d;
+  return 1;
+}
+
+// A cached plan's path with its layouts fitted to another index space of the same size class:
+// blocks that no longer divide their extent shrink to the nearest divisor below.
+std::optional<Plan> retarget(const TransferGraph& graph, const TransferRequest& request, const PlannerOptions& options,
+                             const Plan& cached) {
+  detail::Context ctx(graph, request, options);
+  std::vector<detail::Step> steps;
+  for (const auto& hop : cached.hops) {
+    Layout fitted;
+    for (const auto& c : hop.dst_layout) {
+      if (c.kind == LayoutComponent::Kind::dim_in) {
+        auto ext = static_cast<std::uint64_t>(request.space.extent(c.dim));
+        fitted.push_back(LayoutComponent::inner(c.dim, divisor_at_most(ext, c.block)));
+      } else {
+        fitted.push_back(c);
+      }
+    }
+    steps.push_back({hop.channel, fitted});
+  }
+  bool valid = true;
+  Plan plan = detail::make_plan(ctx, cached.planner, steps, &valid);
+  if (!valid) return std::nullopt;
+  return plan;
+}
+
+}  // namespace
+
+Planner::Planner(std::shared_ptr<const TransferGraph> graph, PlannerOptions options)
+    : graph_(std::move(graph)), options_(options), cache_(options.cache_entries) {
+  if (!graph_) throw Error(Errc::invalid_argument, "Planner: the transfer graph is null");
+}
+
+std::shared_ptr<const Plan> Planner::plan(const TransferRequest& request) {
+  PlannerKind kind = request.bytes() >= options_.full_min_bytes ? PlannerKind::full : PlannerKind::simple;
+  auto key = PathCacheKey::of(request, kind);
+  if (auto hit = cache_.lookup(key)) {
+    if (hit->space == request.space) return hit->plan;
+    if (auto fitted = retarget(*graph_, request, options_, *hit->plan)) return std::make_shared<const Plan>(std::move(*fitted));
+  }
+  auto plan = std::make_shared<const Plan>(kind == PlannerKind::full ? plan_full(*graph_, request, options_)
+                                                                     : plan_simple(*graph_, request, options_));
+  cache_.insert(key, request.space, plan);
+  return plan;
+}
+
+MultiPlan Planner::plan_multipath(const TransferRequest& request) const {
+  return planner::plan_multipath(*graph_, request, options_);
+}
+
+}  // namespace caravan::planner

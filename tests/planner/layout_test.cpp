@@ -1,0 +1,163 @@
+// The data model: layout text, validation, linearization (checked point by point against the
+// definitions), PREFIX / SUFFIX-bar / TOTAL.
+#include <caravan/error.h>
+#include <caravan/layout.h>
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace caravan {
+namespace {
+
+Layout L(const char* text) { return Layout::parse(text); }
+
+TEST(Layout, ParsesAndPrintsTheFigure2Layouts) {
+  for (const char* text : {"F,x", "x,F", "x_in=4,F,x_out", "F,x,y", "F,y,x", "x_in=3,y_in=3,x_out,y_out,F", "F,x_in=4,x_out"})
+    EXPECT_EQ(L(text).to_string(), text);
+  EXPECT_EQ(L(" < F , x_in = 4 , x_out > ").to_string(), "F,x_in=4,x_out");
+  EXPECT_EQ(Layout::aos(2).to_string(), "F,x,y");
+  EXPECT_EQ(Layout::soa(1).to_string(), "x,F");
+  EXPECT_EQ(Layout::hybrid(4).to_string(), "x_in=4,F,x_out");
+}
+
+TEST(Layout, RejectsBadTextWithTheComponent) {
+  auto expect_error = [](const char* text, const char* fragment) {
+    try {
+      Layout::parse(text);
+      ADD_FAILURE() << "parsed '" << text << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_error("F,q", "unknown component 'q'");
+  expect_error("F,x_in", "needs a block size");
+  expect_error("F,x_in=0,x_out", "positive integer");
+  expect_error("F,x,x", "appears twice");
+  expect_error("", "empty");
+  expect_error("F,,x", "empty component");
+}
+
+TEST(Layout, ValidatesAgainstTheIndexSpace) {
+  EXPECT_NO_THROW(L("F,x,y").validate(2));
+  EXPECT_NO_THROW(L("x_in=3,y_in=3,x_out,y_out,F").validate(2));
+  auto message = [](const char* text, int dims) {
+    try {
+      Layout::parse(text).validate(dims, "dst layout");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message("F,y,x", 1).find("dimension y is not in the index space (x)"), std::string::npos);
+  EXPECT_NE(message("x,y", 2).find("F must appear exactly once"), std::string::npos);
+  EXPECT_NE(message("F,x", 2).find("dimension y is missing"), std::string::npos);
+  EXPECT_NE(message("F,x_in=2,y", 2).find("either whole"), std::string::npos);
+  EXPECT_NE(message("F,x,x_out,y", 2).find("either whole"), std::string::npos);
+  EXPECT_NE(message("F,y,x", 1).find("dst layout 'F,y,x'"), std::string::npos);
+}
+
+TEST(MemoryModel, RectAndFieldSpace) {
+  Rect r = Rect::from_extents({10, 5});
+  EXPECT_EQ(r.volume(), 50u);
+  EXPECT_EQ(r.to_string(), "[0,9]x[0,4]");
+  EXPECT_THROW(Rect::from_extents({}), Error);
+  EXPECT_THROW(Rect::from_extents({1, 2, 3, 4, 5}), Error);
+  EXPECT_THROW(Rect::from_extents({0}), Error);
+  FieldSpace f({{"re", 8}, {"im", 8}, {"tag", 4}});
+  EXPECT_EQ(f.total_size(), 20u);
+  EXPECT_EQ(f.offset(2), 16u);
+  EXPECT_EQ(f.min_size(), 4u);
+  EXPECT_EQ(f.index_of("im"), 1u);
+  EXPECT_THROW(FieldSpace({{"a", 4}, {"a", 4}}), Error);
+  EXPECT_THROW(FieldSpace({{"a", 0}}), Error);
+}
+
+// Offsets straight from the definition: the layout is a mixed-radix number, densest first, in
+// which F contributes the byte offset inside a point's record when it comes first, and
+// otherwise selects the block of one field's values.
+TEST(Linearization, AosSoaHybridAsInFigure2) {
+  IndexSpace s = Rect::from_extents({8});
+  FieldSpace f({{"a", 4}, {"b", 8}});  // |F| = 12
+  Linearization aos(L("F,x"), s, f), soa(L("x,F"), s, f), hyb(L("x_in=4,F,x_out"), s, f);
+  for (std::int64_t x = 0; x < 8; ++x) {
+    auto ux = static_cast<std::uint64_t>(x);
+    EXPECT_EQ(aos.offset({x}, 0), ux * 12);
+    EXPECT_EQ(aos.offset({x}, 1), ux * 12 + 4);
+    EXPECT_EQ(soa.offset({x}, 0), ux * 4);
+    EXPECT_EQ(soa.offset({x}, 1), 8 * 4 + ux * 8);
+    EXPECT_EQ(hyb.offset({x}, 0), (ux / 4) * 48 + (ux % 4) * 4);
+    EXPECT_EQ(hyb.offset({x}, 1), (ux / 4) * 48 + 16 + (ux % 4) * 8);
+  }
+  EXPECT_EQ(aos.total_bytes(), 96u);
+  EXPECT_EQ(hyb.total_bytes(), 96u);
+}
+
+TEST(Linearization, RowColumnAndBlocked2D) {
+  IndexSpace s = Rect::from_extents({6, 6});
+  FieldSpace f = FieldSpace::uniform(1, 4);
+  Linearization row(L("F,x,y"), s, f), col(L("F,y,x"), s, f), blk(L("x_in=3,y_in=3,x_out,y_out,F"), s, f);
+  for (std::int64_t y = 0; y < 6; ++y)
+    for (std::int64_t x = 0; x < 6; ++x) {
+      auto ux = static_cast<std::uint64_t>(x), uy = static_cast<std::uint64_t>(y);
+      EXPECT_EQ(row.offset({x, y}, 0), (uy * 6 + ux) * 4);
+      EXPECT_EQ(col.offset({x, y}, 0), (ux * 6 + uy) * 4);
+      std::uint64_t block = (uy / 3) * 2 + ux / 3;
+      EXPECT_EQ(blk.offset({x, y}, 0), (block * 9 + (uy % 3) * 3 + ux % 3) * 4);
+    }
+}
+
+TEST(Linearization, EveryLayoutIsABijectionIntoItsFootprint) {
+  // Including extents the block does not divide: the last block is padded.
+  IndexSpace s = Rect::from_extents({7, 5});
+  FieldSpace f({{"a", 2}, {"b", 4}, {"c", 2}});
+  for (const char* text : {"F,x,y", "y,F,x", "x_in=3,F,x_out,y", "x_in=2,y_in=2,F,y_out,x_out", "y_out,x,F,y_in=4", "x_out,y,x_in=4,F"}) {
+    Layout l = L(text);
+    Linearization lin(l, s, f);
+    std::set<std::uint64_t> bytes;
+    for (std::int64_t y = 0; y < 5; ++y)
+      for (std::int64_t x = 0; x < 7; ++x)
+        for (std::size_t field = 0; field < 3; ++field) {
+          std::uint64_t off = lin.offset({x, y}, field);
+          for (std::uint32_t b = 0; b < f.fields()[field].size; ++b) {
+            EXPECT_TRUE(bytes.insert(off + b).second) << text << " overlaps at " << off + b;
+            EXPECT_LT(off + b, lin.total_bytes()) << text;
+          }
+        }
+    EXPECT_EQ(lin.total_bytes(), total_bytes(l, s, f)) << text;
+  }
+  // 7 = 3 + 3 + 1: ceil(7/3) = 3 blocks, 2 padding columns per row.
+  EXPECT_EQ(total_bytes(L("x_in=3,F,x_out,y"), s, f), 3u * 3 * 8 * 5);
+}
+
+TEST(PrefixSuffix, Table3Values) {
+  // Section 4.3 with x_in = 4, y_in = 2 on an 8 x 8 instance, |F| = 16.
+  IndexSpace s = Rect::from_extents({8, 8});
+  FieldSpace f = FieldSpace::uniform(4, 4);
+  Layout l0 = L("F,x,y"), l1 = L("F,x_in=4,y_in=2,x_out,y_out"), l2 = L("F,y_in=2,x_in=4,x_out,y_out"), l4 = L("F,y,x");
+  EXPECT_EQ(prefix_bytes(l0, l1, s, f), 16u * 4);            // |F| |x_in|
+  EXPECT_EQ(shuffle_bytes(l0, l1, s, f), 16u * 64 / 4);      // TOTAL / |y_out|
+  EXPECT_EQ(prefix_bytes(l1, l2, s, f), 16u);                // |F|
+  EXPECT_EQ(shuffle_bytes(l1, l2, s, f), 16u * 4 * 2);       // |F| |x_in| |y_in|
+  EXPECT_EQ(prefix_bytes(l2, l2, s, f), 16u * 64);           // TOTAL
+  EXPECT_EQ(prefix_bytes(l2, l4, s, f), 16u * 2);            // |F| |y_in|
+  EXPECT_EQ(total_bytes(l0, s, f), 16u * 64);
+}
+
+TEST(PrefixSuffix, FieldUnitsWhenFIsNotShared) {
+  IndexSpace s = Rect::from_extents({100});
+  FieldSpace f({{"a", 4}, {"b", 8}});
+  // AOS -> SOA: nothing in common at the front; a request is one value of the smallest field.
+  EXPECT_EQ(prefix_bytes(L("F,x"), L("x,F"), s, f), 4u);
+  // SOA -> SOA: the whole instance; shuffle of identical layouts is one value of the largest.
+  EXPECT_EQ(prefix_bytes(L("x,F"), L("x,F"), s, f), 1200u);
+  EXPECT_EQ(shuffle_bytes(L("x,F"), L("x,F"), s, f), 8u);
+  // x and x_in=4,x_out are the same linearization when 4 divides 100.
+  EXPECT_EQ(prefix_bytes(L("F,x"), L("F,x_in=4,x_out"), s, f), 1200u);
+  // 3 does not divide 100: padded, never the same as x.
+  EXPECT_EQ(prefix_bytes(L("F,x"), L("F,x_in=3,x_out"), s, f), 12u);
+}
+
+}  // namespace
+}  // namespace caravan
