@@ -1,1 +1,145 @@
+// Memory names, throughput functions, machine files and the transfer graph built from them.
+#include <caravan/error.h>
+#include <caravan/planner/machine_file.h>
+#include <caravan/planner/transfer_graph.h>
+
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+namespace caravan::planner {
+namespace {
+
+TEST(MemoryId, ParsesAndPrints) {
+  MemoryId a = MemoryId::parse("node1/rank4/fbm");
+  EXPECT_EQ(a.node, 1u);
+  EXPECT_EQ(a.rank, 4u);
+  EXPECT_EQ(a.kind, MemoryKind::fbm);
+  EXPECT_EQ(a.index, 0u);
+  EXPECT_EQ(a.to_string(), "node1/rank4/fbm");
+  MemoryId b = MemoryId::parse("node0/rank0/fbm1");
+  EXPECT_EQ(b.index, 1u);
+  EXPECT_EQ(b.to_string(), "node0/rank0/fbm1");
+  EXPECT_EQ(MemoryId::parse("node0/rank0/fbm0"), MemoryId::parse("node0/rank0/fbm"));
+  for (const char* bad : {"node1/fbm", "nodeX/rank0/sys", "node0/rank0/gpu", "node0/rank/sys", "node0/rank0/sys/x"})
+    EXPECT_THROW(MemoryId::parse(bad), Error) << bad;
+  EXPECT_EQ(parse_channel_kind("xgmi"), ChannelKind::xgmi);
+  EXPECT_THROW(parse_channel_kind("pcie"), Error);
+}
+
+TEST(Throughput, InterpolatesInLogSizeAndInverts) {
+  ThroughputFunction tp({{1024, 1.0}, {4096, 3.0}, {1 << 20, 5.0}});
+  EXPECT_DOUBLE_EQ(tp(1024), 1.0);
+  EXPECT_DOUBLE_EQ(tp(2048), 2.0);  // halfway in log2 between 1K and 4K
+  EXPECT_DOUBLE_EQ(tp(512), 0.5);   // below the table: proportional to size
+  EXPECT_DOUBLE_EQ(tp(1e12), 5.0);  // above: the peak
+  EXPECT_DOUBLE_EQ(tp.peak(), 5.0);
+  for (double g : {0.1, 1.0, 2.0, 2.9, 3.5, 4.99, 5.0}) EXPECT_NEAR(tp(tp.inverse(g)), g, 1e-9) << g;
+  EXPECT_TRUE(std::isinf(tp.inverse(5.01)));
+  EXPECT_EQ(tp.inverse(0), 0.0);
+  // Monotone everywhere, also between samples.
+  double last = 0;
+  for (double r = 1; r < 1e8; r *= 1.37) {
+    EXPECT_GE(tp(r), last);
+    last = tp(r);
+  }
+}
+
+TEST(Throughput, FlattensADipAndRejectsBadTables) {
+  ThroughputFunction dip({{1024, 2.0}, {4096, 1.0}, {8192, 3.0}});
+  EXPECT_TRUE(dip.flattened());
+  EXPECT_DOUBLE_EQ(dip(4096), 2.0);
+  EXPECT_THROW(ThroughputFunction(std::vector<ThroughputFunction::Sample>{}), Error);
+  EXPECT_THROW(ThroughputFunction({{0, 1.0}}), Error);
+  EXPECT_THROW(ThroughputFunction({{4, -1.0}}), Error);
+  EXPECT_THROW(ThroughputFunction({{4, 1.0}, {4, 2.0}}), Error);
+}
+
+TEST(MachineFile, BuiltinsLoadAndMatchTheirSources) {
+  for (const auto& name : builtin_machine_names()) {
+    MachineDescription m = builtin_machine(name);
+    MachineDescription from_file = load_machine_file(std::string(CARAVAN_MACHINES_DIR) + "/" + name + ".json");
+    EXPECT_EQ(m.channels.size(), from_file.channels.size()) << name;
+    TransferGraph g(m);
+    EXPECT_GT(g.channel_count(), 0u);
+  }
+  TransferGraph two(builtin_machine("isometry-two-node"));
+  EXPECT_EQ(two.memory_count(), 10u);
+  // Figure 4: self-loops on sys, zcm, reg and fbm of each node.
+  int loops = 0;
+  for (std::uint32_t e = 0; e < two.channel_count(); ++e) loops += two.channel(e).self_loop();
+  EXPECT_EQ(loops, 8);
+  auto reg0 = *two.find(MemoryId::parse("node0/rank0/reg"));
+  auto sys1 = *two.find(MemoryId::parse("node1/rank1/sys"));
+  bool found = false;
+  for (auto e : two.out_channels(reg0))
+    if (two.channel(e).dst == sys1) {
+      found = true;
+      EXPECT_EQ(two.channel(e).kind, ChannelKind::nic);
+      EXPECT_NEAR(two.channel(e).peak_gbps, 3.18, 1e-9);
+    }
+  EXPECT_TRUE(found);
+}
+
+TEST(MachineFile, RoundTripsThroughJson) {
+  MachineDescription m = generate_cluster({2, 4});
+  MachineDescription back = parse_machine_json(to_machine_json(m), "round-trip");
+  ASSERT_EQ(back.channels.size(), m.channels.size());
+  ASSERT_EQ(back.memories.size(), m.memories.size());
+  for (std::size_t i = 0; i < m.channels.size(); ++i) {
+    EXPECT_EQ(back.channels[i].src, m.channels[i].src);
+    EXPECT_EQ(back.channels[i].dst, m.channels[i].dst);
+    EXPECT_TRUE(back.channels[i].tp == m.channels[i].tp);
+    EXPECT_EQ(back.channels[i].shares, m.channels[i].shares);
+  }
+}
+
+TEST(MachineFile, GeneratorScales) {
+  MachineDescription m = generate_cluster({64, 8});
+  TransferGraph g(m);
+  EXPECT_EQ(g.memory_count(), 64u * 11);
+  EXPECT_TRUE(g.find(MemoryId::parse("node63/rank511/fbm")).has_value());
+  EXPECT_TRUE(g.find(MemoryId::parse("node5/rank40/reg")).has_value());
+  EXPECT_THROW(generate_cluster({0, 8}), Error);
+  EXPECT_EQ(resolve_machine("generate:2x3").memories.size(), 2u * 6);
+  EXPECT_THROW(resolve_machine("generate:2y3"), Error);
+}
+
+TEST(MachineFile, ErrorsNameTheEntry) {
+  auto message = [](const std::string& text) {
+    try {
+      parse_machine_json(text, "test.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string nodes = R"("nodes": [{"node": 0, "ranks": [{"rank": 0, "memories": [{"kind": "sys"}]}]}])";
+  EXPECT_NE(message("{").find("test.json"), std::string::npos);
+  EXPECT_NE(message("{" + nodes + R"(, "channels": [{"kind": "warp", "src": "node0/rank0/sys", "dst": "node0/rank0/sys", "throughput": 1}]})")
+                .find("channels[0].kind"),
+            std::string::npos);
+  EXPECT_NE(message("{" + nodes + R"(, "channels": [{"kind": "memcpy", "src": "node0/rank0/sys", "dst": "node0/rank0/zcm", "throughput": 1}]})")
+                .find("node0/rank0/zcm is not declared"),
+            std::string::npos);
+  EXPECT_NE(message("{" + nodes + R"(, "channels": [{"kind": "memcpy", "src": "node0/rank0/sys", "dst": "node0/rank0/sys", "throughput": 1, "shares": ["bus"]}]})")
+                .find("resource 'bus'"),
+            std::string::npos);
+  EXPECT_NE(message("{" + nodes + R"(, "channels": [{"kind": "memcpy", "src": "node0/rank0/sys", "dst": "node0/rank0/sys", "throughput": {"shape": "none", "gbps": 1}}]})")
+                .find("no shape named 'none'"),
+            std::string::npos);
+  EXPECT_THROW(load_machine_file("/nonexistent/machine.json"), Error);
+  EXPECT_THROW(builtin_machine("nope"), Error);
+}
+
+TEST(MachineFile, LocalMachineIsMeasured) {
+  MachineDescription m = describe_local_machine();
+  TransferGraph g(m);
+  ASSERT_EQ(g.channel_count(), 1u);
+  EXPECT_TRUE(g.channel(0).self_loop());
+  EXPECT_GT(g.channel(0).peak_gbps, 0.01);
+}
+
+}  // namespace
+}  // namespace caravan::planner
