@@ -54,6 +54,16 @@ void RuntimeImpl::shutdown() {
   if (stopped_.exchange(true)) return;
   stopping_.store(true, std::memory_order_release);
   auto failure = make_failure(Errc::shut_down, "the runtime shut down before this work ran");
+  {
+    // Services (the DMA engine...) stop their own work first, newest first; later stages may
+    // still need the CPU processor and the event table.
+    std::vector<RuntimeService*> services;
+    {
+      std::lock_guard lock(services_mutex_);
+      for (auto& s : services_) services.push_back(s.get());
+    }
+    for (auto it = services.rbegin(); it != services.rend(); ++it) (*it)->shutdown();
+  }
   if (cpu_) cpu_->stop(failure);
   // Everything still pending (tasks waiting on preconditions, user events) fails now, so that
   // no thread waits forever on work that can no longer happen.
@@ -61,6 +71,17 @@ void RuntimeImpl::shutdown() {
   RuntimeImpl* self = this;
   g_current.compare_exchange_strong(self, nullptr);
   log::get("runtime")->info("runtime shut down");
+}
+
+RuntimeService& RuntimeImpl::service(const std::string& name,
+                                     const std::function<std::unique_ptr<RuntimeService>()>& make) {
+  std::lock_guard lock(services_mutex_);
+  if (!accepting_work()) throw Error(Errc::shut_down, fmt::format("the runtime is shutting down ({} unavailable)", name));
+  auto it = services_by_name_.find(name);
+  if (it != services_by_name_.end()) return *it->second;
+  services_.push_back(make());
+  services_by_name_[name] = services_.back().get();
+  return *services_.back();
 }
 
 detail::EventTable& RuntimeImpl::table_for(const Event& e) {
