@@ -364,7 +364,18 @@ MultiPlan plan_multipath(const TransferGraph& graph, const TransferRequest& requ
     for (const auto& h : single.hops) r.push_back(h.channel);
     routes.push_back(r);
   }
-  for (auto& channels : decompose(ctx, net)) {
+  // Candidates: the flow's own paths, and every two-hop detour through one buffer (a max-flow
+  // picks one optimum; when a shared resource caps the total, another mix of detours may fit
+  // the per-path limits better, and the LP below chooses among them).
+  auto candidates = decompose(ctx, net);
+  if (ctx.options.max_hops >= 2)
+    for (auto first : graph.out_channels(ctx.src)) {
+      const Channel& a = graph.channel(first);
+      if (a.self_loop() || a.dst == ctx.dst || !ctx.buffer_ok(a.dst)) continue;
+      for (auto second : graph.out_channels(a.dst))
+        if (graph.channel(second).dst == ctx.dst && !graph.channel(second).self_loop()) candidates.push_back({first, second});
+    }
+  for (auto& channels : candidates) {
     if (std::find(routes.begin(), routes.end(), channels) != routes.end()) continue;
     if (auto plan = plan_on_path(ctx, model, channels)) {
       plans.push_back(std::move(*plan));
