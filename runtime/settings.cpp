@@ -45,6 +45,20 @@ const Definition kTable[] = {
   {"CARAVAN_WAIT_SPIN_US", Kind::integer, "20",
    "How long Event::wait polls before it blocks the thread (microseconds)", 0, 1000000},
   // --- planner ---
+  {"CARAVAN_PLANNER_FULL_MIN_BYTES", Kind::bytes, "16M",
+   "Transfers of at least this many bytes use the full path planner; smaller ones the simple planner", 0, kInf},
+  {"CARAVAN_PLANNER_BUFFER_THRESHOLD", Kind::bytes, "32M",
+   "TH: the largest intermediate buffer one hop of a planned path may use (bytes)", 1, kInf},
+  {"CARAVAN_PLANNER_MAX_HOPS", Kind::integer, "6",
+   "Longest path (in hops, self-loops included) the planners consider", 1, 16},
+  {"CARAVAN_PLANNER_TRANSIT_NODES", Kind::boolean, "false",
+   "Whether planned paths may pass through memories of nodes other than the source's and destination's"},
+  {"CARAVAN_PLANNER_MAX_PATHS", Kind::integer, "8",
+   "Most paths the multi-path planner splits one transfer over", 1, 64},
+  {"CARAVAN_PLANNER_CACHE_ENTRIES", Kind::integer, "4096",
+   "Plans kept in the path cache (least recently used dropped first); 0 disables it", 0, 1000000},
+  {"CARAVAN_PLANNER_MACHINE", Kind::string, "local",
+   "The transfer graph: local, a built-in machine (isometry-two-node, h200x4), generate:NxG, or a machine file path"},
   // --- DMA engine ---
   // --- distributed ---
   // --- GPU ---
