@@ -2,6 +2,7 @@
 // resolve_machine(). The format is documented in docs/machine-file.md.
 #include <caravan/error.h>
 #include <caravan/planner/machine_file.h>
+#include <caravan/settings.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -385,5 +386,7 @@ MachineDescription resolve_machine(std::string_view spec) {
   if (!detail::builtin_machine_text(spec).empty()) return builtin_machine(spec);
   return load_machine_file(std::string(spec));
 }
+
+MachineDescription machine_from_settings() { return resolve_machine(settings::get_string("CARAVAN_PLANNER_MACHINE")); }
 
 }  // namespace caravan::planner

@@ -2,6 +2,7 @@
 #include <caravan/error.h>
 #include <caravan/planner/machine_file.h>
 #include <caravan/planner/transfer_graph.h>
+#include <caravan/settings.h>
 
 #include <gtest/gtest.h>
 
@@ -104,6 +105,8 @@ TEST(MachineFile, GeneratorScales) {
   EXPECT_THROW(generate_cluster({0, 8}), Error);
   EXPECT_EQ(resolve_machine("generate:2x3").memories.size(), 2u * 6);
   EXPECT_THROW(resolve_machine("generate:2y3"), Error);
+  settings::ScopedOverride machine("CARAVAN_PLANNER_MACHINE", "h200x4");
+  EXPECT_EQ(machine_from_settings().name, "h200x4");
 }
 
 TEST(MachineFile, ErrorsNameTheEntry) {
