@@ -60,6 +60,24 @@ const Definition kTable[] = {
   {"CARAVAN_PLANNER_MACHINE", Kind::string, "local",
    "The transfer graph: local, a built-in machine (isometry-two-node, h200x4), generate:NxG, or a machine file path"},
   // --- DMA engine ---
+  {"CARAVAN_DMA_REQUEST_BYTES", Kind::bytes, "256K",
+   "Smallest batch of bytes a DMA worker sends to a channel in one request (the priority pre-emption granularity)", 4096, kInf},
+  {"CARAVAN_DMA_TILE_BYTES", Kind::bytes, "4M",
+   "Largest tile a copy is cut into for pipelining (also bounded by the buffer threshold / slots)", 4096, kInf},
+  {"CARAVAN_DMA_SLOTS", Kind::integer, "3",
+   "Tile slots per intermediate buffer (ring depth of the pipeline between two hops)", 2, 64},
+  {"CARAVAN_DMA_POOL_BYTES", Kind::bytes, "1G",
+   "Intermediate-buffer bytes all copies together may hold in one memory", 1, kInf},
+  {"CARAVAN_DMA_STALL_S", Kind::real, "10",
+   "A copy that makes no progress for this many seconds is reported in the log", 0.01, kInf},
+  {"CARAVAN_MEMCPY_THREADS", Kind::integer, "1",
+   "Threads that share one large memcpy request (1: the channel's worker alone)", 1, 256},
+  {"CARAVAN_MEMCPY_SPLIT_BYTES", Kind::bytes, "1M",
+   "memcpy requests at least this large are split over CARAVAN_MEMCPY_THREADS", 1, kInf},
+  {"CARAVAN_DSK_DIR", Kind::string, "/tmp",
+   "Directory for file-backed (dsk) instances and buffers"},
+  {"CARAVAN_CACHE_DIR", Kind::string, "",
+   "Where channel calibrations are cached (empty: $XDG_CACHE_HOME/caravan or ~/.cache/caravan)"},
   // --- distributed ---
   // --- GPU ---
 };

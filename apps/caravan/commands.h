@@ -11,6 +11,8 @@ void add_config_command(CLI::App& app);
 // `caravan bench <case>`: adds the bench command and every case; bench_*.cpp each add one case.
 void add_bench_command(CLI::App& app);
 void add_bench_tasks(CLI::App& bench);
+void add_bench_copy(CLI::App& bench);  // also adds `bench priority`
+void add_calibrate_command(CLI::App& app);
 // `caravan plan` and `caravan machine generate` (plan_command.cpp); `caravan bench plan` (bench_plan.cpp).
 void add_plan_command(CLI::App& app);
 void add_bench_plan(CLI::App& bench);

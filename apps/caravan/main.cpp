@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   caravan::app::add_config_command(app);
   caravan::app::add_bench_command(app);
+  caravan::app::add_calibrate_command(app);
   caravan::app::add_plan_command(app);
   try {
     app.parse(argc, argv);

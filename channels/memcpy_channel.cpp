@@ -1,0 +1,150 @@
+#include "channels/memcpy_channel.h"
+
+#include <cstring>
+
+namespace caravan::dma {
+namespace {
+
+template <class T>
+void strided(const TransferOp& op, const std::byte* src, std::byte* dst) {
+  const std::byte* s = src + op.src;
+  std::byte* d = dst + op.dst;
+  for (std::uint64_t i = 0; i < op.count; ++i) {
+    T value;
+    std::memcpy(&value, s, sizeof(T));
+    std::memcpy(d, &value, sizeof(T));
+    s += op.src_stride;
+    d += op.dst_stride;
+  }
+}
+
+struct Bytes16 {
+  std::byte b[16];
+};
+
+}  // namespace
+
+void copy_host_ops(std::span<const TransferOp> ops, const std::byte* src, std::byte* dst) {
+  for (const TransferOp& op : ops) {
+    if (op.count == 1) {
+      std::memcpy(dst + op.dst, src + op.src, op.elem);
+      continue;
+    }
+    switch (op.elem) {
+      case 1: strided<std::uint8_t>(op, src, dst); break;
+      case 2: strided<std::uint16_t>(op, src, dst); break;
+      case 4: strided<std::uint32_t>(op, src, dst); break;
+      case 8: strided<std::uint64_t>(op, src, dst); break;
+      case 16: strided<Bytes16>(op, src, dst); break;
+      default:
+        for (std::uint64_t i = 0; i < op.count; ++i)
+          std::memcpy(dst + op.dst + static_cast<std::int64_t>(i) * op.dst_stride,
+                      src + op.src + static_cast<std::int64_t>(i) * op.src_stride, op.elem);
+    }
+  }
+}
+
+}  // namespace caravan::dma
+
+namespace caravan::channels {
+
+MemcpyChannel::MemcpyChannel(int threads, std::uint64_t split_bytes) : split_bytes_(split_bytes) {
+  for (int i = 1; i < threads; ++i) {
+    slices_.emplace_back();
+    helpers_.emplace_back([this, i] { helper_main(static_cast<std::size_t>(i - 1)); });
+  }
+}
+
+MemcpyChannel::~MemcpyChannel() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : helpers_) t.join();
+}
+
+bool MemcpyChannel::serves(MemoryId src, MemoryId dst) const noexcept {
+  return is_host(src.kind) && is_host(dst.kind) && src.node == dst.node;
+}
+
+void MemcpyChannel::submit(const dma::Request& request, Completion done) {
+  if (!request.src->host() || !request.dst->host()) {
+    done(make_failure(Errc::internal, "memcpy channel given a request on non-host storage"));
+    return;
+  }
+  if (!helpers_.empty() && request.bytes >= split_bytes_) run_split(request);
+  else dma::copy_host_ops(request.ops, request.src->host(), request.dst->host());
+  done(nullptr);
+}
+
+// Splits the request's ops into helpers_.size() + 1 byte-balanced shares; this thread takes the
+// last share. Ops larger than a share are cut (runs by bytes, strided ops by elements).
+void MemcpyChannel::run_split(const dma::Request& request) {
+  const std::size_t shares = helpers_.size() + 1;
+  const std::uint64_t per_share = (request.bytes + shares - 1) / shares;
+  std::vector<std::vector<dma::TransferOp>> parts(shares);
+  std::size_t part = 0;
+  std::uint64_t filled = 0;
+  for (dma::TransferOp op : request.ops) {
+    while (op.bytes() > 0) {
+      std::uint64_t room = per_share - filled;
+      if (part == shares - 1 || op.bytes() <= room) {
+        parts[part].push_back(op);
+        filled += op.bytes();
+        break;
+      }
+      dma::TransferOp head = op;
+      if (op.count == 1) {
+        head.elem = room;
+        op.src += room;
+        op.dst += room;
+        op.elem -= room;
+      } else {
+        std::uint64_t n = std::max<std::uint64_t>(room / op.elem, 1);
+        head.count = n;
+        op.src = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(n) * op.src_stride);
+        op.dst = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(n) * op.dst_stride);
+        op.count -= n;
+      }
+      parts[part].push_back(head);
+      ++part;
+      filled = 0;
+    }
+    if (filled >= per_share && part < shares - 1) {
+      ++part;
+      filled = 0;
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i + 1 < shares; ++i) slices_[i].ops = std::move(parts[i]);
+    src_ = request.src->host();
+    dst_ = request.dst->host();
+    pending_ = helpers_.size();
+    ++generation_;
+  }
+  cv_.notify_all();
+  dma::copy_host_ops(parts.back(), request.src->host(), request.dst->host());
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return pending_ == 0; });
+}
+
+void MemcpyChannel::helper_main(std::size_t index) {
+  std::uint64_t seen = 0;
+  for (;;) {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    std::vector<dma::TransferOp> ops = std::move(slices_[index].ops);
+    const std::byte* src = src_;
+    std::byte* dst = dst_;
+    lock.unlock();
+    dma::copy_host_ops(ops, src, dst);
+    lock.lock();
+    if (--pending_ == 0) cv_.notify_all();
+  }
+}
+
+}  // namespace caravan::channels

@@ -1,0 +1,43 @@
+// memcpy: CPU copies between host memories (sys, zcm, reg) of one node. It converts layouts
+// well (strided gathers and scatters cost little more than runs), so planners put conversions
+// here. A request of at least CARAVAN_MEMCPY_SPLIT_BYTES is split over CARAVAN_MEMCPY_THREADS
+// threads (the worker itself is one of them).
+#pragma once
+
+#include "runtime/dma/channel.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace caravan::channels {
+
+class MemcpyChannel final : public dma::Channel {
+ public:
+  MemcpyChannel(int threads, std::uint64_t split_bytes);
+  ~MemcpyChannel() override;
+  ChannelKind kind() const noexcept override { return ChannelKind::memcpy; }
+  bool serves(MemoryId src, MemoryId dst) const noexcept override;
+  void submit(const dma::Request& request, Completion done) override;
+
+ private:
+  struct Slice {
+    std::vector<dma::TransferOp> ops;
+  };
+  void helper_main(std::size_t index);
+  void run_split(const dma::Request& request);
+
+  std::uint64_t split_bytes_;
+  std::vector<std::thread> helpers_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Slice> slices_;  // one per helper, for the request being split
+  const std::byte* src_ = nullptr;
+  std::byte* dst_ = nullptr;
+  std::uint64_t generation_ = 0;  // bumped per split request
+  std::size_t pending_ = 0;       // helpers still working on it
+  bool stop_ = false;
+};
+
+}  // namespace caravan::channels

@@ -1,0 +1,104 @@
+// Instances and copies: the data-movement API.
+//
+// An Instance is an index space x field space stored in one memory with one layout (Isometry's
+// data model, include/caravan/layout.h). copy() names only the source and destination; the
+// planner chooses the path (possibly several hops through intermediate buffers) and the DMA
+// engine moves the bytes in pipelined requests on per-channel workers, by priority.
+#pragma once
+
+#include <caravan/event.h>
+#include <caravan/layout.h>
+#include <caravan/machine.h>
+#include <caravan/task_graph.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace caravan {
+
+namespace planner {
+struct Plan;
+}
+
+class InstanceImpl;
+
+class Instance {
+ public:
+  Instance() = default;
+
+  // Allocates an instance in `memory`, a memory of this rank (see `caravan machine`; on a CPU
+  // machine node0/rank0/sys and node0/rank0/dsk). Throws Error(invalid_argument) when the layout
+  // does not fit the space, Error(not_found) for a memory this rank does not have.
+  static Instance create(MemoryId memory, IndexSpace space, FieldSpace fields, Layout layout);
+  // Wraps `bytes` bytes of caller-owned host memory (sys, zcm or reg) at `data`, which must be at
+  // least the layout's footprint and stay alive as long as the instance is used.
+  static Instance attach(MemoryId memory, IndexSpace space, FieldSpace fields, Layout layout, void* data,
+                         std::size_t bytes);
+
+  bool valid() const noexcept { return impl_ != nullptr; }
+  MemoryId memory() const;
+  const IndexSpace& space() const;
+  const FieldSpace& fields() const;
+  const Layout& layout() const;
+  std::uint64_t footprint_bytes() const;  // TOTAL(layout), padding included
+  // Byte offset of (point, field) within the footprint.
+  std::uint64_t offset(const Point& point, std::size_t field) const;
+  // The bytes of a host instance; throws Error(invalid_argument) for a file-backed (dsk) one.
+  std::byte* data() const;
+  // Reads or writes footprint bytes of any instance, synchronously (for set-up and checks).
+  void read_bytes(std::uint64_t offset, std::span<std::byte> out) const;
+  void write_bytes(std::uint64_t offset, std::span<const std::byte> in) const;
+
+  const std::shared_ptr<InstanceImpl>& impl() const noexcept { return impl_; }
+
+ private:
+  std::shared_ptr<InstanceImpl> impl_;
+};
+
+enum class PlannerChoice : std::uint8_t { automatic, simple, full };
+
+// What a finished copy did, for inspection and tests. Filled in before the copy's event triggers.
+struct CopyReport {
+  std::string route;                          // the planned path, e.g. "node0/rank0/dsk -[file]-> ..."
+  double predicted_gbps = 0;
+  std::vector<std::uint64_t> buffer_bytes;    // each intermediate buffer as allocated
+  std::uint64_t tiles = 0;                    // pipelining units the instance was cut into
+  std::vector<std::uint64_t> hop_requests;    // requests each hop sent to its channel
+  // Requests of other copies that the channel of each hop ran between this copy's first and last
+  // request on it: 0 means this copy had the channel to itself once it started.
+  std::vector<std::uint64_t> hop_interleaved;
+};
+
+struct CopyOptions {
+  Event precondition;      // the copy starts after this; if it is poisoned, no byte moves
+  int priority = 0;        // [kMinPriority, kMaxPriority]: higher takes a channel at the next request
+  PlannerChoice planner = PlannerChoice::automatic;  // automatic: simple below CARAVAN_PLANNER_FULL_MIN_BYTES
+  CopyReport* report = nullptr;  // optional; must stay alive until the copy's event triggers
+};
+
+// Copies every (point, field) of `src` into `dst`. Both must have the same index space and field
+// space; layouts and memories may differ (a layout change is a conversion). Bad input (different
+// spaces or fields, a memory without a path, a priority out of range) throws before any byte moves.
+Event copy(const Instance& src, const Instance& dst, const CopyOptions& options = {});
+
+// Writes `point_value` (|F| bytes: one point's fields in declaration order) to every point of `dst`.
+Event fill(const Instance& dst, std::span<const std::byte> point_value, const CopyOptions& options = {});
+
+// Cancels a copy or fill: its event is poisoned with Errc::cancelled, its requests stop at the
+// next request boundary and its buffers go back to their pools. Returns false if `copy_event`
+// is not a copy that is still running.
+bool cancel(Event copy_event);
+
+// The plan copy() would use now, without copying.
+std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instance& dst,
+                                               PlannerChoice planner = PlannerChoice::automatic);
+
+// A copy as a task-graph node: started at each launch after its dependencies.
+TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority = 0,
+                           std::span<const TaskGraph::NodeId> dependencies = {});
+
+}  // namespace caravan

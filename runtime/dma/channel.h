@@ -1,0 +1,43 @@
+// The interface every channel implements: a capability probe and request execution.
+// Implementations live in channels/ (one small class per hardware path).
+#pragma once
+
+#include "runtime/dma/storage.h"
+#include "runtime/dma/transfer_ops.h"
+
+#include <caravan/error.h>
+#include <caravan/machine.h>
+
+#include <functional>
+#include <span>
+#include <string>
+
+namespace caravan::dma {
+
+// A batch of ops between two storages; offsets in the ops are relative to each storage.
+struct Request {
+  std::span<const TransferOp> ops;
+  std::uint64_t bytes = 0;
+  const Storage* src = nullptr;
+  const Storage* dst = nullptr;
+};
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  virtual ChannelKind kind() const noexcept = 0;
+  // Pure capability probe: can this channel move bytes from memory `src` to memory `dst`?
+  virtual bool serves(MemoryId src, MemoryId dst) const noexcept = 0;
+  // How many requests the DMA worker keeps in flight to saturate the channel.
+  virtual int window() const noexcept { return 1; }
+  // Starts a request; `done` runs exactly once when it finishes (nullptr: success). Synchronous
+  // channels run it inline before returning; asynchronous ones from their progress.
+  using Completion = std::function<void(const FailureCause&)>;
+  virtual void submit(const Request& request, Completion done) = 0;
+};
+
+// Executes ops between two host storages (the memcpy channel's inner loop; also used by file
+// staging). Element sizes 1, 2, 4, 8 and 16 bytes get typed loops.
+void copy_host_ops(std::span<const TransferOp> ops, const std::byte* src, std::byte* dst);
+
+}  // namespace caravan::dma

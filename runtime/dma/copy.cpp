@@ -1,0 +1,102 @@
+// The public Instance and copy API (include/caravan/copy.h) on top of the engine.
+#include "runtime/dma/engine.h"
+#include "runtime/dma/instance_impl.h"
+
+#include <fmt/format.h>
+
+namespace caravan {
+namespace {
+
+const InstanceImpl& checked(const std::shared_ptr<InstanceImpl>& impl) {
+  if (!impl) throw Error(Errc::invalid_argument, "the instance is empty (use Instance::create)");
+  return *impl;
+}
+
+}  // namespace
+
+Instance Instance::create(MemoryId memory, IndexSpace space, FieldSpace fields, Layout layout) {
+  dma::Engine& engine = dma::Engine::current();
+  engine.graph().require(memory, "instance memory");
+  if (memory.rank != engine.rank())
+    throw Error(Errc::invalid_argument, fmt::format("Instance::create: {} belongs to rank {}, not this rank ({})",
+                                                    memory.to_string(), memory.rank, engine.rank()));
+  layout.validate(space.dims(), "instance layout");
+  auto impl = std::make_shared<InstanceImpl>(memory, std::move(space), std::move(fields), layout);
+  impl->storage = dma::allocate_storage(memory, impl->lin.total_bytes());
+  Instance out;
+  out.impl_ = std::move(impl);
+  return out;
+}
+
+Instance Instance::attach(MemoryId memory, IndexSpace space, FieldSpace fields, Layout layout, void* data,
+                          std::size_t bytes) {
+  if (!is_host(memory.kind))
+    throw Error(Errc::invalid_argument, fmt::format("Instance::attach: {} is not host memory (sys, zcm or reg)", memory.to_string()));
+  if (!data) throw Error(Errc::invalid_argument, "Instance::attach: data is null");
+  dma::Engine::current().graph().require(memory, "instance memory");
+  layout.validate(space.dims(), "instance layout");
+  auto impl = std::make_shared<InstanceImpl>(memory, std::move(space), std::move(fields), layout);
+  if (bytes < impl->lin.total_bytes())
+    throw Error(Errc::invalid_argument, fmt::format("Instance::attach: {} bytes given, the layout needs {}", bytes,
+                                                    impl->lin.total_bytes()));
+  impl->storage = dma::Storage::wrap_host(memory, data, bytes);
+  Instance out;
+  out.impl_ = std::move(impl);
+  return out;
+}
+
+MemoryId Instance::memory() const { return checked(impl_).memory; }
+const IndexSpace& Instance::space() const { return checked(impl_).space; }
+const FieldSpace& Instance::fields() const { return checked(impl_).fields; }
+const Layout& Instance::layout() const { return checked(impl_).layout; }
+std::uint64_t Instance::footprint_bytes() const { return checked(impl_).lin.total_bytes(); }
+std::uint64_t Instance::offset(const Point& point, std::size_t field) const {
+  const InstanceImpl& impl = checked(impl_);
+  if (!impl.space.contains(point)) throw Error(Errc::invalid_argument, "Instance::offset: the point is outside the index space");
+  if (field >= impl.fields.count())
+    throw Error(Errc::invalid_argument, fmt::format("Instance::offset: field {} of {}", field, impl.fields.count()));
+  return impl.lin.offset(point, field);
+}
+
+std::byte* Instance::data() const {
+  const InstanceImpl& impl = checked(impl_);
+  if (impl.storage->is_file())
+    throw Error(Errc::invalid_argument, fmt::format("Instance::data: {} is file-backed; use read_bytes/write_bytes",
+                                                    impl.memory.to_string()));
+  return impl.storage->host();
+}
+
+void Instance::read_bytes(std::uint64_t offset, std::span<std::byte> out) const { checked(impl_).storage->read(offset, out); }
+void Instance::write_bytes(std::uint64_t offset, std::span<const std::byte> in) const { checked(impl_).storage->write(offset, in); }
+
+Event copy(const Instance& src, const Instance& dst, const CopyOptions& options) {
+  return dma::Engine::current().copy(src, dst, options);
+}
+
+Event fill(const Instance& dst, std::span<const std::byte> point_value, const CopyOptions& options) {
+  return dma::Engine::current().fill(dst, point_value, options);
+}
+
+bool cancel(Event copy_event) { return dma::Engine::current().cancel(copy_event); }
+
+std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instance& dst, PlannerChoice planner) {
+  return dma::Engine::current().plan(src, dst, planner);
+}
+
+TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority,
+                           std::span<const TaskGraph::NodeId> dependencies) {
+  if (!src.valid() || !dst.valid()) throw Error(Errc::invalid_argument, "add_copy: an instance is empty");
+  if (priority < kMinPriority || priority > kMaxPriority)
+    throw Error(Errc::invalid_argument, fmt::format("add_copy: priority {} is outside [{}, {}]", priority, kMinPriority, kMaxPriority));
+  std::string label = fmt::format("copy {} -> {}", src.memory().to_string(), dst.memory().to_string());
+  return graph.add_node(std::move(label),
+                        [src, dst, priority](Event precondition) {
+                          CopyOptions options;
+                          options.precondition = precondition;
+                          options.priority = priority;
+                          return copy(src, dst, options);
+                        },
+                        dependencies);
+}
+
+}  // namespace caravan

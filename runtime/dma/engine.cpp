@@ -1,0 +1,687 @@
+#include "runtime/dma/engine.h"
+
+#include "channels/file_channel.h"
+#include "channels/memcpy_channel.h"
+#include "runtime/dma/calibrate.h"
+#include "runtime/dma/instance_impl.h"
+#include "runtime/log.h"
+
+#include <caravan/settings.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace caravan::dma {
+namespace {
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Cuts ops longer than `limit` bytes so that every request stays near the batch size (the
+// granularity at which a higher-priority copy can take the channel).
+void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
+  bool any = std::any_of(ops.begin(), ops.end(), [&](const TransferOp& op) { return op.bytes() > limit; });
+  if (!any) return;
+  std::vector<TransferOp> out;
+  out.reserve(ops.size() + 8);
+  for (TransferOp op : ops) {
+    while (op.bytes() > limit) {
+      TransferOp head = op;
+      if (op.count == 1) {
+        head.elem = limit;
+        op.src += limit;
+        op.dst += limit;
+        op.elem -= limit;
+      } else {
+        std::uint64_t n = std::max<std::uint64_t>(limit / op.elem, 1);
+        if (n >= op.count) break;
+        head.count = n;
+        op.src = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(n) * op.src_stride);
+        op.dst = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(n) * op.dst_stride);
+        op.count -= n;
+      }
+      out.push_back(head);
+    }
+    out.push_back(op);
+  }
+  ops.swap(out);
+}
+
+// The layout an intermediate buffer uses for one tile slot: the planned layout with every block
+// clamped to the tile's extent. A block wider than the tile only adds padding (the planner
+// sizes blocks for the whole transfer); the writer and the reader of a slot compute the same
+// clamped layout from the same tile, so they agree.
+Layout slot_layout(const Layout& planned, const Rect& tile) {
+  Layout out;
+  for (LayoutComponent c : planned) {
+    if (c.kind == LayoutComponent::Kind::dim_in)
+      c.block = std::min<std::uint64_t>(c.block, static_cast<std::uint64_t>(tile.extent(c.dim)));
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Waits on the copy's precondition and hands the copy to the engine when it triggers.
+class PreconditionWaiter final : public detail::EventWaiter {
+ public:
+  explicit PreconditionWaiter(std::shared_ptr<CopyOperation> op) : op_(std::move(op)) {}
+  void event_triggered(const FailureCause& failure) override;
+
+ private:
+  std::shared_ptr<CopyOperation> op_;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------ CopyOperation
+
+void CopyOperation::fail(const FailureCause& cause) {
+  {
+    std::lock_guard lock(failure_mutex);
+    if (!failure) failure = cause;
+  }
+  cancelled.store(true, std::memory_order_release);
+  for (auto& xd : xds) xd->worker->wake();
+}
+
+void CopyOperation::touch() { last_progress_ns.store(now_ns(), std::memory_order_relaxed); }
+
+// ------------------------------------------------------------------------------------ DmaWorker
+
+DmaWorker::DmaWorker(Engine& engine, std::unique_ptr<Channel> channel, std::string name)
+    : engine_(engine), channel_(std::move(channel)), name_(std::move(name)), thread_([this] { loop(); }) {}
+
+DmaWorker::~DmaWorker() { stop(); }
+
+void DmaWorker::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DmaWorker::add(Xd* xd) {
+  {
+    std::lock_guard lock(mutex_);
+    // Highest priority first; among equals, the older copy first.
+    auto it = std::find_if(pool_.begin(), pool_.end(), [&](const Xd* other) {
+      return other->op->priority < xd->op->priority ||
+             (other->op->priority == xd->op->priority && other->op->sequence > xd->op->sequence);
+    });
+    pool_.insert(it, xd);
+  }
+  cv_.notify_one();
+}
+
+void DmaWorker::wake() {
+  // Taking the lock orders this wake after any check the worker made under it: no lost wake-up.
+  { std::lock_guard lock(mutex_); }
+  cv_.notify_one();
+}
+
+bool DmaWorker::can_issue(const Xd& xd) const {
+  if (xd.op->cancelled.load(std::memory_order_acquire) || xd.generating) return false;
+  if (!xd.active.empty() && xd.active.back().next_op < xd.active.back().ops.size()) return true;
+  const CopyOperation& op = *xd.op;
+  std::uint64_t t = xd.next_tile;
+  if (t >= op.grid.count()) return false;
+  const std::size_t last = op.xds.size() - 1;
+  // Input: the previous hop has finished writing tile t into its output slot.
+  if (xd.hop > 0 && op.xds[xd.hop - 1]->tiles_done.load(std::memory_order_acquire) <= t) return false;
+  // Output: the slot tile t goes to has been drained by the next hop (it finished t - slots).
+  if (xd.hop < last && op.xds[xd.hop + 1]->tiles_done.load(std::memory_order_acquire) + static_cast<std::uint64_t>(op.slots) <= t)
+    return false;
+  // The last hop writes the destination directly; bound its tiles in progress all the same.
+  if (xd.hop == last && xd.active.size() >= static_cast<std::size_t>(op.slots)) return false;
+  return true;
+}
+
+void DmaWorker::loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (stop_) return;
+    // Retire XDs that are done, or whose copy was cancelled, once nothing of theirs is in flight.
+    std::vector<Xd*> retired;
+    for (auto it = pool_.begin(); it != pool_.end();) {
+      Xd* xd = *it;
+      bool all_done = xd->tiles_done.load(std::memory_order_acquire) == xd->op->grid.count();
+      if (xd->in_flight == 0 && !xd->generating && (all_done || xd->op->cancelled.load(std::memory_order_acquire))) {
+        xd->retired = true;
+        retired.push_back(xd);
+        it = pool_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!retired.empty()) {
+      lock.unlock();
+      for (Xd* xd : retired) engine_.xd_retired(xd->op);
+      lock.lock();
+      continue;
+    }
+    Xd* chosen = nullptr;
+    if (in_flight_ < channel_->window()) {
+      for (Xd* xd : pool_) {
+        if (can_issue(*xd)) {
+          chosen = xd;
+          break;
+        }
+      }
+    }
+    if (!chosen) {
+      cv_.wait(lock);
+      continue;
+    }
+    CopyOperation& op = *chosen->op;
+    if (chosen->active.empty() || chosen->active.back().next_op == chosen->active.back().ops.size()) {
+      // Cut the next tile into ops outside the lock: it can take a while for a large tile.
+      std::uint64_t t = chosen->next_tile;
+      chosen->generating = true;
+      lock.unlock();
+      Xd::ActiveTile tile;
+      tile.index = t;
+      Rect rect = op.grid.tile(t);
+      const std::size_t last = op.xds.size() - 1;
+      std::optional<View> in_slot, out_slot;
+      const View* src = &*op.src_view;
+      const View* dst = &*op.dst_view;
+      if (chosen->hop > 0) {
+        const auto& b = op.buffers[chosen->hop - 1];
+        in_slot = View::of_layout(slot_layout(b.layout, rect), rect, op.fields, (t % static_cast<std::uint64_t>(op.slots)) * b.slot_bytes);
+        src = &*in_slot;
+      }
+      if (chosen->hop < last) {
+        const auto& b = op.buffers[chosen->hop];
+        out_slot = View::of_layout(slot_layout(b.layout, rect), rect, op.fields, (t % static_cast<std::uint64_t>(op.slots)) * b.slot_bytes);
+        dst = &*out_slot;
+      }
+      append_tile_ops(rect, op.fields, *src, *dst, tile.ops);
+      cut_ops(tile.ops, chosen->request_bytes);
+      lock.lock();
+      chosen->generating = false;
+      chosen->next_tile = t + 1;
+      chosen->active.push_back(std::move(tile));
+      continue;  // re-pick: priorities may have changed meanwhile
+    }
+    // Take the next batch of the tile's ops, up to the request size.
+    Xd::ActiveTile& tile = chosen->active.back();
+    std::size_t first = tile.next_op;
+    std::uint64_t bytes = 0;
+    while (tile.next_op < tile.ops.size() && (bytes == 0 || bytes + tile.ops[tile.next_op].bytes() <= chosen->request_bytes))
+      bytes += tile.ops[tile.next_op++].bytes();
+    Request request;
+    request.ops = std::span<const TransferOp>(tile.ops.data() + first, tile.next_op - first);
+    request.bytes = bytes;
+    const std::size_t last = op.xds.size() - 1;
+    request.src = chosen->hop == 0 ? (op.pattern ? op.pattern.get() : op.src_storage.get())
+                                   : op.buffers[chosen->hop - 1].storage.get();
+    request.dst = chosen->hop == last ? op.dst_storage.get() : op.buffers[chosen->hop].storage.get();
+    ++tile.outstanding;
+    ++chosen->in_flight;
+    ++in_flight_;
+    std::uint64_t seq = ++executed_;
+    if (chosen->requests++ == 0) chosen->first_seq = seq;
+    chosen->last_seq = seq;
+    std::uint64_t tile_index = tile.index;
+    lock.unlock();
+    channel_->submit(request, [this, chosen, tile_index](const FailureCause& failure) {
+      complete(chosen, tile_index, failure);
+    });
+    lock.lock();
+  }
+}
+
+void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, const FailureCause& failure) {
+  bool finished_tile = false;
+  CopyOperation& op = *xd->op;
+  {
+    std::lock_guard lock(mutex_);
+    --in_flight_;
+    --xd->in_flight;
+    for (auto& tile : xd->active) {
+      if (tile.index == tile_index) {
+        --tile.outstanding;
+        break;
+      }
+    }
+    // Tiles finish in order: pop finished ones from the front.
+    while (!xd->active.empty() && xd->active.front().outstanding == 0 &&
+           xd->active.front().next_op == xd->active.front().ops.size()) {
+      xd->active.pop_front();
+      xd->tiles_done.fetch_add(1, std::memory_order_acq_rel);
+      finished_tile = true;
+    }
+  }
+  op.touch();
+  if (failure) op.fail(failure);
+  if (finished_tile) engine_.tile_finished(xd);
+  cv_.notify_one();
+}
+
+// ------------------------------------------------------------------------------------ Engine
+
+void PreconditionWaiter::event_triggered(const FailureCause& failure) {
+  op_->engine->on_precondition(op_, failure);
+  delete this;
+}
+
+Engine::Engine(RuntimeImpl& runtime) : runtime_(runtime) {
+  request_floor_bytes_ = settings::get_bytes("CARAVAN_DMA_REQUEST_BYTES");
+  tile_bytes_ = settings::get_bytes("CARAVAN_DMA_TILE_BYTES");
+  pool_bytes_ = settings::get_bytes("CARAVAN_DMA_POOL_BYTES");
+  slots_ = static_cast<int>(settings::get_int("CARAVAN_DMA_SLOTS"));
+  stall_ns_ = static_cast<std::int64_t>(settings::get_double("CARAVAN_DMA_STALL_S") * 1e9);
+  auto machine = live_machine(static_cast<std::uint32_t>(runtime.rank()));
+  graph_ = std::make_shared<const planner::TransferGraph>(machine);
+  planner_ = std::make_unique<planner::Planner>(graph_);
+  int memcpy_threads = static_cast<int>(settings::get_int("CARAVAN_MEMCPY_THREADS"));
+  std::uint64_t split = settings::get_bytes("CARAVAN_MEMCPY_SPLIT_BYTES");
+  workers_.resize(graph_->channel_count());
+  for (std::uint32_t c = 0; c < graph_->channel_count(); ++c) {
+    const auto& ch = graph_->channel(c);
+    std::string name = fmt::format("{} {}->{}", to_string(ch.kind), graph_->memory(ch.src).id.to_string(),
+                                   graph_->memory(ch.dst).id.to_string());
+    std::unique_ptr<Channel> impl;
+    if (ch.kind == ChannelKind::memcpy) impl = std::make_unique<channels::MemcpyChannel>(memcpy_threads, split);
+    else if (ch.kind == ChannelKind::file) impl = std::make_unique<channels::FileChannel>();
+    if (impl) workers_[c] = std::make_unique<DmaWorker>(*this, std::move(impl), std::move(name));
+  }
+  for (std::size_t v = 0; v < graph_->memory_count(); ++v)
+    pools_[graph_->memory(static_cast<std::uint32_t>(v)).id].capacity = pool_bytes_;
+  watchdog_ = std::thread([this] { watchdog_main(); });
+  log::get("dma")->info("DMA engine started: {} channels on {}", graph_->channel_count(), graph_->name());
+}
+
+Engine::~Engine() { shutdown(); }
+
+Engine& Engine::current() {
+  RuntimeImpl* rt = RuntimeImpl::current();
+  if (!rt) throw Error(Errc::shut_down, "no Caravan runtime is running (create a caravan::Runtime first)");
+  return static_cast<Engine&>(rt->service("dma", [rt] { return std::make_unique<Engine>(*rt); }));
+}
+
+DmaWorker& Engine::worker_for(std::uint32_t graph_channel) {
+  if (graph_channel >= workers_.size() || !workers_[graph_channel])
+    throw Error(Errc::invalid_argument,
+                fmt::format("no implementation of channel {} ({}) in this build", graph_channel,
+                            to_string(graph_->channel(graph_channel).kind)));
+  return *workers_[graph_channel];
+}
+
+void Engine::check_common(const Instance& inst, const char* what) const {
+  if (!inst.valid()) throw Error(Errc::invalid_argument, fmt::format("{}: the instance is empty (use Instance::create)", what));
+  graph_->require(inst.memory(), what);
+}
+
+planner::TransferRequest Engine::make_request(const Instance& src, const Instance& dst) const {
+  check_common(src, "src memory");
+  check_common(dst, "dst memory");
+  if (!(src.space() == dst.space()))
+    throw Error(Errc::invalid_argument, fmt::format("copy: src index space {} differs from dst index space {}",
+                                                    src.space().to_string(), dst.space().to_string()));
+  if (!(src.fields() == dst.fields()))
+    throw Error(Errc::invalid_argument, fmt::format("copy: src and dst field spaces differ ({} vs {} fields, {} vs {} bytes per point)",
+                                                    src.fields().count(), dst.fields().count(),
+                                                    src.fields().total_size(), dst.fields().total_size()));
+  planner::TransferRequest r;
+  r.src = src.memory();
+  r.dst = dst.memory();
+  r.space = src.space();
+  r.fields = src.fields();
+  r.src_layout = src.layout();
+  r.dst_layout = dst.layout();
+  r.validate();
+  return r;
+}
+
+std::shared_ptr<const planner::Plan> Engine::plan(const Instance& src, const Instance& dst, PlannerChoice choice) {
+  planner::TransferRequest request = make_request(src, dst);
+  switch (choice) {
+    case PlannerChoice::automatic: return planner_->plan(request);
+    case PlannerChoice::simple: return std::make_shared<planner::Plan>(planner::plan_simple(*graph_, request, planner_->options()));
+    case PlannerChoice::full: return std::make_shared<planner::Plan>(planner::plan_full(*graph_, request, planner_->options()));
+  }
+  throw Error(Errc::invalid_argument, "copy: unknown planner choice");
+}
+
+// Sizes tiles and intermediate buffers: each buffer is a ring of `slots` tile slots and stays
+// within the planner's buffer threshold TH; each hop gets one XD.
+void Engine::prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops) {
+  const std::uint64_t point_bytes = std::max<std::uint64_t>(op.fields.total_size(), 1);
+  op.slots = slots_;
+  std::uint64_t tile_bytes = tile_bytes_;
+  if (hops.size() > 1) tile_bytes = std::min(tile_bytes, planner_->options().buffer_threshold / static_cast<std::uint64_t>(op.slots));
+  for (int attempt = 0;; ++attempt) {
+    op.grid = TileGrid(op.space, std::max<std::uint64_t>(tile_bytes / point_bytes, 1));
+    op.buffers.clear();
+    bool fits = true;
+    Rect largest = op.grid.largest();
+    for (std::size_t i = 0; i + 1 < hops.size(); ++i) {
+      CopyOperation::BufferSpec b;
+      b.memory = hops[i].dst;
+      b.layout = hops[i].dst_layout;
+      // Every tile fits in the largest tile's footprint: extents only shrink, and so does padding.
+      b.slot_bytes = (total_bytes(slot_layout(b.layout, largest), largest, op.fields) + 63) / 64 * 64;
+      if (b.slot_bytes * static_cast<std::uint64_t>(op.slots) > planner_->options().buffer_threshold) fits = false;
+      op.buffers.push_back(b);
+    }
+    if (fits || tile_bytes <= point_bytes) break;
+    tile_bytes /= 2;  // padding of blocked layouts made a slot too big: smaller tiles
+  }
+  for (std::size_t i = 0; i < hops.size(); ++i) {
+    auto xd = std::make_unique<Xd>();
+    xd->op = &op;
+    xd->hop = i;
+    xd->worker = &worker_for(hops[i].channel);
+    xd->src_layout = hops[i].src_layout;
+    xd->dst_layout = hops[i].dst_layout;
+    xd->request_bytes = std::clamp<std::uint64_t>(hops[i].request_bytes, request_floor_bytes_, std::max<std::uint64_t>(request_floor_bytes_, 4u << 20));
+    op.xds.push_back(std::move(xd));
+  }
+  // Reservations in one global memory order (MemoryId order), so that copies that wait for
+  // buffers while holding others can never wait in a cycle.
+  std::map<MemoryId, std::uint64_t> per_memory;
+  for (const auto& b : op.buffers) per_memory[b.memory] += b.slot_bytes * static_cast<std::uint64_t>(op.slots);
+  for (const auto& [memory, bytes] : per_memory) {
+    if (bytes > pool_bytes_)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("copy needs {} bytes of intermediate buffers in {}, more than its pool holds "
+                              "(CARAVAN_DMA_POOL_BYTES={}); lower CARAVAN_PLANNER_BUFFER_THRESHOLD or raise the pool",
+                              bytes, memory.to_string(), pool_bytes_));
+    op.reservation_order.emplace_back(memory, bytes);
+  }
+}
+
+Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& options) {
+  if (options.priority < kMinPriority || options.priority > kMaxPriority)
+    throw Error(Errc::invalid_argument, fmt::format("copy: priority {} is outside [{}, {}]", options.priority,
+                                                    kMinPriority, kMaxPriority));
+  std::shared_ptr<const planner::Plan> plan = this->plan(src, dst, options.planner);
+  auto op = std::make_shared<CopyOperation>();
+  op->engine = this;
+  op->priority = options.priority;
+  op->report = options.report;
+  op->route = plan->route();
+  op->predicted_gbps = plan->predicted_gbps;
+  op->src_instance = src;
+  op->dst_instance = dst;
+  op->src_storage = src.impl()->storage;
+  op->dst_storage = dst.impl()->storage;
+  op->space = src.space();
+  op->fields = src.fields();
+  op->src_view = View::of_layout(src.layout(), op->space, op->fields, 0);
+  op->dst_view = View::of_layout(dst.layout(), op->space, op->fields, 0);
+  prepare_pipeline(*op, plan->hops);
+  return submit(std::move(op), options.precondition);
+}
+
+Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const CopyOptions& options) {
+  check_common(dst, "dst memory");
+  if (value.size() != dst.fields().total_size())
+    throw Error(Errc::invalid_argument, fmt::format("fill: the value is {} bytes, but one point of the instance has {} "
+                                                    "(its fields in declaration order)", value.size(), dst.fields().total_size()));
+  if (options.priority < kMinPriority || options.priority > kMaxPriority)
+    throw Error(Errc::invalid_argument, fmt::format("fill: priority {} is outside [{}, {}]", options.priority,
+                                                    kMinPriority, kMaxPriority));
+  // A fill is one hop from the host memory holding the value to the destination.
+  MemoryId host{dst.memory().node, dst.memory().rank, MemoryKind::sys, 0};
+  std::optional<std::uint32_t> from = graph_->find(host), to = graph_->find(dst.memory());
+  std::optional<std::uint32_t> channel;
+  if (from && to) {
+    for (std::uint32_t c : graph_->out_channels(*from))
+      if (graph_->channel(c).dst == *to && workers_[c]) channel = c;
+  }
+  if (!channel)
+    throw Error(Errc::invalid_argument, fmt::format("fill: no channel writes {} from host memory", dst.memory().to_string()));
+  auto op = std::make_shared<CopyOperation>();
+  op->engine = this;
+  op->priority = options.priority;
+  op->report = options.report;
+  op->route = fmt::format("fill -[{}]-> {}", to_string(graph_->channel(*channel).kind), dst.memory().to_string());
+  op->dst_instance = dst;
+  op->dst_storage = dst.impl()->storage;
+  op->pattern = Storage::allocate_host(host, value.size());
+  op->pattern->write(0, value);
+  op->space = dst.space();
+  op->fields = dst.fields();
+  op->src_view = View::pattern(op->fields);
+  op->dst_view = View::of_layout(dst.layout(), op->space, op->fields, 0);
+  planner::Hop hop;
+  hop.channel = *channel;
+  hop.kind = graph_->channel(*channel).kind;
+  hop.src = host;
+  hop.dst = dst.memory();
+  hop.dst_layout = dst.layout();
+  hop.request_bytes = request_floor_bytes_;
+  prepare_pipeline(*op, {hop});
+  return submit(std::move(op), options.precondition);
+}
+
+Event Engine::submit(std::shared_ptr<CopyOperation> op, Event precondition) {
+  detail::EventTable* pre_table = precondition.is_none() ? nullptr : &RuntimeImpl::table_for(precondition);
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) throw Error(Errc::shut_down, "copy: the runtime is shutting down");
+    op->sequence = ++next_sequence_;
+    op->done = runtime_.events().create();
+    op->touch();
+    active_.emplace(op->done, op);
+  }
+  Event done = op->done;
+  if (pre_table) pre_table->add_waiter(precondition, new PreconditionWaiter(std::move(op)));
+  else on_precondition(op, nullptr);
+  return done;
+}
+
+void Engine::on_precondition(const std::shared_ptr<CopyOperation>& op, const FailureCause& failure) {
+  std::unique_lock lock(mutex_);
+  if (op->state != CopyOperation::State::waiting_precondition) return;  // cancelled meanwhile
+  if (failure) {
+    op->fail(failure);  // the original cause: no byte moves
+    op->state = CopyOperation::State::finished;
+    lock.unlock();
+    finish(op);
+    return;
+  }
+  op->state = CopyOperation::State::waiting_buffers;
+  admit(op);
+  bool ready = op->state == CopyOperation::State::running;
+  lock.unlock();
+  if (ready) start(op);
+}
+
+// Takes the copy's buffer reservations in global memory order; a copy that cannot get one
+// waits (FIFO) in that pool's queue, holding only reservations that come earlier in the order.
+void Engine::admit(const std::shared_ptr<CopyOperation>& op) {
+  while (op->reservations_held < op->reservation_order.size()) {
+    auto [memory, bytes] = op->reservation_order[op->reservations_held];
+    BufferPool& pool = pools_[memory];
+    bool first_in_line = pool.waiters.empty() || pool.waiters.front() == op;
+    if (!first_in_line || pool.used + bytes > pool.capacity) {
+      if (std::find(pool.waiters.begin(), pool.waiters.end(), op) == pool.waiters.end()) pool.waiters.push_back(op);
+      return;
+    }
+    if (!pool.waiters.empty() && pool.waiters.front() == op) pool.waiters.pop_front();
+    pool.used += bytes;
+    ++op->reservations_held;
+  }
+  op->state = CopyOperation::State::running;
+}
+
+void Engine::start(const std::shared_ptr<CopyOperation>& op) {
+  try {
+    for (auto& b : op->buffers) b.storage = allocate_storage(b.memory, b.slot_bytes * static_cast<std::uint64_t>(op->slots));
+  } catch (const Error& e) {
+    op->fail(std::make_shared<const Error>(e));
+    {
+      std::lock_guard lock(mutex_);
+      op->state = CopyOperation::State::finished;
+    }
+    finish(op);
+    return;
+  }
+  op->touch();
+  op->live_xds.store(static_cast<int>(op->xds.size()));
+  for (auto& xd : op->xds) xd->worker->add(xd.get());
+}
+
+void Engine::tile_finished(Xd* xd) {
+  CopyOperation& op = *xd->op;
+  if (xd->hop + 1 < op.xds.size()) op.xds[xd->hop + 1]->worker->wake();
+  if (xd->hop > 0) op.xds[xd->hop - 1]->worker->wake();
+  xd->worker->wake();
+}
+
+void Engine::xd_retired(CopyOperation* raw) {
+  if (raw->live_xds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  std::shared_ptr<CopyOperation> op;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = active_.find(raw->done);
+    if (it == active_.end()) return;
+    op = it->second;
+    op->state = CopyOperation::State::finished;
+  }
+  finish(op);
+}
+
+void Engine::release_reservations(CopyOperation& op, std::vector<std::shared_ptr<CopyOperation>>& retry) {
+  for (std::size_t i = 0; i < op.reservations_held; ++i) {
+    auto [memory, bytes] = op.reservation_order[i];
+    BufferPool& pool = pools_[memory];
+    pool.used -= bytes;
+    for (auto& waiter : pool.waiters) retry.push_back(waiter);
+  }
+  op.reservations_held = 0;
+  for (auto& [memory, pool] : pools_) {
+    auto it = std::find_if(pool.waiters.begin(), pool.waiters.end(), [&](const auto& w) { return w.get() == &op; });
+    if (it != pool.waiters.end()) pool.waiters.erase(it);
+  }
+}
+
+// Every XD has retired (or none started): release the buffers, report, trigger the event.
+void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
+  std::vector<std::shared_ptr<CopyOperation>> retry, started;
+  {
+    std::lock_guard lock(mutex_);
+    release_reservations(*op, retry);
+    active_.erase(op->done);
+    for (auto& waiter : retry) {
+      if (waiter->state != CopyOperation::State::waiting_buffers) continue;
+      admit(waiter);
+      if (waiter->state == CopyOperation::State::running &&
+          std::find(started.begin(), started.end(), waiter) == started.end())
+        started.push_back(waiter);
+    }
+  }
+  if (op->report) {
+    CopyReport& r = *op->report;
+    r.route = op->route;
+    r.predicted_gbps = op->predicted_gbps;
+    r.tiles = op->grid.count();
+    r.buffer_bytes.clear();
+    for (const auto& b : op->buffers) r.buffer_bytes.push_back(b.slot_bytes * static_cast<std::uint64_t>(op->slots));
+    r.hop_requests.clear();
+    r.hop_interleaved.clear();
+    for (const auto& xd : op->xds) {
+      r.hop_requests.push_back(xd->requests);
+      r.hop_interleaved.push_back(xd->requests ? xd->last_seq - xd->first_seq + 1 - xd->requests : 0);
+    }
+  }
+  for (auto& b : op->buffers) b.storage.reset();
+  FailureCause failure;
+  {
+    std::lock_guard lock(op->failure_mutex);
+    failure = op->failure;
+  }
+  for (auto& waiter : started) start(waiter);
+  runtime_.events().trigger(op->done, failure);
+  {
+    std::lock_guard lock(mutex_);
+    if (active_.empty()) idle_cv_.notify_all();
+  }
+}
+
+bool Engine::cancel(Event copy_event) {
+  return stop_copy(copy_event, make_failure(Errc::cancelled, fmt::format("copy {} was cancelled", copy_event.to_string())));
+}
+
+bool Engine::stop_copy(Event copy_event, const FailureCause& cause) {
+  std::shared_ptr<CopyOperation> op;
+  CopyOperation::State state;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = active_.find(copy_event);
+    if (it == active_.end()) return false;
+    op = it->second;
+    state = op->state;
+    if (state != CopyOperation::State::running) op->state = CopyOperation::State::finished;
+  }
+  op->fail(cause);
+  // A running copy finishes when its XDs have retired at the next request boundary; one that
+  // never started finishes now.
+  if (state != CopyOperation::State::running && state != CopyOperation::State::finished) finish(op);
+  return true;
+}
+
+void Engine::shutdown() {
+  std::vector<std::shared_ptr<CopyOperation>> ops;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+    for (auto& [event, op] : active_) ops.push_back(op);
+  }
+  auto cause = make_failure(Errc::shut_down, "the runtime shut down before this copy finished");
+  for (auto& op : ops) stop_copy(op->done, cause);
+  {
+    std::unique_lock lock(mutex_);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    if (!idle_cv_.wait_until(lock, deadline, [&] { return active_.empty(); }))
+      log::get("dma")->error("shutdown: {} copies did not stop within 30 s", active_.size());
+  }
+  watchdog_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  for (auto& w : workers_)
+    if (w) w->stop();
+}
+
+EngineStats Engine::stats() {
+  std::lock_guard lock(mutex_);
+  EngineStats s;
+  s.active_copies = active_.size();
+  for (const auto& [memory, pool] : pools_) s.pool_in_use[memory] = pool.used;
+  return s;
+}
+
+// Reports copies that made no progress for CARAVAN_DMA_STALL_S, naming the stuck XD, its
+// channel and what it waits for: users of transfer engines rightly hate silent stalls.
+void Engine::watchdog_main() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    watchdog_cv_.wait_for(lock, std::chrono::nanoseconds(std::max<std::int64_t>(stall_ns_ / 4, 10'000'000)));
+    if (stopping_) return;
+    std::int64_t now = now_ns();
+    for (auto& [event, op] : active_) {
+      if (op->state != CopyOperation::State::running) continue;
+      std::int64_t idle = now - op->last_progress_ns.load(std::memory_order_relaxed);
+      if (idle < stall_ns_ || now - op->last_warned_ns < stall_ns_) continue;
+      op->last_warned_ns = now;
+      std::string where;
+      for (auto& xd : op->xds) {
+        where += fmt::format("; hop {} on '{}': {}/{} tiles done", xd->hop, xd->worker->name(),
+                             xd->tiles_done.load(), op->grid.count());
+      }
+      log::get("dma")->warn("copy {} ({}) made no progress for {:.1f} s{}", event.to_string(), op->route,
+                            static_cast<double>(idle) / 1e9, where);
+    }
+  }
+}
+
+}  // namespace caravan::dma

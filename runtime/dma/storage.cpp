@@ -1,0 +1,100 @@
+#include "runtime/dma/storage.h"
+
+#include <caravan/error.h>
+#include <caravan/settings.h>
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace caravan::dma {
+
+std::shared_ptr<Storage> Storage::allocate_host(MemoryId memory, std::uint64_t bytes) {
+  std::shared_ptr<Storage> s(new Storage(memory, bytes));
+  std::size_t rounded = static_cast<std::size_t>((std::max<std::uint64_t>(bytes, 1) + 63) / 64 * 64);
+  s->host_ = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
+  if (!s->host_)
+    throw Error(Errc::invalid_argument, fmt::format("cannot allocate {} bytes in {}", bytes, memory.to_string()));
+  std::memset(s->host_, 0, rounded);
+  s->owns_host_ = true;
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::wrap_host(MemoryId memory, void* data, std::uint64_t bytes) {
+  std::shared_ptr<Storage> s(new Storage(memory, bytes));
+  s->host_ = static_cast<std::byte*>(data);
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::allocate_file(MemoryId memory, std::uint64_t bytes) {
+  std::string dir = settings::get_string("CARAVAN_DSK_DIR");
+  std::string path = dir + "/caravan-dsk-XXXXXX";
+  int fd = ::mkstemp(path.data());
+  if (fd < 0)
+    throw Error(Errc::invalid_argument, fmt::format("cannot create a file for {} in CARAVAN_DSK_DIR={}: {}",
+                                                    memory.to_string(), dir, std::strerror(errno)));
+  ::unlink(path.c_str());
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw Error(Errc::invalid_argument, fmt::format("cannot size a {}-byte file for {} in {}: {}", bytes,
+                                                    memory.to_string(), dir, std::strerror(err)));
+  }
+  std::shared_ptr<Storage> s(new Storage(memory, bytes));
+  s->fd_ = fd;
+  return s;
+}
+
+Storage::~Storage() {
+  if (owns_host_) std::free(host_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Storage::read(std::uint64_t offset, std::span<std::byte> out) const {
+  if (offset + out.size() > bytes_)
+    throw Error(Errc::invalid_argument, fmt::format("read of {} bytes at {} is outside the {}-byte storage in {}",
+                                                    out.size(), offset, bytes_, memory_.to_string()));
+  if (!is_file()) {
+    std::memcpy(out.data(), host_ + offset, out.size());
+    return;
+  }
+  std::size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n <= 0)
+      throw Error(Errc::transport, fmt::format("read from {} failed: {}", memory_.to_string(),
+                                               n == 0 ? "unexpected end of file" : std::strerror(errno)));
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+void Storage::write(std::uint64_t offset, std::span<const std::byte> in) const {
+  if (offset + in.size() > bytes_)
+    throw Error(Errc::invalid_argument, fmt::format("write of {} bytes at {} is outside the {}-byte storage in {}",
+                                                    in.size(), offset, bytes_, memory_.to_string()));
+  if (!is_file()) {
+    std::memcpy(host_ + offset, in.data(), in.size());
+    return;
+  }
+  std::size_t done = 0;
+  while (done < in.size()) {
+    ssize_t n = ::pwrite(fd_, in.data() + done, in.size() - done, static_cast<off_t>(offset + done));
+    if (n <= 0) throw Error(Errc::transport, fmt::format("write to {} failed: {}", memory_.to_string(), std::strerror(errno)));
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+std::shared_ptr<Storage> allocate_storage(MemoryId memory, std::uint64_t bytes) {
+  if (is_host(memory.kind)) return Storage::allocate_host(memory, bytes);
+  if (memory.kind == MemoryKind::dsk) return Storage::allocate_file(memory, bytes);
+  throw Error(Errc::invalid_argument, fmt::format("{}: this build cannot allocate {} memory yet", memory.to_string(),
+                                                  to_string(memory.kind)));
+}
+
+}  // namespace caravan::dma

@@ -1,0 +1,159 @@
+#include "runtime/dma/transfer_ops.h"
+
+#include <algorithm>
+
+namespace caravan::dma {
+
+View View::of_layout(const Layout& layout, const Rect& rect, const FieldSpace& fields, std::uint64_t base) {
+  View v;
+  v.lin_.emplace(layout, rect, fields);
+  v.fields_ = &fields;
+  v.base_ = base;
+  v.fields_innermost_ = layout.size() > 0 && layout[0].kind == LayoutComponent::Kind::fields;
+  for (const auto& c : layout) {
+    if (c.kind != LayoutComponent::Kind::fields) {
+      v.innermost_dim_ = c.dim;
+      break;
+    }
+  }
+  return v;
+}
+
+View View::pattern(const FieldSpace& fields) {
+  View v;
+  v.fields_ = &fields;
+  v.fields_innermost_ = true;
+  return v;
+}
+
+namespace {
+
+struct Walker {
+  const View& src;
+  const View& dst;
+  std::vector<TransferOp>& out;
+  std::size_t field;
+  std::uint64_t elem;
+  int row_dim;
+
+  void append(const TransferOp& op) {
+    bool contiguous = op.count == 1 || (op.src_stride == static_cast<std::int64_t>(op.elem) &&
+                                        op.dst_stride == static_cast<std::int64_t>(op.elem));
+    TransferOp run = op;
+    if (contiguous && op.count > 1) {
+      run.elem = op.elem * op.count;
+      run.count = 1;
+      run.src_stride = run.dst_stride = 0;
+    }
+    // Fuse with the previous run when both sides continue exactly where it ended.
+    if (run.count == 1 && !out.empty()) {
+      TransferOp& last = out.back();
+      if (last.count == 1 && last.src + last.elem == run.src && last.dst + last.elem == run.dst) {
+        last.elem += run.elem;
+        return;
+      }
+    }
+    out.push_back(run);
+  }
+
+  // Emits the row of `n` elements starting at `start` along row_dim, splitting it where either
+  // view stops being an arithmetic progression (block boundaries of blocked layouts).
+  void row(Point start, std::int64_t n) {
+    std::uint64_t s0 = src.offset(start, field), d0 = dst.offset(start, field);
+    if (n == 1) {
+      append({s0, d0, elem, 1, 0, 0});
+      return;
+    }
+    Point next = start, last = start;
+    next[static_cast<std::size_t>(row_dim)] += 1;
+    last[static_cast<std::size_t>(row_dim)] += n - 1;
+    auto ss = static_cast<std::int64_t>(src.offset(next, field) - s0);
+    auto ds = static_cast<std::int64_t>(dst.offset(next, field) - d0);
+    auto sl = static_cast<std::int64_t>(src.offset(last, field) - s0);
+    auto dl = static_cast<std::int64_t>(dst.offset(last, field) - d0);
+    // Offsets along a dimension are piecewise linear (linear within a block); if both ends
+    // agree with the first step, the whole row is linear (see the note in docs/dma.md).
+    if (sl == ss * (n - 1) && dl == ds * (n - 1)) {
+      append({s0, d0, elem, static_cast<std::uint64_t>(n), ss, ds});
+      return;
+    }
+    std::int64_t half = n / 2;
+    row(start, half);
+    Point mid = start;
+    mid[static_cast<std::size_t>(row_dim)] += half;
+    row(mid, n - half);
+  }
+};
+
+}  // namespace
+
+void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src, const View& dst,
+                     std::vector<TransferOp>& out) {
+  const int dims = tile.dims();
+  // Whole points move as one element when both sides keep a point's fields together.
+  const bool whole_points = src.fields_innermost() && dst.fields_innermost();
+  int row_dim = dst.innermost_dim();
+  if (row_dim < 0 || row_dim >= dims) row_dim = 0;
+  const std::int64_t row_length = tile.extent(row_dim);
+  const std::size_t field_groups = whole_points ? 1 : fields.count();
+  for (std::size_t f = 0; f < field_groups; ++f) {
+    Walker w{src, dst, out, f, whole_points ? fields.total_size() : fields.fields()[f].size, row_dim};
+    // Visit every row start: all coordinates of the tile except row_dim, dimension 0 fastest.
+    Point p = tile.lo();
+    for (;;) {
+      w.row(p, row_length);
+      int d = 0;
+      for (; d < dims; ++d) {
+        if (d == row_dim) continue;
+        auto i = static_cast<std::size_t>(d);
+        if (p[i] < tile.hi()[i]) {
+          ++p[i];
+          break;
+        }
+        p[i] = tile.lo()[i];
+      }
+      if (d == dims) break;
+    }
+  }
+}
+
+TileGrid::TileGrid(const Rect& space, std::uint64_t target_points) : space_(space) {
+  target_points = std::max<std::uint64_t>(target_points, 1);
+  const int dims = space.dims();
+  std::uint64_t below = 1;  // points in one slice of dimensions below split_dim_
+  split_dim_ = dims - 1;
+  for (int d = 0; d < dims; ++d) {
+    auto extent = static_cast<std::uint64_t>(space.extent(d));
+    if (below * extent > target_points) {
+      split_dim_ = d;
+      break;
+    }
+    below *= extent;
+    if (d == dims - 1) split_dim_ = d;  // everything fits: one tile
+  }
+  auto split_extent = static_cast<std::uint64_t>(space.extent(split_dim_));
+  std::uint64_t inner = 1;
+  for (int d = 0; d < split_dim_; ++d) inner *= static_cast<std::uint64_t>(space.extent(d));
+  thickness_ = static_cast<std::int64_t>(std::clamp<std::uint64_t>(target_points / inner, 1, split_extent));
+  per_column_ = (split_extent + static_cast<std::uint64_t>(thickness_) - 1) / static_cast<std::uint64_t>(thickness_);
+  count_ = per_column_;
+  for (int d = split_dim_ + 1; d < dims; ++d) count_ *= static_cast<std::uint64_t>(space.extent(d));
+}
+
+Rect TileGrid::tile(std::uint64_t index) const {
+  Point lo = space_.lo(), hi = space_.hi();
+  auto s = static_cast<std::size_t>(split_dim_);
+  std::uint64_t along = index % per_column_;
+  std::uint64_t rest = index / per_column_;
+  lo[s] = space_.lo()[s] + static_cast<std::int64_t>(along) * thickness_;
+  hi[s] = std::min(space_.hi()[s], lo[s] + thickness_ - 1);
+  for (int d = split_dim_ + 1; d < space_.dims(); ++d) {
+    auto i = static_cast<std::size_t>(d);
+    auto extent = static_cast<std::uint64_t>(space_.extent(d));
+    lo[i] = hi[i] = space_.lo()[i] + static_cast<std::int64_t>(rest % extent);
+    rest /= extent;
+  }
+  return Rect(space_.dims(), lo, hi);
+}
+
+}  // namespace caravan::dma

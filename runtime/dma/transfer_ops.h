@@ -1,0 +1,78 @@
+// Turning "copy this tile from layout A to layout B" into byte operations.
+//
+// The DMA engine cuts an instance into tiles (slabs of the index space, TileGrid) and moves
+// the tiles down the planned path one after another, so hops pipeline tile by tile. Each tile
+// copy between two views becomes a list of TransferOps: strided copies of `count` elements of
+// `elem` bytes. The walker makes rows along the destination's innermost dimension, and fuses
+// rows that are contiguous in both views into single runs, so identical layouts become a few
+// large memcpys and a conversion becomes strided gathers or scatters.
+#pragma once
+
+#include <caravan/layout.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace caravan::dma {
+
+// One strided copy: element i goes from src + i * src_stride to dst + i * dst_stride.
+// count == 1 is a contiguous run of `elem` bytes. src_stride == 0 replicates one element (fill).
+struct TransferOp {
+  std::uint64_t src = 0;
+  std::uint64_t dst = 0;
+  std::uint64_t elem = 0;
+  std::uint64_t count = 1;
+  std::int64_t src_stride = 0;
+  std::int64_t dst_stride = 0;
+  std::uint64_t bytes() const noexcept { return elem * count; }
+};
+
+// How the points of some rectangle sit in a storage: a layout over that rectangle starting at
+// `base`, or (for fill) a pattern that maps every point to the same |F| bytes.
+class View {
+ public:
+  static View of_layout(const Layout& layout, const Rect& rect, const FieldSpace& fields, std::uint64_t base);
+  static View pattern(const FieldSpace& fields);
+
+  std::uint64_t offset(const Point& point, std::size_t field) const {
+    if (!lin_) return fields_->offset(field);
+    return base_ + lin_->offset(point, field);
+  }
+  // F is the densest component: all fields of a point are adjacent.
+  bool fields_innermost() const noexcept { return fields_innermost_; }
+  // The densest dimension component, or -1 (pattern).
+  int innermost_dim() const noexcept { return innermost_dim_; }
+
+ private:
+  std::optional<Linearization> lin_;
+  const FieldSpace* fields_ = nullptr;
+  std::uint64_t base_ = 0;
+  bool fields_innermost_ = false;
+  int innermost_dim_ = -1;
+};
+
+// Appends the ops that copy every (point, field) of `tile` from `src` to `dst`.
+void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src, const View& dst,
+                     std::vector<TransferOp>& out);
+
+// An index space cut into slabs of at most `target_points` points: whole extents in the
+// dimensions below split_dim, a range of `thickness` in split_dim, single coordinates above it.
+class TileGrid {
+ public:
+  TileGrid() = default;
+  TileGrid(const Rect& space, std::uint64_t target_points);
+  std::uint64_t count() const noexcept { return count_; }
+  Rect tile(std::uint64_t index) const;
+  // The largest tile (the first one).
+  Rect largest() const { return tile(0); }
+
+ private:
+  Rect space_;
+  int split_dim_ = 0;
+  std::int64_t thickness_ = 1;
+  std::uint64_t per_column_ = 1;  // tiles along split_dim
+  std::uint64_t count_ = 0;
+};
+
+}  // namespace caravan::dma
