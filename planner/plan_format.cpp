@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace caravan::planner {
 namespace {
 
@@ -59,15 +61,22 @@ nlohmann::json plan_json(const Plan& p) {
 std::string to_text(const Plan& p) {
   std::string out = fmt::format("{} plan: {} -> {}, {}\n", to_string(p.planner), p.src.to_string(), p.dst.to_string(), bytes_text(p.bytes));
   out += fmt::format("route: {}\n", p.route());
-  out += fmt::format("{:<4} {:<12} {:<20} {:<20} {:<22} {:<22} {:>11} {:>11} {:>11} {:>9}\n", "hop", "channel", "from", "to",
-                     "src layout", "dst layout", "PREFIX", "shuffle", "request", "GB/s");
+  // Columns as wide as their widest entry, so long blocked layouts stay aligned.
+  std::size_t wm = 4, wl = 10;
+  for (const auto& h : p.hops) {
+    wm = std::max({wm, h.src.to_string().size() + 1, h.dst.to_string().size() + 1});
+    wl = std::max({wl, h.src_layout.to_string().size(), h.dst_layout.to_string().size()});
+  }
+  out += fmt::format("{:<4} {:<11} {:<{}} {:<{}} {:<{}} {:<{}} {:>10} {:>10} {:>10} {:>8}\n", "hop", "channel", "from", wm, "to", wm,
+                     "src layout", wl, "dst layout", wl, "PREFIX", "shuffle", "request", "GB/s");
   for (std::size_t i = 0; i < p.hops.size(); ++i) {
     const Hop& h = p.hops[i];
-    out += fmt::format("{:<4} {:<12} {:<20} {:<20} {:<22} {:<22} {:>11} {:>11} {:>11} {:>9.3f}\n", i, to_string(h.kind),
-                       h.src.to_string() + (h.src_is_buffer ? "*" : ""), h.dst.to_string() + (h.dst_is_buffer ? "*" : ""),
-                       h.src_layout.to_string(), h.dst_layout.to_string(), bytes_text(h.prefix_bytes), bytes_text(h.shuffle_bytes),
-                       bytes_text(h.request_bytes), h.gbps);
+    out += fmt::format("{:<4} {:<11} {:<{}} {:<{}} {:<{}} {:<{}} {:>10} {:>10} {:>10} {:>8.3f}\n", i, to_string(h.kind),
+                       h.src.to_string() + (h.src_is_buffer ? "*" : ""), wm, h.dst.to_string() + (h.dst_is_buffer ? "*" : ""), wm,
+                       h.src_layout.to_string(), wl, h.dst_layout.to_string(), wl, bytes_text(h.prefix_bytes),
+                       bytes_text(h.shuffle_bytes), bytes_text(h.request_bytes), h.gbps);
   }
+  out += "(* = intermediate buffer; shuffle = SUFFIX-bar, bounded by the threshold where both ends are buffers)\n";
   for (const auto& b : p.buffers)
     out += fmt::format("buffer {} layout {} : {} (threshold {})\n", b.memory.to_string(), b.layout.to_string(), bytes_text(b.bytes),
                        bytes_text(p.buffer_threshold));
