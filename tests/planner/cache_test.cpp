@@ -44,7 +44,9 @@ TEST(PathCache, SameClassOtherExtentsKeepsThePathAndFitsTheBlocks) {
   EXPECT_EQ(b->route(), a->route());
   for (const auto& buf : b->buffers)
     for (const auto& c : buf.layout)
-      if (c.kind == LayoutComponent::Kind::dim_in) EXPECT_EQ(4100 % (c.dim == 1 ? c.block : 1), 0u) << buf.layout.to_string();
+      if (c.kind == LayoutComponent::Kind::dim_in) {
+        EXPECT_EQ(4100 % (c.dim == 1 ? c.block : 1), 0u) << buf.layout.to_string();
+      }
   for (const auto& buf : b->buffers) EXPECT_LE(buf.bytes, o.buffer_threshold);
   EXPECT_EQ(b->bytes, other.bytes());
 }

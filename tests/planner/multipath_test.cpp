@@ -55,7 +55,9 @@ TEST(Multipath, SharedLinksAreCountedOnce) {
   EXPECT_NEAR(m.max_flow_gbps, 394.0 + 55.4, 1e-3);
   for (const auto& s : m.shares)
     for (const auto& h : s.plan.hops)
-      if (h.kind == ChannelKind::xgmi) EXPECT_EQ(h.src, r.src) << "a relay through a third GPU gains nothing";
+      if (h.kind == ChannelKind::xgmi) {
+        EXPECT_EQ(h.src, r.src) << "a relay through a third GPU gains nothing";
+      }
 }
 
 TEST(Multipath, GeneratedClusterAcrossNodes) {

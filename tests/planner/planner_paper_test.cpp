@@ -32,7 +32,9 @@ MemoryId M(const char* name) { return MemoryId::parse(name); }
 void expect_respects_threshold(const Plan& p) {
   for (const auto& b : p.buffers) EXPECT_LE(b.bytes, p.buffer_threshold) << to_text(p);
   for (const auto& h : p.hops)
-    if (h.src_is_buffer && h.dst_is_buffer) EXPECT_LE(h.shuffle_bytes, p.buffer_threshold) << to_text(p);
+    if (h.src_is_buffer && h.dst_is_buffer) {
+      EXPECT_LE(h.shuffle_bytes, p.buffer_threshold) << to_text(p);
+    }
 }
 
 // Section 4.3: transposing a row-major matrix between the GPUs of two nodes, |F| = 16,
@@ -113,7 +115,9 @@ TEST(PaperExample, AosToSoaConvertsOnMemcpyNotOnTheSlowChannel) {
     for (const auto& h : p.hops) {
       if (h.kind == ChannelKind::file) {
         EXPECT_GE(h.request_bytes, 1u * MiB);
-        if (kind == PlannerKind::simple) EXPECT_FALSE(h.converts());
+        if (kind == PlannerKind::simple) {
+          EXPECT_FALSE(h.converts());
+        }
       }
       if (h.converts() && h.request_bytes < 4096) {
         EXPECT_EQ(h.kind, ChannelKind::memcpy);

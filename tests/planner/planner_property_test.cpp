@@ -293,8 +293,12 @@ void expect_plan_respects_limits(const TransferGraph& g, const Plan& p, const Pl
     EXPECT_LE(b.bytes, o.buffer_threshold) << what;
   }
   for (const auto& h : p.hops) {
-    if (h.src_is_buffer && h.dst_is_buffer) EXPECT_LE(h.shuffle_bytes, o.buffer_threshold) << what;
-    if (h.src_is_buffer || h.dst_is_buffer) EXPECT_LE(h.request_bytes, o.buffer_threshold) << what;
+    if (h.src_is_buffer && h.dst_is_buffer) {
+      EXPECT_LE(h.shuffle_bytes, o.buffer_threshold) << what;
+    }
+    if (h.src_is_buffer || h.dst_is_buffer) {
+      EXPECT_LE(h.request_bytes, o.buffer_threshold) << what;
+    }
   }
 }
 
@@ -339,7 +343,9 @@ TEST(PlannerProperty, FullEqualsBruteForceAndBoundsHold) {
       MultiPlan multi = plan_multipath(g, c.request, c.options);
       double bound = max_flow_bound(g, c.request.src, c.request.dst, c.options);
       EXPECT_GE(multi.predicted_gbps, full_gbps * (1 - 1e-9)) << to_text(multi);
-      if (c.request.src != c.request.dst) EXPECT_LE(multi.predicted_gbps, bound * (1 + 1e-6)) << to_text(multi);
+      if (c.request.src != c.request.dst) {
+        EXPECT_LE(multi.predicted_gbps, bound * (1 + 1e-6)) << to_text(multi);
+      }
       std::uint64_t bytes = 0;
       for (const auto& s : multi.shares) {
         bytes += s.bytes;
