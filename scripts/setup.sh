@@ -2,10 +2,12 @@
 # Installs Caravan's build dependencies (Debian 12 packages) and builds one CMake preset.
 # Quick when everything is already there: apt-get runs only for packages that are missing,
 # and the build is incremental.
-#   usage: scripts/setup.sh [PRESET]      (PRESET: release (default), debug, asan, tsan)
+#   usage: scripts/setup.sh [PRESET [cmake --build arguments]]
+#          PRESET: release (default), debug, asan, tsan; e.g. scripts/setup.sh tsan --target dma_tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-release}
+(($#)) && shift
 
 packages=(build-essential cmake ninja-build pkg-config
           libboost-graph-dev libucx-dev ucx-utils libspdlog-dev libfmt-dev
@@ -26,4 +28,4 @@ fi
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 
 cmake --preset "$preset" >/dev/null
-cmake --build --preset "$preset"
+cmake --build --preset "$preset" "$@"
