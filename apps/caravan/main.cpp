@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <string>
 #include <exception>
 
 int main(int argc, char** argv) {
@@ -15,6 +16,19 @@ int main(int argc, char** argv) {
   caravan::app::add_bench_command(app);
   caravan::app::add_calibrate_command(app);
   caravan::app::add_plan_command(app);
+  // CLI11 reports a missing subcommand before an unexpected word; name the word instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string word = argv[1], names;
+    bool known = false;
+    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      known |= sub->get_name() == word;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "caravan: unknown command '%s' (commands: %s; see caravan --help)\n", word.c_str(), names.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
