@@ -1,5 +1,7 @@
 // The public Event API: each call finds the event's table through the running runtime.
 #include "runtime/log.h"
+#include "runtime/net/remote_events.h"
+#include "runtime/net/network.h"
 #include "runtime/runtime_impl.h"
 
 #include <fmt/format.h>
@@ -62,22 +64,32 @@ class MergeRecord {
   std::atomic<bool> fired_{false};
 };
 
+// The network of the running job when another rank owns `e`; nullptr when it is ours.
+net::Network* remote_owner(const Event& e) {
+  RuntimeImpl* rt = RuntimeImpl::current();
+  if (!rt || e.owner_rank() == rt->rank() || !rt->network() || e.owner_rank() >= rt->world_size()) return nullptr;
+  return rt->network();
+}
+
 }  // namespace
 
 EventState Event::query() const {
   if (is_none()) return EventState::triggered;
-  return RuntimeImpl::table_for(*this).query(*this);
+  auto local = RuntimeImpl::local_view(*this);
+  return local.table->query(local.event);
 }
 
 FailureCause Event::failure() const {
   if (is_none()) return nullptr;
-  return RuntimeImpl::table_for(*this).failure(*this);
+  auto local = RuntimeImpl::local_view(*this);
+  return local.table->failure(local.event);
 }
 
 void Event::wait() const {
   if (is_none()) return;
   FailureCause failure;
-  RuntimeImpl::table_for(*this).wait(*this, nullptr, &failure);
+  auto local = RuntimeImpl::local_view(*this);
+  local.table->wait(local.event, nullptr, &failure);
   if (failure) throw EventPoisoned(failure);
 }
 
@@ -85,7 +97,8 @@ bool Event::wait_for(std::chrono::nanoseconds timeout) const {
   if (is_none()) return true;
   auto deadline = std::chrono::steady_clock::now() + timeout;
   FailureCause failure;
-  if (!RuntimeImpl::table_for(*this).wait(*this, &deadline, &failure)) return false;
+  auto local = RuntimeImpl::local_view(*this);
+  if (!local.table->wait(local.event, &deadline, &failure)) return false;
   if (failure) throw EventPoisoned(failure);
   return true;
 }
@@ -97,8 +110,8 @@ void Event::on_trigger(Callback callback) const {
     waiter->event_triggered(nullptr);
     return;
   }
-  EventTable& table = RuntimeImpl::table_for(*this);
-  table.add_waiter(*this, new CallbackWaiter(std::move(callback)));
+  auto local = RuntimeImpl::local_view(*this);
+  local.table->add_waiter(local.event, new CallbackWaiter(std::move(callback)));
 }
 
 std::string Event::to_string() const {
@@ -114,6 +127,7 @@ UserEvent UserEvent::create() {
 
 void UserEvent::trigger() const {
   if (is_none()) throw Error(Errc::invalid_argument, "UserEvent::trigger: this is the empty UserEvent (use UserEvent::create())");
+  if (remote_owner(*this)) return remote_owner(*this)->events().trigger(*this, nullptr);
   if (!RuntimeImpl::table_for(*this).trigger(*this, nullptr))
     throw Error(Errc::already_done, fmt::format("UserEvent::trigger: {} has already triggered", to_string()));
 }
@@ -121,6 +135,7 @@ void UserEvent::trigger() const {
 void UserEvent::poison(FailureCause cause) const {
   if (is_none()) throw Error(Errc::invalid_argument, "UserEvent::poison: this is the empty UserEvent (use UserEvent::create())");
   if (!cause) throw Error(Errc::invalid_argument, "UserEvent::poison: the cause must not be null");
+  if (remote_owner(*this)) return remote_owner(*this)->events().trigger(*this, cause);
   if (!RuntimeImpl::table_for(*this).trigger(*this, std::move(cause)))
     throw Error(Errc::already_done, fmt::format("UserEvent::poison: {} has already triggered", to_string()));
 }
@@ -134,12 +149,12 @@ Event merge_events(std::span<const Event> events) {
   EventTable* table = nullptr;
   for (const Event& e : events) {
     if (e.is_none()) continue;
-    EventTable& t = RuntimeImpl::table_for(e);
-    table = &t;
-    switch (t.query(e)) {
+    auto local = RuntimeImpl::local_view(e);  // events of other ranks are merged through their proxies
+    table = local.table;
+    switch (table->query(local.event)) {
       case EventState::triggered: break;
-      case EventState::poisoned: return e;
-      case EventState::pending: pending.push_back(e); break;
+      case EventState::poisoned: return local.event;
+      case EventState::pending: pending.push_back(local.event); break;
     }
   }
   if (pending.empty()) return Event::none();

@@ -1,10 +1,15 @@
 #include "runtime/runtime_impl.h"
 
 #include "runtime/log.h"
+#include "runtime/net/launch.h"
+#include "runtime/net/network.h"
+#include "runtime/net/remote_events.h"
 
 #include <caravan/settings.h>
 
 #include <fmt/format.h>
+
+#include <unistd.h>
 
 #include <thread>
 
@@ -34,6 +39,14 @@ int resolve_worker_count(const RuntimeOptions& options) {
 RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_(owner) {
   log::apply_level_setting();
   int workers = resolve_worker_count(options);
+  // The job: from the options, else from the launcher's environment, else one rank alone.
+  std::optional<LaunchOptions> launch =
+      options.launch ? std::optional(net::validated(*options.launch, false)) : net::launch_from_environment();
+  if (launch) {
+    rank_ = launch->rank;
+    world_size_ = launch->world_size;
+  }
+  ranks_ = {RankInfo{rank_, 0, 0, net::host_name(), static_cast<int>(getpid())}};
   int wait_spin = static_cast<int>(settings::get_int("CARAVAN_WAIT_SPIN_US"));
   int worker_spin = static_cast<int>(settings::get_int("CARAVAN_WORKER_SPIN_US"));
   // Instance 0 is never used, so that no live runtime matches a zeroed handle.
@@ -45,6 +58,22 @@ RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_
     throw Error(Errc::already_done, "a Caravan runtime is already running in this process (one per process; shut it down first)");
   cpu_ = std::make_unique<detail::CpuProcessor>(*events_, Processor{ProcessorKind::cpu, static_cast<std::uint16_t>(rank()), 0},
                                                 workers, worker_spin);
+  if (world_size_ > 1) {
+    try {
+      net_ = std::make_unique<net::Network>(*this, *launch);
+      net_->start();
+    } catch (...) {
+      auto failure = make_failure(Errc::shut_down, "the runtime failed to start");
+      net_.reset();
+      cpu_->stop(failure);
+      events_->poison_all_pending(failure);
+      RuntimeImpl* self = this;
+      g_current.compare_exchange_strong(self, nullptr);
+      throw;
+    }
+    ranks_ = net_->ranks();
+    node_count_ = net_->node_count();
+  }
   log::get("runtime")->info("runtime started: rank {}/{}, {} CPU workers", rank(), world_size(), workers);
 }
 
@@ -68,6 +97,12 @@ void RuntimeImpl::shutdown() {
   // Everything still pending (tasks waiting on preconditions, user events) fails now, so that
   // no thread waits forever on work that can no longer happen.
   events_->poison_all_pending(failure);
+  if (net_) {
+    // Peers may still need this rank (its events, tasks, memory) until they shut down too;
+    // then whatever still waits on them (proxies of their events) fails as well.
+    net_->shutdown();
+    events_->poison_all_pending(failure);
+  }
   RuntimeImpl* self = this;
   g_current.compare_exchange_strong(self, nullptr);
   log::get("runtime")->info("runtime shut down");
@@ -93,8 +128,18 @@ detail::EventTable& RuntimeImpl::table_for(const Event& e) {
   }
   if (e.owner_rank() != rt->rank())
     throw Error(Errc::invalid_argument,
-                fmt::format("{} is owned by rank {}; remote events need the distributed runtime", e.to_string(), e.owner_rank()));
+                fmt::format("{} is owned by rank {}, not this rank ({}); {}", e.to_string(), e.owner_rank(), rt->rank(),
+                            e.owner_rank() < rt->world_size() ? "only its owner's table holds it (wait on it instead)"
+                                                              : fmt::format("this job has {} rank(s)", rt->world_size())));
   return *rt->events_;
+}
+
+RuntimeImpl::LocalEvent RuntimeImpl::local_view(const Event& e) {
+  RuntimeImpl* rt = current();
+  // One comparison on the single-rank path; events of other ranks go through their proxies.
+  if (rt && e.owner_rank() != rt->rank_ && rt->net_ && e.owner_rank() < rt->world_size_)
+    return {rt->events_.get(), rt->net_->events().proxy(e)};
+  return {&table_for(e), e};
 }
 
 Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options) {
@@ -103,16 +148,33 @@ Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const Spa
   if (options.priority < kMinPriority || options.priority > kMaxPriority)
     throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): priority {} is outside [{}, {}]", entry->name,
                                                     options.priority, kMinPriority, kMaxPriority));
-  if (!(options.processor == cpu_->id()))
-    throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): processor {} does not exist on this rank (it has {})",
-                                                    entry->name, options.processor.to_string(), cpu_->id().to_string()));
+  Processor processor = options.processor;
+  if (processor.rank == Processor::kThisRank) processor.rank = static_cast<std::uint16_t>(rank_);
+  if (processor.rank != rank_ && processor.rank < world_size_) {
+    // Every rank of a job runs this build and has the same processors, so the processor's
+    // kind and index are checked here, before anything is sent.
+    if (processor.kind != ProcessorKind::cpu || processor.index != 0)
+      throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): processor {} does not exist (each rank has cpu0)",
+                                                      entry->name, processor.to_string()));
+    if (!accepting_work())
+      throw Error(Errc::shut_down, fmt::format("spawn('{}'): the runtime is shutting down", entry->name));
+    if (!options.precondition.is_none() && options.precondition.owner_rank() == rank_) table_for(options.precondition);
+    SpawnOptions remote = options;
+    remote.processor = processor;
+    return net_->events().spawn(processor.rank, entry->name, args, remote);
+  }
+  if (!(processor == cpu_->id()))
+    throw Error(Errc::invalid_argument,
+                fmt::format("spawn('{}'): processor {} does not exist {}", entry->name, processor.to_string(),
+                            processor.rank < world_size_ ? fmt::format("on this rank (it has {})", cpu_->id().to_string())
+                                                         : fmt::format("(this job has {} rank(s))", world_size_)));
   if (!accepting_work())
     throw Error(Errc::shut_down, fmt::format("spawn('{}'): the runtime is shutting down", entry->name));
   // Validate the precondition before creating anything, so a bad one leaves nothing behind.
-  detail::EventTable* pre_table = options.precondition.is_none() ? nullptr : &table_for(options.precondition);
+  LocalEvent pre = options.precondition.is_none() ? LocalEvent{nullptr, {}} : local_view(options.precondition);
   Event completion = events_->create();
   auto* record = new detail::TaskRecord(entry, task, completion, options.priority, cpu_.get(), args);
-  if (pre_table) pre_table->add_waiter(options.precondition, record);
+  if (pre.table) pre.table->add_waiter(pre.event, record);
   else cpu_->make_ready(record);
   return completion;
 }
@@ -133,6 +195,28 @@ bool Runtime::is_running() { return RuntimeImpl::current() != nullptr; }
 
 int Runtime::rank() const { return impl_->rank(); }
 int Runtime::world_size() const { return impl_->world_size(); }
+int Runtime::node() const { return impl_->ranks()[static_cast<std::size_t>(impl_->rank())].node; }
+int Runtime::node_count() const { return impl_->node_count(); }
+
+const RankInfo& Runtime::rank_info(int rank) const {
+  if (rank < 0 || rank >= impl_->world_size())
+    throw Error(Errc::invalid_argument,
+                fmt::format("rank_info({}): rank must be in [0, {})", rank, impl_->world_size()));
+  return impl_->ranks()[static_cast<std::size_t>(rank)];
+}
+
+std::vector<int> Runtime::ranks_on_node(int node) const {
+  if (node < 0 || node >= impl_->node_count())
+    throw Error(Errc::invalid_argument, fmt::format("ranks_on_node({}): node must be in [0, {})", node, impl_->node_count()));
+  std::vector<int> out;
+  for (const RankInfo& info : impl_->ranks())
+    if (info.node == node) out.push_back(info.rank);
+  return out;
+}
+
+void Runtime::barrier(std::optional<std::chrono::nanoseconds> timeout) {
+  if (net::Network* network = impl_->network()) network->barrier(timeout);
+}
 std::vector<Processor> Runtime::processors() const { return {impl_->cpu().id()}; }
 int Runtime::cpu_worker_count() const { return impl_->cpu().worker_count(); }
 
@@ -147,6 +231,7 @@ Event Runtime::spawn(std::string_view name, std::span<const std::byte> args, con
 void Runtime::shutdown() { impl_->shutdown(); }
 
 std::string Processor::to_string() const {
+  if (rank == kThisRank) return fmt::format("this-rank/{}{}", kind == ProcessorKind::cpu ? "cpu" : "gpu", index);
   return fmt::format("rank{}/{}{}", rank, kind == ProcessorKind::cpu ? "cpu" : "gpu", index);
 }
 

@@ -13,6 +13,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
+
+namespace caravan::net {
+class Network;
+}
 
 namespace caravan {
 
@@ -32,8 +37,12 @@ class RuntimeImpl {
   detail::EventTable& events() { return *events_; }
   detail::CpuProcessor& cpu() { return *cpu_; }
   Runtime* owner() const { return owner_; }
-  int rank() const { return 0; }
-  int world_size() const { return 1; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  const std::vector<RankInfo>& ranks() const { return ranks_; }
+  int node_count() const { return node_count_; }
+  // The distributed part (nullptr when this runtime is one rank on its own).
+  net::Network* network() const { return net_.get(); }
   bool accepting_work() const { return !stopping_.load(std::memory_order_acquire); }
 
   Event spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options);
@@ -45,18 +54,31 @@ class RuntimeImpl {
 
   // The running runtime, or nullptr.
   static RuntimeImpl* current() { return g_current.load(std::memory_order_acquire); }
-  // The event table that `e` lives in; throws Error(shut_down) if its runtime is gone.
+  // The event table that `e` lives in; throws Error(shut_down) if its runtime is gone and
+  // Error(invalid_argument) if another rank owns it.
   static detail::EventTable& table_for(const Event& e);
+  // `e` as this rank can wait on it: in its own table, or, when another rank of the job owns
+  // it, the local proxy that mirrors it (net/remote_events.h). Throws as table_for.
+  struct LocalEvent {
+    detail::EventTable* table;
+    Event event;
+  };
+  static LocalEvent local_view(const Event& e);
 
  private:
   static std::atomic<RuntimeImpl*> g_current;
 
   Runtime* owner_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int node_count_ = 1;
+  std::vector<RankInfo> ranks_;
   std::unique_ptr<detail::EventTable> events_;
   std::unique_ptr<detail::CpuProcessor> cpu_;
   std::mutex services_mutex_;
   std::map<std::string, RuntimeService*> services_by_name_;
   std::vector<std::unique_ptr<RuntimeService>> services_;  // in creation order
+  std::unique_ptr<net::Network> net_;  // after cpu_: destroyed first (its progress thread uses both)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
 };

@@ -79,7 +79,34 @@ const Definition kTable[] = {
   {"CARAVAN_CACHE_DIR", Kind::string, "",
    "Where channel calibrations are cached (empty: $XDG_CACHE_HOME/caravan or ~/.cache/caravan)"},
   // --- distributed ---
+  {"CARAVAN_UCX_TLS", Kind::string, "",
+   "UCX transports between ranks (UCX_TLS syntax, e.g. tcp or sm,self); empty: UCX's default choice"},
+  {"CARAVAN_UCX_ERROR_MODE", Kind::choice, "none",
+   "UCX endpoint error handling: none keeps shared-memory transports (heartbeats detect failures); peer lets UCX "
+   "detect them too but, in UCX 1.13, drops cma and the shared-memory RMA paths", -kInf, kInf, "none|peer"},
+  {"CARAVAN_UCX_POLL_US", Kind::integer, "50",
+   "How long the progress thread polls after the last UCX event before it sleeps on the worker's fd (microseconds)",
+   0, 1000000},
+  {"CARAVAN_HEARTBEAT_MS", Kind::integer, "200",
+   "Period of the heartbeat each rank sends every peer (milliseconds)", 10, 60000},
+  {"CARAVAN_PEER_TIMEOUT_S", Kind::real, "5",
+   "A peer that sent nothing (heartbeats included) for this long is declared failed (seconds)", 0.1, 86400},
+  {"CARAVAN_BOOTSTRAP_TIMEOUT_S", Kind::real, "60",
+   "How long the rendezvous waits for every rank to join (seconds)", 0.1, 86400},
+  {"CARAVAN_SHUTDOWN_TIMEOUT_S", Kind::real, "30",
+   "How long a rank that shuts down keeps serving peers that are still running (seconds)", 0, 86400},
+  {"CARAVAN_SYMMETRIC_HEAP_BYTES", Kind::bytes, "64M",
+   "Size of each rank's part of the host symmetric heap (POSIX shared memory per node); 0: no heap", 0, kInf},
   // --- GPU ---
+  {"CARAVAN_GPU_STREAMS", Kind::integer, "1",
+   "Streams each GPU channel (sdma, xgmi) spreads its requests over; 1 queues them behind each other on one link, "
+   "so the next is always ready when one finishes (requests on several streams share the link and finish together)", 1, 64},
+  {"CARAVAN_GPU_WORKER_SPIN_US", Kind::integer, "500",
+   "How long the DMA worker of a GPU channel polls for the completion of its requests in flight before it sleeps "
+   "(microseconds; 0: sleep at once, as host channels do)", 0, 1000000},
+  {"CARAVAN_GPU_WINDOW", Kind::integer, "3",
+   "Requests a GPU channel keeps in flight; at most CARAVAN_DMA_SLOTS lets one copy fill it alone, so that a "
+   "high-priority copy waits behind no more than this many requests", 1, 256},
 };
 // clang-format on
 

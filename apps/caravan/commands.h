@@ -12,9 +12,13 @@ void add_config_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_bench_tasks(CLI::App& bench);
 void add_bench_copy(CLI::App& bench);  // also adds `bench priority`
+void add_bench_gpu(CLI::App& bench);   // bench_gpu.cpp: sdma/xgmi vs raw HIP copies
 void add_calibrate_command(CLI::App& app);
 // `caravan plan` and `caravan machine generate` (plan_command.cpp); `caravan bench plan` (bench_plan.cpp).
 void add_plan_command(CLI::App& app);
 void add_bench_plan(CLI::App& bench);
+// `caravan run -n N [--nodes K] PROGRAM ARGS` (run_command.cpp); `caravan bench nic` (bench_nic.cpp).
+void add_run_command(CLI::App& app);
+void add_bench_nic(CLI::App& bench);
 
 }  // namespace caravan::app

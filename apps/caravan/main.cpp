@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   caravan::app::add_bench_command(app);
   caravan::app::add_calibrate_command(app);
   caravan::app::add_plan_command(app);
+  caravan::app::add_run_command(app);
   // CLI11 reports a missing subcommand before an unexpected word; name the word instead.
   if (argc > 1 && argv[1][0] != '-') {
     std::string word = argv[1], names;

@@ -82,10 +82,15 @@ class UserEvent : public Event {
   UserEvent() = default;
 
   // Triggers it. Throws Error(already_done) if it has triggered already.
+  // A user event of another rank may be triggered too: the request travels to its owner and
+  // takes effect there (asynchronously; a second trigger is then reported in the owner's log).
   void trigger() const;
   // Triggers it as failed; everything that depends on it fails with `cause`.
   void poison(FailureCause cause) const;
   void poison(const std::string& message) const;
+
+  // A handle to a user event received from another rank (e.g. in task arguments).
+  static UserEvent from_event(Event e) { return UserEvent(e); }
 
  private:
   explicit UserEvent(Event e) : Event(e) {}

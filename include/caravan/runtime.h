@@ -6,18 +6,44 @@
 #include <caravan/event.h>
 #include <caravan/task.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
 namespace caravan {
 
+// Where this process sits in a job of several ranks. `caravan run`, torchrun and Slurm scripts
+// describe it with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (see docs/distributed.md).
+struct LaunchOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";  // where rank 0 listens for the rendezvous
+  int master_port = 0;                      // 1..65535 when world_size > 1
+  // Ranks with equal node keys form one node (share host memory). Empty: the host name.
+  // `caravan run --nodes K` gives each logical node its own key.
+  std::string node_key;
+};
+
 struct RuntimeOptions {
   // Worker threads of this rank's CPU processor. Unset: the CARAVAN_CPU_WORKERS setting
   // (whose default, 0, means one per core).
   std::optional<int> cpu_workers;
+  // The job this runtime joins. Unset: read from the environment (RANK, WORLD_SIZE, ...);
+  // when the environment names no job either, the runtime is one rank on its own.
+  std::optional<LaunchOptions> launch;
+};
+
+// One rank of the job, as every rank sees it after the rendezvous.
+struct RankInfo {
+  int rank = 0;
+  int node = 0;        // index of its node, 0..node_count()-1, in order of the nodes' lowest rank
+  int local_rank = 0;  // its index among the ranks of its node
+  std::string host;
+  int pid = 0;
 };
 
 class RuntimeImpl;
@@ -37,18 +63,33 @@ class Runtime {
 
   int rank() const;
   int world_size() const;
+  // Nodes: ranks that share host memory (one host, or one logical node of `caravan run --nodes`).
+  int node() const;
+  int node_count() const;
+  // Throws Error(invalid_argument) for a rank outside [0, world_size()).
+  const RankInfo& rank_info(int rank) const;
+  std::vector<int> ranks_on_node(int node) const;
   std::vector<Processor> processors() const;
   int cpu_worker_count() const;
 
   // Spawns a task; returns the event that triggers when it has run. Bad input (an unknown
   // task, a priority out of range, an unknown processor) throws before anything is queued.
+  // A processor of another rank runs the task there, found by its name (every rank registers
+  // the same tasks); its completion event lives on this rank. If that rank fails, the
+  // completion is poisoned with an Errc::transport cause naming it.
   Event spawn(TaskId task, std::span<const std::byte> args = {}, const SpawnOptions& options = {});
   Event spawn(std::string_view task_name, std::span<const std::byte> args = {},
               const SpawnOptions& options = {});
 
+  // Blocks until every rank has called barrier() as many times as this one. Throws
+  // Error(transport) if a rank fails first, Error(timeout) after `timeout` (when given).
+  // One rank alone returns at once.
+  void barrier(std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
+
   // Stops the workers after the tasks running now return. Work that has not run (queued tasks,
   // tasks waiting on preconditions, pending user events) is poisoned with Error(shut_down), so
-  // nobody waits forever. Idempotent.
+  // nobody waits forever. With several ranks it then waits (at most CARAVAN_SHUTDOWN_TIMEOUT_S)
+  // until every live rank has shut down too, serving their requests meanwhile. Idempotent.
   void shutdown();
 
   RuntimeImpl& impl() { return *impl_; }

@@ -21,10 +21,12 @@ inline constexpr int kMaxPriority = 1000;
 
 enum class ProcessorKind : std::uint8_t { cpu, gpu };
 
-// A processor: where tasks run. The default value is this rank's CPU processor.
+// A processor: where tasks run. The default value is the CPU processor of the rank that uses
+// it (rank kThisRank); Runtime::processors() lists processors with their real rank numbers.
 struct Processor {
+  static constexpr std::uint16_t kThisRank = 0xFFFF;  // never a real rank (at most 65535 ranks)
   ProcessorKind kind = ProcessorKind::cpu;
-  std::uint16_t rank = 0;
+  std::uint16_t rank = kThisRank;
   std::uint16_t index = 0;
   friend constexpr bool operator==(const Processor&, const Processor&) = default;
   std::string to_string() const;
