@@ -431,6 +431,22 @@ std::vector<std::vector<std::byte>> Network::allgather(std::span<const std::byte
                                                        std::string_view what) {
   if (worker_->on_progress_thread())
     throw Error(Errc::internal, fmt::format("{}: collectives cannot run on the progress thread", what));
+  // A failed rank is the better explanation than one that shut down (perhaps because of it).
+  auto lost_peer = [&]() -> int {
+    int departed = -1;
+    for (int r = 0; r < world_size_; ++r) {
+      if (r == rank_) continue;
+      PeerState state = peer_state(r);
+      if (state == PeerState::failed) return r;
+      if (state == PeerState::departed && departed < 0) departed = r;
+    }
+    return departed;
+  };
+  auto fail = [&](int lost, std::uint64_t seq) {
+    FailureCause cause = peer_failure(lost);
+    throw Error(cause ? cause->code() : Errc::transport,
+                fmt::format("{}: collective #{} cannot complete: {}", what, seq, cause ? cause->what() : "a rank is lost"));
+  };
   std::uint64_t seq = 0;
   std::vector<std::byte> result;
   {
@@ -439,17 +455,12 @@ std::vector<std::vector<std::byte>> Network::allgather(std::span<const std::byte
     if (rank_ == 0) result = add_part_locked(seq, 0, std::vector<std::byte>(mine.begin(), mine.end()));
   }
   broadcast_result(result);
+  if (int lost = lost_peer(); lost >= 0) fail(lost, seq);
   if (rank_ != 0) {
-    require_alive(0, what);
     WireWriter out;
     out.put(seq).put_bytes(mine);
     send(0, static_cast<std::uint16_t>(MsgId::gather_part), out.bytes());
   }
-  auto lost_peer = [&]() -> int {
-    for (int r = 0; r < world_size_; ++r)
-      if (r != rank_ && peer_state(r) != PeerState::alive) return r;
-    return -1;
-  };
   std::unique_lock lock(mutex_);
   auto done = [&] { return results_.count(seq) > 0 || lost_peer() >= 0; };
   if (timeout) {
@@ -466,10 +477,9 @@ std::vector<std::vector<std::byte>> Network::allgather(std::span<const std::byte
     results_.erase(it);
     return out;
   }
-  int lost = lost_peer();
-  FailureCause cause = peers_[lost].cause;
-  throw Error(cause ? cause->code() : Errc::transport,
-              fmt::format("{}: collective #{} cannot complete: {}", what, seq, cause ? cause->what() : "a rank is lost"));
+  lock.unlock();
+  fail(lost_peer(), seq);
+  return {};
 }
 
 void Network::barrier(std::optional<std::chrono::nanoseconds> timeout) { allgather({}, timeout, "barrier"); }
