@@ -95,18 +95,21 @@ const Definition kTable[] = {
    "How long the rendezvous waits for every rank to join (seconds)", 0.1, 86400},
   {"CARAVAN_SHUTDOWN_TIMEOUT_S", Kind::real, "30",
    "How long a rank that shuts down keeps serving peers that are still running (seconds)", 0, 86400},
-  {"CARAVAN_SYMMETRIC_HEAP_BYTES", Kind::bytes, "64M",
+  {"CARAVAN_SYMMETRIC_HEAP_BYTES", Kind::bytes, "16M",
    "Size of each rank's part of the host symmetric heap (POSIX shared memory per node); 0: no heap", 0, kInf},
   // --- GPU ---
   {"CARAVAN_GPU_STREAMS", Kind::integer, "1",
    "Streams each GPU channel (sdma, xgmi) spreads its requests over; 1 queues them behind each other on one link, "
    "so the next is always ready when one finishes (requests on several streams share the link and finish together)", 1, 64},
-  {"CARAVAN_GPU_WORKER_SPIN_US", Kind::integer, "500",
-   "How long the DMA worker of a GPU channel polls for the completion of its requests in flight before it sleeps "
+  {"CARAVAN_GPU_WORKER_SPIN_US", Kind::integer, "1000",
+   "How long the DMA worker of a GPU channel polls for its next event (a completion, a new copy) before it sleeps "
    "(microseconds; 0: sleep at once, as host channels do)", 0, 1000000},
-  {"CARAVAN_GPU_WINDOW", Kind::integer, "3",
-   "Requests a GPU channel keeps in flight; at most CARAVAN_DMA_SLOTS lets one copy fill it alone, so that a "
-   "high-priority copy waits behind no more than this many requests", 1, 256},
+  {"CARAVAN_GPU_WINDOW", Kind::integer, "2",
+   "Requests a GPU channel keeps in flight (2: one running, one queued behind it); at most CARAVAN_DMA_SLOTS lets one "
+   "copy fill it alone, so that a high-priority copy waits behind no more than this many requests", 1, 256},
+  {"CARAVAN_GPU_REQUEST_US", Kind::integer, "250",
+   "GPU channels send requests of at least this much work at their calibrated peak (microseconds; each copy-engine "
+   "call costs a few): longer ones waste less, shorter ones let a high-priority copy in sooner", 1, 1000000},
 };
 // clang-format on
 

@@ -2,7 +2,12 @@
 
 #include "channels/file_channel.h"
 #include "channels/memcpy_channel.h"
+#include "runtime/gpu/devices.h"
 #include "runtime/log.h"
+#if CARAVAN_HAVE_GPU
+#include "channels/sdma_channel.h"
+#include "channels/xgmi_channel.h"
+#endif
 
 #include <caravan/error.h>
 #include <caravan/settings.h>
@@ -13,11 +18,15 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
+#include <set>
 #include <thread>
 
 namespace caravan::dma {
@@ -55,6 +64,113 @@ double measure(Channel& channel, const Storage& src, const Storage& dst, std::ui
   return static_cast<double>(bytes) / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
 }
 
+// GPU channels: sizes up to 64 MiB (the copy engines keep gaining up to there), a region that
+// holds two of the largest requests, and strided runs capped at 4096 rows per request (a
+// narrow 2-D copy costs per row, and calibration must stay a few seconds on 4 GPUs).
+constexpr std::uint64_t kGpuSizes[] = {1, 8, 64, 512, 4096, 65536, 1u << 20, 4u << 20, 16u << 20, 64u << 20};
+constexpr std::uint64_t kGpuRegion = 128u << 20;
+constexpr std::uint64_t kGpuMaxRows = 4096;
+
+// GB/s of requests of runs of `size` bytes through an asynchronous channel, keeping its window
+// full, for at least `duration_ms` (the time includes waiting for the last requests).
+double measure_async(Channel& channel, const Storage& src, const Storage& dst, std::uint64_t size, std::uint64_t region) {
+  using Clock = std::chrono::steady_clock;
+  const bool strided = size < 4096;
+  const std::uint64_t count = strided ? std::clamp<std::uint64_t>((64u << 10) / size, 1, kGpuMaxRows) : 1;
+  const std::uint64_t span = strided ? 2 * size * count : size;
+  const auto duration = std::chrono::milliseconds(strided ? 5 : 15);
+  const int window = std::max(channel.window(), 1);
+  std::mutex mutex;
+  std::condition_variable cv;
+  int in_flight = 0;
+  FailureCause failure;
+  std::uint64_t bytes = 0, offset = 0;
+  auto start = Clock::now();
+  auto until = start + duration;
+  while (Clock::now() < until) {
+    {
+      std::unique_lock lock(mutex);
+      cv.wait(lock, [&] { return in_flight < window; });
+      if (failure) break;
+      ++in_flight;
+    }
+    auto stride = static_cast<std::int64_t>(2 * size);
+    TransferOp op = strided ? TransferOp{offset, offset, size, count, stride, stride} : TransferOp{offset, offset, size, 1, 0, 0};
+    Request request{std::span<const TransferOp>(&op, 1), size * count, &src, &dst};
+    channel.submit(request, [&](const FailureCause& f) {
+      std::lock_guard lock(mutex);
+      if (f && !failure) failure = f;
+      --in_flight;
+      cv.notify_all();
+    });
+    bytes += size * count;
+    offset += span;
+    if (offset + span > region) offset = 0;
+  }
+  std::unique_lock lock(mutex);
+  cv.wait(lock, [&] { return in_flight == 0; });
+  if (failure) throw *failure;
+  return static_cast<double>(bytes) / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
+}
+
+// The GPU channel tables. Measured on GPU 0 (and from GPU 0 to its first peer) and used for
+// every GPU: the devices of one node are one model (a mixed node logs a warning).
+std::vector<ChannelCalibration> calibrate_gpu_channels() {
+  std::vector<ChannelCalibration> out;
+#if CARAVAN_HAVE_GPU
+  const gpu::Topology& topo = gpu::topology();
+  if (topo.devices.empty()) return out;
+  for (const auto& d : topo.devices)
+    if (d.name != topo.devices[0].name)
+      log::get("dma")->warn("GPU {} is a {}, GPU 0 a {}: every GPU gets GPU 0's calibration", d.index, d.name, topo.devices[0].name);
+  const int streams = static_cast<int>(settings::get_int("CARAVAN_GPU_STREAMS"));
+  const int window = static_cast<int>(settings::get_int("CARAVAN_GPU_WINDOW"));
+  MemoryId sys{0, 0, MemoryKind::sys, 0}, zcm{0, 0, MemoryKind::zcm, 0}, fbm0{0, 0, MemoryKind::fbm, 0};
+  auto host = Storage::allocate_host(sys, kGpuRegion);
+  auto pinned = Storage::allocate_pinned(zcm, kGpuRegion);
+  auto a = Storage::allocate_device(fbm0, 0, kGpuRegion), b = Storage::allocate_device(fbm0, 0, kGpuRegion);
+  channels::SdmaChannel sdma(fbm0, streams, window);
+  struct Case {
+    const char* name;
+    const Storage* src;
+    const Storage* dst;
+  };
+  const Case cases[] = {{"sdma_h2d", pinned.get(), a.get()},          {"sdma_d2h", a.get(), pinned.get()},
+                        {"sdma_h2d_pageable", host.get(), a.get()}, {"sdma_d2h_pageable", a.get(), host.get()},
+                        {"sdma_local", a.get(), b.get()}};
+  for (const Case& c : cases) {
+    ChannelCalibration ch{c.name, {}};
+    for (std::uint64_t size : kGpuSizes) ch.samples.push_back({size, measure_async(sdma, *c.src, *c.dst, size, kGpuRegion)});
+    out.push_back(std::move(ch));
+  }
+  for (std::size_t j = 1; j < topo.devices.size(); ++j) {
+    if (!topo.can_peer(0, static_cast<int>(j))) continue;
+    MemoryId fbmj{0, 0, MemoryKind::fbm, static_cast<std::uint32_t>(j)};
+    auto peer = Storage::allocate_device(fbmj, static_cast<int>(j), kGpuRegion);
+    channels::XgmiChannel xgmi(fbm0, fbmj, streams, window);
+    ChannelCalibration ch{"xgmi", {}};
+    for (std::uint64_t size : kGpuSizes) ch.samples.push_back({size, measure_async(xgmi, *a, *peer, size, kGpuRegion)});
+    out.push_back(std::move(ch));
+    break;
+  }
+#endif
+  return out;
+}
+
+// The channel tables a calibration of this machine holds.
+std::set<std::string> expected_channels() {
+  std::set<std::string> names{"memcpy", "file_write", "file_read"};
+#if CARAVAN_HAVE_GPU
+  const gpu::Topology& topo = gpu::topology();
+  if (!topo.devices.empty()) {
+    names.insert({"sdma_h2d", "sdma_d2h", "sdma_h2d_pageable", "sdma_d2h_pageable", "sdma_local"});
+    for (std::size_t j = 1; j < topo.devices.size(); ++j)
+      if (topo.can_peer(0, static_cast<int>(j))) names.insert("xgmi");
+  }
+#endif
+  return names;
+}
+
 std::string machine_key() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
@@ -66,9 +182,13 @@ std::string machine_key() {
       break;
     }
   // The version changes whenever what is measured changes, so old caches are not reused.
-  constexpr int kCalibrationVersion = 2;
-  std::string key = fmt::format("v{}|{}|{}|{}|{}", kCalibrationVersion, host, cpu, std::thread::hardware_concurrency(),
-                                settings::get_string("CARAVAN_DSK_DIR"));
+  // The GPU set (models, PCI addresses, peer matrix, driver) and the GPU channel settings are
+  // part of the key: another GPU set or stream count is another machine.
+  constexpr int kCalibrationVersion = 3;
+  std::string key = fmt::format("v{}|{}|{}|{}|{}|gpus:{}|streams:{}|window:{}", kCalibrationVersion, host, cpu,
+                                std::thread::hardware_concurrency(), settings::get_string("CARAVAN_DSK_DIR"),
+                                gpu::topology_key(), settings::get_int("CARAVAN_GPU_STREAMS"),
+                                settings::get_int("CARAVAN_GPU_WINDOW"));
   return fmt::format("{}-{:016x}", host, std::hash<std::string>{}(key));
 }
 
@@ -100,6 +220,7 @@ Calibration calibrate_channels() {
     r.samples.push_back({size, measure(file_channel, *file, *b, size)});
   }
   c.channels = {m, w, r};
+  for (auto& g : calibrate_gpu_channels()) c.channels.push_back(std::move(g));
   c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return c;
 }
@@ -130,7 +251,9 @@ Calibration load_or_calibrate(bool force, bool* from_cache) {
           for (auto& s : samples) ch.samples.push_back({s.at(0).get<std::uint64_t>(), s.at(1).get<double>()});
           c.channels.push_back(std::move(ch));
         }
-        if (c.machine_key == machine_key() && c.channels.size() == 3) {
+        std::set<std::string> names;
+        for (const auto& ch : c.channels) names.insert(ch.channel);
+        if (c.machine_key == machine_key() && names == expected_channels()) {
           if (from_cache) *from_cache = true;
           return c;
         }
@@ -170,6 +293,46 @@ planner::MachineDescription live_machine(std::uint32_t rank) {
   m.channels.push_back({ChannelKind::memcpy, sys, sys, table("memcpy"), {}});
   m.channels.push_back({ChannelKind::file, sys, dsk, table("file_write"), {}});
   m.channels.push_back({ChannelKind::file, dsk, sys, table("file_read"), {}});
+  const gpu::Topology& topo = gpu::topology();
+  if (topo.devices.empty()) return m;
+
+  // GPUs: zcm (pinned host memory, a host memory for memcpy and file too), one fbm per GPU, the
+  // copy engines (sdma) between host memories and each fbm and within it, and peer copies
+  // (xgmi) between GPUs that reach each other. Shared links are planner resources: each GPU's
+  // PCIe link per direction (sys and zcm traffic to one GPU share it) and its NVLink egress and
+  // ingress (all of its peer copies share them), at the calibrated peaks.
+  m.description = fmt::format("this host: system memory, file-backed storage, pinned host memory and {} x {}; "
+                              "memcpy, file, sdma and xgmi channels (calibrated)", topo.devices.size(), topo.devices[0].name);
+  MemoryId zcm{0, rank, MemoryKind::zcm, 0};
+  m.memories.push_back({zcm, sys_bytes});
+  for (MemoryId a : {sys, zcm})
+    for (MemoryId b : {sys, zcm})
+      if (!(a == sys && b == sys)) m.channels.push_back({ChannelKind::memcpy, a, b, table("memcpy"), {}});
+  m.channels.push_back({ChannelKind::file, zcm, dsk, table("file_write"), {}});
+  m.channels.push_back({ChannelKind::file, dsk, zcm, table("file_read"), {}});
+  auto fbm = [&](std::size_t i) { return MemoryId{0, rank, MemoryKind::fbm, static_cast<std::uint32_t>(i)}; };
+  auto resource = [&](std::size_t i, const char* what) { return fmt::format("node0/gpu{}.{}", i, what); };
+  const bool peers = std::any_of(c.channels.begin(), c.channels.end(), [](const auto& ch) { return ch.channel == "xgmi"; });
+  for (std::size_t i = 0; i < topo.devices.size(); ++i) {
+    m.memories.push_back({fbm(i), topo.devices[i].memory_bytes});
+    m.resources.push_back({resource(i, "pcie.h2d"), table("sdma_h2d").peak()});
+    m.resources.push_back({resource(i, "pcie.d2h"), table("sdma_d2h").peak()});
+    if (peers) {
+      m.resources.push_back({resource(i, "nvlink.out"), table("xgmi").peak()});
+      m.resources.push_back({resource(i, "nvlink.in"), table("xgmi").peak()});
+    }
+    m.channels.push_back({ChannelKind::sdma, zcm, fbm(i), table("sdma_h2d"), {resource(i, "pcie.h2d")}});
+    m.channels.push_back({ChannelKind::sdma, sys, fbm(i), table("sdma_h2d_pageable"), {resource(i, "pcie.h2d")}});
+    m.channels.push_back({ChannelKind::sdma, fbm(i), zcm, table("sdma_d2h"), {resource(i, "pcie.d2h")}});
+    m.channels.push_back({ChannelKind::sdma, fbm(i), sys, table("sdma_d2h_pageable"), {resource(i, "pcie.d2h")}});
+    m.channels.push_back({ChannelKind::sdma, fbm(i), fbm(i), table("sdma_local"), {}});
+  }
+  if (peers) {
+    for (std::size_t i = 0; i < topo.devices.size(); ++i)
+      for (std::size_t j = 0; j < topo.devices.size(); ++j)
+        if (i != j && topo.can_peer(static_cast<int>(i), static_cast<int>(j)))
+          m.channels.push_back({ChannelKind::xgmi, fbm(i), fbm(j), table("xgmi"), {resource(i, "nvlink.out"), resource(j, "nvlink.in")}});
+  }
   return m;
 }
 

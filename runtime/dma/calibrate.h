@@ -11,7 +11,10 @@
 namespace caravan::dma {
 
 struct ChannelCalibration {
-  std::string channel;  // "memcpy", "file_write" (host -> dsk), "file_read" (dsk -> host)
+  // "memcpy", "file_write" (host -> dsk), "file_read" (dsk -> host); with GPUs also "sdma_h2d"
+  // (zcm -> fbm), "sdma_d2h" (fbm -> zcm), "sdma_h2d_pageable" (sys -> fbm), "sdma_d2h_pageable"
+  // (fbm -> sys), "sdma_local" (fbm -> same fbm) and, when GPUs reach each other, "xgmi".
+  std::string channel;
   std::vector<planner::ThroughputFunction::Sample> samples;
 };
 
@@ -21,7 +24,8 @@ struct Calibration {
   double seconds = 0;  // how long measuring took
 };
 
-// Measures every channel now (about a quarter of a second).
+// Measures every channel now (about a quarter of a second on a CPU host; GPU channels are
+// measured on GPU 0 and from GPU 0 to one peer, a few seconds, and used for every GPU).
 Calibration calibrate_channels();
 // The cache file for this machine: CARAVAN_CACHE_DIR (default ~/.cache/caravan) + machine key.
 std::string calibration_path();
@@ -29,8 +33,10 @@ std::string calibration_path();
 // `force` always measures.
 Calibration load_or_calibrate(bool force, bool* from_cache = nullptr);
 
-// The live machine of `rank` on a CPU host: sys and dsk memories, the memcpy self-loop and the
-// file channels both ways, with calibrated throughput.
+// The live machine of `rank`: sys and dsk memories, the memcpy self-loop and the file channels
+// both ways; with GPUs also zcm, fbm<i> per GPU, sdma channels (zcm/sys <-> fbm<i>, the fbm<i>
+// self-loop), xgmi fbm<i> -> fbm<j> where peer access works, and each GPU's PCIe and NVLink
+// directions as shared resources; all with calibrated throughput.
 planner::MachineDescription live_machine(std::uint32_t rank);
 
 }  // namespace caravan::dma

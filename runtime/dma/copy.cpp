@@ -63,6 +63,9 @@ std::byte* Instance::data() const {
   if (impl.storage->is_file())
     throw Error(Errc::invalid_argument, fmt::format("Instance::data: {} is file-backed; use read_bytes/write_bytes",
                                                     impl.memory.to_string()));
+  if (impl.storage->device() >= 0)
+    throw Error(Errc::invalid_argument, fmt::format("Instance::data: {} is GPU memory; use read_bytes/write_bytes",
+                                                    impl.memory.to_string()));
   return impl.storage->host();
 }
 

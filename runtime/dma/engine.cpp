@@ -5,6 +5,11 @@
 #include "runtime/dma/calibrate.h"
 #include "runtime/dma/instance_impl.h"
 #include "runtime/log.h"
+#if CARAVAN_HAVE_GPU
+#include "channels/sdma_channel.h"
+#include "channels/xgmi_channel.h"
+#include "runtime/gpu/devices.h"
+#endif
 
 #include <caravan/settings.h>
 
@@ -92,7 +97,11 @@ void CopyOperation::touch() { last_progress_ns.store(now_ns(), std::memory_order
 // ------------------------------------------------------------------------------------ DmaWorker
 
 DmaWorker::DmaWorker(Engine& engine, std::unique_ptr<Channel> channel, std::string name)
-    : engine_(engine), channel_(std::move(channel)), name_(std::move(name)), thread_([this] { loop(); }) {}
+    : engine_(engine),
+      channel_(std::move(channel)),
+      name_(std::move(name)),
+      spin_ns_(channel_->window() > 1 ? settings::get_int("CARAVAN_GPU_WORKER_SPIN_US") * 1000 : 0),
+      thread_([this] { loop(); }) {}
 
 DmaWorker::~DmaWorker() { stop(); }
 
@@ -101,6 +110,7 @@ void DmaWorker::stop() {
     std::lock_guard lock(mutex_);
     if (stop_) return;
     stop_ = true;
+    signals_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -115,12 +125,14 @@ void DmaWorker::add(Xd* xd) {
              (other->op->priority == xd->op->priority && other->op->sequence > xd->op->sequence);
     });
     pool_.insert(it, xd);
+    signals_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_one();
 }
 
 void DmaWorker::wake() {
   // Taking the lock orders this wake after any check the worker made under it: no lost wake-up.
+  signals_.fetch_add(1, std::memory_order_release);
   { std::lock_guard lock(mutex_); }
   cv_.notify_one();
 }
@@ -144,6 +156,7 @@ bool DmaWorker::can_issue(const Xd& xd) const {
 
 void DmaWorker::loop() {
   std::unique_lock lock(mutex_);
+  bool spun_out = false;  // this idle period already polled for spin_ns_: sleep now
   for (;;) {
     if (stop_) return;
     // Retire XDs that are done, or whose copy was cancelled, once nothing of theirs is in flight.
@@ -175,9 +188,29 @@ void DmaWorker::loop() {
       }
     }
     if (!chosen) {
+      if (spin_ns_ > 0 && !spun_out) {
+        // Poll for the next signal outside the lock, then look again under it. A signal sent
+        // after the poll gave up is seen by that look (it is bumped before the signaller takes
+        // the lock), and one sent after the look waits for the lock until cv_.wait releases it.
+        const std::uint64_t seen = signals_.load(std::memory_order_acquire);
+        lock.unlock();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns_);
+        bool signalled = false;
+        for (int i = 0; !(signalled = signals_.load(std::memory_order_acquire) != seen); ++i) {
+          if ((i & 63) == 63 && std::chrono::steady_clock::now() >= until) break;
+#if defined(__x86_64__) || defined(__i386__)
+          __builtin_ia32_pause();
+#endif
+        }
+        lock.lock();
+        spun_out = !signalled;
+        continue;
+      }
       cv_.wait(lock);
+      spun_out = false;
       continue;
     }
+    spun_out = false;
     CopyOperation& op = *chosen->op;
     if (chosen->active.empty() || chosen->active.back().next_op == chosen->active.back().ops.size()) {
       // Cut the next tile into ops outside the lock: it can take a while for a large tile.
@@ -238,12 +271,14 @@ void DmaWorker::loop() {
 }
 
 void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, const FailureCause& failure) {
+  // The request counts as in flight until the end: an XD with a request in flight does not
+  // retire, so its copy (and `xd`) stay alive while this runs. That matters for asynchronous
+  // channels, whose completions run on their own threads: the worker could otherwise retire the
+  // XD and finish the copy between the tile bookkeeping and the wake-ups below.
   bool finished_tile = false;
   CopyOperation& op = *xd->op;
   {
     std::lock_guard lock(mutex_);
-    --in_flight_;
-    --xd->in_flight;
     for (auto& tile : xd->active) {
       if (tile.index == tile_index) {
         --tile.outstanding;
@@ -261,6 +296,12 @@ void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, const FailureCause& f
   op.touch();
   if (failure) op.fail(failure);
   if (finished_tile) engine_.tile_finished(xd);
+  {
+    std::lock_guard lock(mutex_);
+    --in_flight_;
+    --xd->in_flight;
+    signals_.fetch_add(1, std::memory_order_release);
+  }
   cv_.notify_one();
 }
 
@@ -282,6 +323,8 @@ Engine::Engine(RuntimeImpl& runtime) : runtime_(runtime) {
   planner_ = std::make_unique<planner::Planner>(graph_);
   int memcpy_threads = static_cast<int>(settings::get_int("CARAVAN_MEMCPY_THREADS"));
   std::uint64_t split = settings::get_bytes("CARAVAN_MEMCPY_SPLIT_BYTES");
+  [[maybe_unused]] int gpu_streams = static_cast<int>(settings::get_int("CARAVAN_GPU_STREAMS"));
+  [[maybe_unused]] int gpu_window = static_cast<int>(settings::get_int("CARAVAN_GPU_WINDOW"));
   workers_.resize(graph_->channel_count());
   for (std::uint32_t c = 0; c < graph_->channel_count(); ++c) {
     const auto& ch = graph_->channel(c);
@@ -290,6 +333,23 @@ Engine::Engine(RuntimeImpl& runtime) : runtime_(runtime) {
     std::unique_ptr<Channel> impl;
     if (ch.kind == ChannelKind::memcpy) impl = std::make_unique<channels::MemcpyChannel>(memcpy_threads, split);
     else if (ch.kind == ChannelKind::file) impl = std::make_unique<channels::FileChannel>();
+#if CARAVAN_HAVE_GPU
+    // GPU channels of the live machine: sdma on the GPU of its fbm end, xgmi on the source GPU.
+    // On a planning-only machine (a machine file) with no such GPU here, there is no
+    // implementation, and copies that need one fail with "no implementation of channel".
+    else if (ch.kind == ChannelKind::sdma || ch.kind == ChannelKind::xgmi) {
+      MemoryId src = graph_->memory(ch.src).id, dst = graph_->memory(ch.dst).id;
+      MemoryId gpu_end = src.kind == MemoryKind::fbm ? src : dst;
+      const auto& devices = gpu::topology().devices;
+      const auto me = static_cast<std::uint32_t>(runtime.rank());
+      bool here = gpu_end.kind == MemoryKind::fbm && src.rank == me && dst.rank == me &&
+                  gpu_end.index < devices.size() && (dst.kind != MemoryKind::fbm || dst.index < devices.size());
+      if (here && ch.kind == ChannelKind::sdma) impl = std::make_unique<channels::SdmaChannel>(gpu_end, gpu_streams, gpu_window);
+      else if (here && src.kind == MemoryKind::fbm && dst.kind == MemoryKind::fbm &&
+               gpu::topology().can_peer(static_cast<int>(src.index), static_cast<int>(dst.index)))
+        impl = std::make_unique<channels::XgmiChannel>(src, dst, gpu_streams, gpu_window);
+    }
+#endif
     if (impl) workers_[c] = std::make_unique<DmaWorker>(*this, std::move(impl), std::move(name));
   }
   for (std::size_t v = 0; v < graph_->memory_count(); ++v)
@@ -350,6 +410,24 @@ std::shared_ptr<const planner::Plan> Engine::plan(const Instance& src, const Ins
   throw Error(Errc::invalid_argument, "copy: unknown planner choice");
 }
 
+// The largest request a hop on `channel` sends: 4 MiB, or more for a channel whose calibrated
+// throughput keeps rising past 4 MiB (the smallest request that reaches 99% of its peak), and
+// for GPU channels at least CARAVAN_GPU_REQUEST_US of work at their peak. GPU links need that:
+// each copy-engine call costs a few microseconds, so a peer copy runs at 80% of its peak in
+// 4 MiB requests and a host link at 96%; at 250 us a request both are at 99% (docs/dma.md, GPU
+// channels). Host channels peak by 4 MiB, so nothing changes for them.
+namespace {
+std::uint64_t full_speed_request_bytes(const planner::Channel& channel) {
+  constexpr std::uint64_t kMiB = 1u << 20;
+  double r = channel.tp.inverse(0.99 * channel.tp.peak());
+  if (channel.kind == ChannelKind::sdma || channel.kind == ChannelKind::xgmi || channel.kind == ChannelKind::gpu_convert)
+    r = std::max(r, channel.tp.peak() * 1e3 * static_cast<double>(settings::get_int("CARAVAN_GPU_REQUEST_US")));
+  if (!(r > static_cast<double>(4 * kMiB))) return 4 * kMiB;
+  auto bytes = static_cast<std::uint64_t>(std::min(r, 256.0 * kMiB));
+  return (bytes + kMiB - 1) / kMiB * kMiB;
+}
+}  // namespace
+
 // Sizes tiles and intermediate buffers: each buffer is a ring of `slots` tile slots and stays
 // within the planner's buffer threshold TH; each hop gets one XD.
 void Engine::prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops) {
@@ -357,6 +435,8 @@ void Engine::prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>
   op.slots = slots_;
   std::uint64_t tile_bytes = tile_bytes_;
   if (hops.size() > 1) tile_bytes = std::min(tile_bytes, planner_->options().buffer_threshold / static_cast<std::uint64_t>(op.slots));
+  // One hop has no intermediate buffer: its tiles may hold a full-speed request of its channel.
+  else if (hops.size() == 1) tile_bytes = std::max(tile_bytes, full_speed_request_bytes(graph_->channel(hops[0].channel)));
   for (int attempt = 0;; ++attempt) {
     op.grid = TileGrid(op.space, std::max<std::uint64_t>(tile_bytes / point_bytes, 1));
     op.buffers.clear();
@@ -381,7 +461,8 @@ void Engine::prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>
     xd->worker = &worker_for(hops[i].channel);
     xd->src_layout = hops[i].src_layout;
     xd->dst_layout = hops[i].dst_layout;
-    xd->request_bytes = std::clamp<std::uint64_t>(hops[i].request_bytes, request_floor_bytes_, std::max<std::uint64_t>(request_floor_bytes_, 4u << 20));
+    xd->request_bytes = std::clamp<std::uint64_t>(hops[i].request_bytes, request_floor_bytes_,
+                                                  std::max(request_floor_bytes_, full_speed_request_bytes(graph_->channel(hops[i].channel))));
     op.xds.push_back(std::move(xd));
   }
   // Reservations in one global memory order (MemoryId order), so that copies that wait for

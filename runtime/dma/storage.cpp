@@ -1,5 +1,7 @@
 #include "runtime/dma/storage.h"
 
+#include "runtime/gpu/devices.h"
+
 #include <caravan/error.h>
 #include <caravan/settings.h>
 
@@ -22,7 +24,22 @@ std::shared_ptr<Storage> Storage::allocate_host(MemoryId memory, std::uint64_t b
   if (!s->host_)
     throw Error(Errc::invalid_argument, fmt::format("cannot allocate {} bytes in {}", bytes, memory.to_string()));
   std::memset(s->host_, 0, rounded);
-  s->owns_host_ = true;
+  s->owner_ = Owner::aligned;
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::allocate_device(MemoryId memory, int device, std::uint64_t bytes) {
+  std::shared_ptr<Storage> s(new Storage(memory, bytes));
+  s->device_ptr_ = static_cast<std::byte*>(gpu::allocate_device(device, bytes));
+  s->owner_ = Owner::device;
+  s->device_ = device;
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::allocate_pinned(MemoryId memory, std::uint64_t bytes) {
+  std::shared_ptr<Storage> s(new Storage(memory, bytes));
+  s->host_ = static_cast<std::byte*>(gpu::allocate_pinned(bytes));
+  s->owner_ = Owner::pinned;
   return s;
 }
 
@@ -52,7 +69,12 @@ std::shared_ptr<Storage> Storage::allocate_file(MemoryId memory, std::uint64_t b
 }
 
 Storage::~Storage() {
-  if (owns_host_) std::free(host_);
+  switch (owner_) {
+    case Owner::aligned: std::free(host_); break;
+    case Owner::pinned: gpu::free_pinned(host_); break;
+    case Owner::device: gpu::free_device(device_ptr_); break;
+    case Owner::none: break;
+  }
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -60,6 +82,10 @@ void Storage::read(std::uint64_t offset, std::span<std::byte> out) const {
   if (offset + out.size() > bytes_)
     throw Error(Errc::invalid_argument, fmt::format("read of {} bytes at {} is outside the {}-byte storage in {}",
                                                     out.size(), offset, bytes_, memory_.to_string()));
+  if (device_ >= 0) {
+    gpu::copy_sync(out.data(), device_ptr_ + offset, out.size());
+    return;
+  }
   if (!is_file()) {
     std::memcpy(out.data(), host_ + offset, out.size());
     return;
@@ -78,6 +104,10 @@ void Storage::write(std::uint64_t offset, std::span<const std::byte> in) const {
   if (offset + in.size() > bytes_)
     throw Error(Errc::invalid_argument, fmt::format("write of {} bytes at {} is outside the {}-byte storage in {}",
                                                     in.size(), offset, bytes_, memory_.to_string()));
+  if (device_ >= 0) {
+    gpu::copy_sync(device_ptr_ + offset, in.data(), in.size());
+    return;
+  }
   if (!is_file()) {
     std::memcpy(host_ + offset, in.data(), in.size());
     return;
@@ -91,6 +121,8 @@ void Storage::write(std::uint64_t offset, std::span<const std::byte> in) const {
 }
 
 std::shared_ptr<Storage> allocate_storage(MemoryId memory, std::uint64_t bytes) {
+  if (memory.kind == MemoryKind::zcm) return Storage::allocate_pinned(memory, bytes);
+  if (memory.kind == MemoryKind::fbm) return Storage::allocate_device(memory, static_cast<int>(memory.index), bytes);
   if (is_host(memory.kind)) return Storage::allocate_host(memory, bytes);
   if (memory.kind == MemoryKind::dsk) return Storage::allocate_file(memory, bytes);
   throw Error(Errc::invalid_argument, fmt::format("{}: this build cannot allocate {} memory yet", memory.to_string(),

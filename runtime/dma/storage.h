@@ -1,5 +1,6 @@
-// Where bytes live: a Storage is one allocation in one memory, either host bytes (sys, zcm, reg)
-// or a region of an unlinked temporary file (dsk). Channels address requests relative to it.
+// Where bytes live: a Storage is one allocation in one memory: host bytes (sys, reg), pinned
+// host bytes mapped into every GPU (zcm), GPU memory (fbm), or a region of an unlinked temporary
+// file (dsk). Channels address requests relative to it.
 #pragma once
 
 #include <caravan/machine.h>
@@ -20,6 +21,12 @@ class Storage {
   // A new temporary file of `bytes` bytes in CARAVAN_DSK_DIR (unlinked at once; the descriptor
   // keeps it until the storage is destroyed).
   static std::shared_ptr<Storage> allocate_file(MemoryId memory, std::uint64_t bytes);
+  // Memory of GPU `device` (hipMalloc; zeroed). Throws Error(device) on a HIP failure, and
+  // Error(invalid_argument) in a build or on a machine without that GPU.
+  static std::shared_ptr<Storage> allocate_device(MemoryId memory, int device, std::uint64_t bytes);
+  // Pinned host memory mapped into every GPU (hipHostMalloc, portable and mapped; zeroed). It
+  // is host memory too: host() is set, so the memcpy and file channels use it like sys.
+  static std::shared_ptr<Storage> allocate_pinned(MemoryId memory, std::uint64_t bytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -29,8 +36,14 @@ class Storage {
   bool is_file() const noexcept { return fd_ >= 0; }
   std::byte* host() const noexcept { return host_; }
   int fd() const noexcept { return fd_; }
+  // GPU memory: the device that holds it (-1 for host memory and files).
+  int device() const noexcept { return device_; }
+  // The unified address GPU copies use: device memory for fbm, the host bytes otherwise
+  // (pinned for zcm, pageable for sys); null for files.
+  std::byte* gpu_address() const noexcept { return device_ >= 0 ? device_ptr_ : host_; }
 
-  // Synchronous access to any storage; throws Error(transport) on an I/O error.
+  // Synchronous access to any storage (GPU memory through a blocking copy); throws
+  // Error(transport) on an I/O error, Error(device) on a GPU error.
   void read(std::uint64_t offset, std::span<std::byte> out) const;
   void write(std::uint64_t offset, std::span<const std::byte> in) const;
 
@@ -38,13 +51,18 @@ class Storage {
   Storage(MemoryId memory, std::uint64_t bytes) : memory_(memory), bytes_(bytes) {}
   MemoryId memory_;
   std::uint64_t bytes_;
+  enum class Owner : std::uint8_t { none, aligned, pinned, device };
   std::byte* host_ = nullptr;
-  bool owns_host_ = false;
+  std::byte* device_ptr_ = nullptr;
+  Owner owner_ = Owner::none;
+  int device_ = -1;
   int fd_ = -1;
 };
 
-// Storage for `bytes` bytes in `memory`: host for host kinds, a file for dsk. Throws
-// Error(invalid_argument) for a kind this build cannot allocate (fbm without a GPU...).
+// Storage for `bytes` bytes in `memory`: pageable host memory for sys and reg (registration
+// with the NIC belongs to the distributed runtime), pinned host memory for zcm, GPU memory of
+// device `index` for fbm<index>, a file for dsk. Throws Error(invalid_argument) for a kind this
+// build or machine cannot allocate (fbm or zcm without a GPU).
 std::shared_ptr<Storage> allocate_storage(MemoryId memory, std::uint64_t bytes);
 
 }  // namespace caravan::dma

@@ -8,13 +8,28 @@
 #else
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 using hipError_t = cudaError_t;
 using hipStream_t = cudaStream_t;
 using hipEvent_t = cudaEvent_t;
 using hipDeviceProp_t = cudaDeviceProp;
+using hipMemcpyKind = cudaMemcpyKind;
+using hipPitchedPtr = cudaPitchedPtr;
+using hipExtent = cudaExtent;
+using hipPos = cudaPos;
+using hipMemcpy3DParms = cudaMemcpy3DParms;
 inline constexpr hipError_t hipSuccess = cudaSuccess;
 inline constexpr hipError_t hipErrorNoDevice = cudaErrorNoDevice;
 inline constexpr hipError_t hipErrorInsufficientDriver = cudaErrorInsufficientDriver;
+inline constexpr hipError_t hipErrorNotReady = cudaErrorNotReady;
+inline constexpr hipError_t hipErrorPeerAccessAlreadyEnabled = cudaErrorPeerAccessAlreadyEnabled;
+inline constexpr hipMemcpyKind hipMemcpyDefault = cudaMemcpyDefault;  // direction inferred (unified addressing)
+inline constexpr unsigned hipStreamNonBlocking = cudaStreamNonBlocking;
+inline constexpr unsigned hipEventDisableTiming = cudaEventDisableTiming;
+// hipHostMalloc flags: pinned, visible to every device, mapped into their address spaces.
+inline constexpr unsigned hipHostMallocPortable = cudaHostAllocPortable;
+inline constexpr unsigned hipHostMallocMapped = cudaHostAllocMapped;
 
 inline hipError_t hipGetDeviceCount(int* count) { return cudaGetDeviceCount(count); }
 inline hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int device) { return cudaGetDeviceProperties(prop, device); }
@@ -23,6 +38,53 @@ inline hipError_t hipDriverGetVersion(int* version) { return cudaDriverGetVersio
 inline hipError_t hipGetLastError() { return cudaGetLastError(); }
 inline const char* hipGetErrorName(hipError_t e) { return cudaGetErrorName(e); }
 inline const char* hipGetErrorString(hipError_t e) { return cudaGetErrorString(e); }
+
+// Devices and peers.
+inline hipError_t hipSetDevice(int device) { return cudaSetDevice(device); }
+inline hipError_t hipGetDevice(int* device) { return cudaGetDevice(device); }
+inline hipError_t hipDeviceGetPCIBusId(char* id, int length, int device) { return cudaDeviceGetPCIBusId(id, length, device); }
+inline hipError_t hipDeviceCanAccessPeer(int* can, int device, int peer) { return cudaDeviceCanAccessPeer(can, device, peer); }
+inline hipError_t hipDeviceEnablePeerAccess(int peer, unsigned flags) { return cudaDeviceEnablePeerAccess(peer, flags); }
+inline hipError_t hipDeviceSynchronize() { return cudaDeviceSynchronize(); }
+inline hipError_t hipMemGetInfo(std::size_t* free, std::size_t* total) { return cudaMemGetInfo(free, total); }
+
+// Memory.
+inline hipError_t hipMalloc(void** ptr, std::size_t bytes) { return cudaMalloc(ptr, bytes); }
+inline hipError_t hipFree(void* ptr) { return cudaFree(ptr); }
+inline hipError_t hipHostMalloc(void** ptr, std::size_t bytes, unsigned flags) { return cudaHostAlloc(ptr, bytes, flags); }
+inline hipError_t hipHostFree(void* ptr) { return cudaFreeHost(ptr); }
+inline hipError_t hipMemset(void* ptr, int value, std::size_t bytes) { return cudaMemset(ptr, value, bytes); }
+
+// Copies (every pointer is a unified address: hipMemcpyDefault infers the direction).
+inline hipError_t hipMemcpy(void* dst, const void* src, std::size_t bytes, hipMemcpyKind kind) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+inline hipError_t hipMemcpyAsync(void* dst, const void* src, std::size_t bytes, hipMemcpyKind kind, hipStream_t stream) {
+  return cudaMemcpyAsync(dst, src, bytes, kind, stream);
+}
+inline hipError_t hipMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                                     hipStream_t stream) {
+  return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream);
+}
+inline hipError_t hipMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                                   std::size_t height, hipMemcpyKind kind, hipStream_t stream) {
+  return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream);
+}
+inline hipError_t hipMemcpy3DAsync(const hipMemcpy3DParms* p, hipStream_t stream) { return cudaMemcpy3DAsync(p, stream); }
+inline hipPitchedPtr make_hipPitchedPtr(void* ptr, std::size_t pitch, std::size_t xsize, std::size_t ysize) {
+  return make_cudaPitchedPtr(ptr, pitch, xsize, ysize);
+}
+inline hipExtent make_hipExtent(std::size_t w, std::size_t h, std::size_t d) { return make_cudaExtent(w, h, d); }
+
+// Streams and events.
+inline hipError_t hipStreamCreateWithFlags(hipStream_t* stream, unsigned flags) { return cudaStreamCreateWithFlags(stream, flags); }
+inline hipError_t hipStreamDestroy(hipStream_t stream) { return cudaStreamDestroy(stream); }
+inline hipError_t hipStreamSynchronize(hipStream_t stream) { return cudaStreamSynchronize(stream); }
+inline hipError_t hipEventCreateWithFlags(hipEvent_t* event, unsigned flags) { return cudaEventCreateWithFlags(event, flags); }
+inline hipError_t hipEventDestroy(hipEvent_t event) { return cudaEventDestroy(event); }
+inline hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream) { return cudaEventRecord(event, stream); }
+inline hipError_t hipEventSynchronize(hipEvent_t event) { return cudaEventSynchronize(event); }
+inline hipError_t hipEventQuery(hipEvent_t event) { return cudaEventQuery(event); }
 #endif
 
 #include <caravan/error.h>

@@ -1,0 +1,32 @@
+#include "channels/sdma_channel.h"
+
+#include "runtime/gpu/copy_queue.h"
+
+#include <fmt/format.h>
+
+namespace caravan::channels {
+
+SdmaChannel::SdmaChannel(MemoryId device_memory, int streams, int window)
+    : memory_(device_memory),
+      window_(std::max(window, 1)),
+      queue_(std::make_unique<gpu::CopyQueue>(static_cast<int>(device_memory.index), streams,
+                                              fmt::format("sdma {}", device_memory.to_string()))) {}
+
+SdmaChannel::~SdmaChannel() = default;
+
+bool SdmaChannel::serves(MemoryId src, MemoryId dst) const noexcept {
+  if (src.node != memory_.node || dst.node != memory_.node) return false;
+  const bool src_here = src == memory_, dst_here = dst == memory_;
+  return (src_here && dst_here) || (src_here && is_host(dst.kind)) || (is_host(src.kind) && dst_here);
+}
+
+void SdmaChannel::submit(const dma::Request& request, Completion done) {
+  gpu::CopyEnds ends{request.src->gpu_address(), request.dst->gpu_address(), request.src->device(), request.dst->device()};
+  if (!ends.src || !ends.dst) {
+    done(make_failure(Errc::internal, fmt::format("sdma {} given a request on file-backed storage", memory_.to_string())));
+    return;
+  }
+  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_ops(request.ops, ends, stream); }, std::move(done));
+}
+
+}  // namespace caravan::channels

@@ -1,0 +1,34 @@
+#include "channels/xgmi_channel.h"
+
+#include "runtime/gpu/copy_queue.h"
+#include "runtime/gpu/devices.h"
+
+#include <fmt/format.h>
+
+namespace caravan::channels {
+
+XgmiChannel::XgmiChannel(MemoryId src, MemoryId dst, int streams, int window)
+    : src_(src),
+      dst_(dst),
+      window_(std::max(window, 1)),
+      peer_(gpu::topology().can_peer(static_cast<int>(src.index), static_cast<int>(dst.index))),
+      queue_(std::make_unique<gpu::CopyQueue>(static_cast<int>(src.index), streams,
+                                              fmt::format("xgmi {}->{}", src.to_string(), dst.to_string()))) {}
+
+XgmiChannel::~XgmiChannel() = default;
+
+bool XgmiChannel::serves(MemoryId src, MemoryId dst) const noexcept {
+  return src.kind == MemoryKind::fbm && dst.kind == MemoryKind::fbm && src.node == dst.node && src.rank == dst.rank &&
+         src.index != dst.index && src == src_ && dst == dst_ && peer_;
+}
+
+void XgmiChannel::submit(const dma::Request& request, Completion done) {
+  gpu::CopyEnds ends{request.src->gpu_address(), request.dst->gpu_address(), request.src->device(), request.dst->device()};
+  if (ends.src_device < 0 || ends.dst_device < 0) {
+    done(make_failure(Errc::internal, fmt::format("xgmi {}->{} given a request on host storage", src_.to_string(), dst_.to_string())));
+    return;
+  }
+  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_ops(request.ops, ends, stream); }, std::move(done));
+}
+
+}  // namespace caravan::channels

@@ -1,0 +1,36 @@
+// xgmi: copies between two GPUs of a node over their peer link (NVLink on NVIDIA, xGMI on AMD),
+// run by the source GPU's copy engines (it pushes), with peer access enabled at discovery
+// (runtime/gpu/devices.h). Strided ops become 2-D/3-D peer copies. Asynchronous like sdma.
+// An SM-driven copy kernel is a later slice.
+//
+// Built only with a GPU toolchain (CARAVAN_HAVE_GPU); the header holds no HIP type.
+#pragma once
+
+#include "runtime/dma/channel.h"
+
+#include <memory>
+
+namespace caravan::gpu {
+class CopyQueue;
+}
+
+namespace caravan::channels {
+
+class XgmiChannel final : public dma::Channel {
+ public:
+  XgmiChannel(MemoryId src, MemoryId dst, int streams, int window);
+  ~XgmiChannel() override;
+  ChannelKind kind() const noexcept override { return ChannelKind::xgmi; }
+  // Its own pair: fbm of one GPU -> fbm of another GPU of the same node and rank that it reaches.
+  bool serves(MemoryId src, MemoryId dst) const noexcept override;
+  int window() const noexcept override { return window_; }
+  void submit(const dma::Request& request, Completion done) override;
+
+ private:
+  MemoryId src_, dst_;
+  int window_;
+  bool peer_;  // the source GPU reaches the destination's memory (peer access enabled)
+  std::unique_ptr<gpu::CopyQueue> queue_;
+};
+
+}  // namespace caravan::channels

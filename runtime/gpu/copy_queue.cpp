@@ -1,0 +1,285 @@
+#include "runtime/gpu/copy_queue.h"
+
+#include "runtime/log.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace caravan::gpu {
+namespace {
+
+// The copy engines take pitches below 2^31 bytes; larger distances are not batched.
+constexpr std::uint64_t kMaxPitch = (std::uint64_t{1} << 31) - 1;
+
+FailureCause failure_of(const Error& e) { return std::make_shared<const Error>(e); }
+
+bool linear(const dma::TransferOp& op) {
+  return op.count == 1 || (op.src_stride == static_cast<std::int64_t>(op.elem) && op.dst_stride == static_cast<std::int64_t>(op.elem));
+}
+
+bool pitch_ok(std::int64_t pitch, std::uint64_t width) {
+  return pitch > 0 && static_cast<std::uint64_t>(pitch) >= width && static_cast<std::uint64_t>(pitch) <= kMaxPitch;
+}
+
+void copy_1d(std::byte* dst, const std::byte* src, std::uint64_t bytes, const CopyEnds& e, hipStream_t stream) {
+  if (e.src_device >= 0 && e.dst_device >= 0 && e.src_device != e.dst_device)
+    CARAVAN_HIP_CHECK(hipMemcpyPeerAsync(dst, e.dst_device, src, e.src_device, bytes, stream));
+  else
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(dst, src, bytes, hipMemcpyDefault, stream));
+}
+
+void copy_2d(std::byte* dst, std::uint64_t dpitch, const std::byte* src, std::uint64_t spitch, std::uint64_t width,
+             std::uint64_t height, hipStream_t stream) {
+  CARAVAN_HIP_CHECK(hipMemcpy2DAsync(dst, dpitch, src, spitch, width, height, hipMemcpyDefault, stream));
+}
+
+// `depth` slices of `height` rows of `width` bytes; rows `*pitch` apart, slices `*slice` apart
+// (each slice distance a whole number of rows, at least `height`).
+void copy_3d(std::byte* dst, std::uint64_t dpitch, std::uint64_t dslice, const std::byte* src, std::uint64_t spitch,
+             std::uint64_t sslice, std::uint64_t width, std::uint64_t height, std::uint64_t depth, hipStream_t stream) {
+  hipMemcpy3DParms p{};
+  p.srcPtr = make_hipPitchedPtr(const_cast<std::byte*>(src), spitch, width, sslice / spitch);
+  p.dstPtr = make_hipPitchedPtr(dst, dpitch, width, dslice / dpitch);
+  p.extent = make_hipExtent(width, height, depth);
+  p.kind = hipMemcpyDefault;
+  CARAVAN_HIP_CHECK(hipMemcpy3DAsync(&p, stream));
+}
+
+std::byte* at(std::byte* base, std::uint64_t offset) { return base + offset; }
+std::byte* at(std::byte* base, std::uint64_t offset, std::uint64_t i, std::int64_t stride) {
+  return base + static_cast<std::uint64_t>(static_cast<std::int64_t>(offset) + static_cast<std::int64_t>(i) * stride);
+}
+
+void fill_op(const dma::TransferOp& op, const CopyEnds& e, hipStream_t stream) {
+  std::byte* first = at(e.dst, op.dst);
+  const std::byte* value = at(e.src, op.src);
+  if (!pitch_ok(op.dst_stride, op.elem)) {
+    for (std::uint64_t i = 0; i < op.count; ++i) copy_1d(at(e.dst, op.dst, i, op.dst_stride), value, op.elem, e, stream);
+    return;
+  }
+  // One element from the pattern, then elements [0, k) copied onto [k, 2k) until count elements
+  // hold it: the stream orders each doubling after the one before. Packed elements double as
+  // plain runs, spaced ones as 2-D copies.
+  copy_1d(first, value, op.elem, e, stream);
+  const CopyEnds within{e.dst, e.dst, e.dst_device, e.dst_device};  // the doublings read the destination
+  const auto pitch = static_cast<std::uint64_t>(op.dst_stride);
+  for (std::uint64_t done = 1; done < op.count;) {
+    std::uint64_t n = std::min(done, op.count - done);
+    if (pitch == op.elem) copy_1d(first + done * pitch, first, n * pitch, within, stream);
+    else copy_2d(first + done * pitch, pitch, first, pitch, op.elem, n, stream);
+    done += n;
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------ op translation
+
+void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& e, hipStream_t stream) {
+  std::size_t i = 0;
+  while (i < ops.size()) {
+    const dma::TransferOp& op = ops[i];
+    if (op.count == 0 || op.elem == 0) {
+      ++i;
+      continue;
+    }
+    if (linear(op)) {
+      // Runs of one length at constant distances: one 2-D copy (rows = runs).
+      const std::uint64_t len = op.bytes();
+      std::size_t j = i + 1;
+      std::int64_t ds = 0, dd = 0;
+      if (j < ops.size() && linear(ops[j]) && ops[j].bytes() == len) {
+        ds = static_cast<std::int64_t>(ops[j].src - op.src);
+        dd = static_cast<std::int64_t>(ops[j].dst - op.dst);
+        if (pitch_ok(ds, len) && pitch_ok(dd, len)) {
+          while (j < ops.size() && linear(ops[j]) && ops[j].bytes() == len &&
+                 static_cast<std::int64_t>(ops[j].src - ops[j - 1].src) == ds &&
+                 static_cast<std::int64_t>(ops[j].dst - ops[j - 1].dst) == dd)
+            ++j;
+        } else {
+          j = i + 1;
+        }
+      }
+      if (j - i > 1)
+        copy_2d(at(e.dst, op.dst), static_cast<std::uint64_t>(dd), at(e.src, op.src), static_cast<std::uint64_t>(ds), len, j - i, stream);
+      else
+        copy_1d(at(e.dst, op.dst), at(e.src, op.src), len, e, stream);
+      i = j;
+      continue;
+    }
+    if (op.src_stride == 0) {
+      fill_op(op, e, stream);
+      ++i;
+      continue;
+    }
+    if (pitch_ok(op.src_stride, op.elem) && pitch_ok(op.dst_stride, op.elem)) {
+      // Strided: a 2-D copy; following ops of the same shape whose distances are whole numbers
+      // of rows (and leave room for `count` rows) join it as the slices of a 3-D copy.
+      const auto sp = static_cast<std::uint64_t>(op.src_stride), dp = static_cast<std::uint64_t>(op.dst_stride);
+      std::size_t j = i + 1;
+      std::int64_t ds = 0, dd = 0;
+      auto same_shape = [&](const dma::TransferOp& o) {
+        return o.elem == op.elem && o.count == op.count && o.src_stride == op.src_stride && o.dst_stride == op.dst_stride;
+      };
+      if (j < ops.size() && same_shape(ops[j])) {
+        ds = static_cast<std::int64_t>(ops[j].src - op.src);
+        dd = static_cast<std::int64_t>(ops[j].dst - op.dst);
+        bool sliceable = ds > 0 && dd > 0 && static_cast<std::uint64_t>(ds) % sp == 0 && static_cast<std::uint64_t>(dd) % dp == 0 &&
+                         static_cast<std::uint64_t>(ds) / sp >= op.count && static_cast<std::uint64_t>(dd) / dp >= op.count;
+        if (sliceable) {
+          while (j < ops.size() && same_shape(ops[j]) && static_cast<std::int64_t>(ops[j].src - ops[j - 1].src) == ds &&
+                 static_cast<std::int64_t>(ops[j].dst - ops[j - 1].dst) == dd)
+            ++j;
+        } else {
+          j = i + 1;
+        }
+      }
+      if (j - i > 1)
+        copy_3d(at(e.dst, op.dst), dp, static_cast<std::uint64_t>(dd), at(e.src, op.src), sp, static_cast<std::uint64_t>(ds),
+                op.elem, op.count, j - i, stream);
+      else
+        copy_2d(at(e.dst, op.dst), dp, at(e.src, op.src), sp, op.elem, op.count, stream);
+      i = j;
+      continue;
+    }
+    for (std::uint64_t k = 0; k < op.count; ++k)
+      copy_1d(at(e.dst, op.dst, k, op.dst_stride), at(e.src, op.src, k, op.src_stride), op.elem, e, stream);
+    ++i;
+  }
+}
+
+// ------------------------------------------------------------------------------------ CopyQueue
+
+CopyQueue::CopyQueue(int device, int streams, std::string name) : device_(device), name_(std::move(name)) {
+  CARAVAN_HIP_CHECK(hipSetDevice(device_));
+  streams_.resize(static_cast<std::size_t>(std::max(streams, 1)), nullptr);
+  for (auto& s : streams_) {
+    hipError_t status = hipStreamCreateWithFlags(&s, hipStreamNonBlocking);
+    if (status != hipSuccess) {
+      for (auto& made : streams_)
+        if (made) (void)hipStreamDestroy(made);
+      throw_hip_error(status, "hipStreamCreateWithFlags(&s, hipStreamNonBlocking)", __FILE__, __LINE__);
+    }
+  }
+  thread_ = std::thread([this] { completion_main(); });
+}
+
+CopyQueue::~CopyQueue() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+    dropping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& s : streams_) {
+    if (hipStreamSynchronize(s) != hipSuccess) (void)hipGetLastError();
+    (void)hipStreamDestroy(s);
+  }
+  for (hipEvent_t ev : free_events_) (void)hipEventDestroy(ev);
+}
+
+hipEvent_t CopyQueue::take_event() {
+  if (!free_events_.empty()) {
+    hipEvent_t ev = free_events_.back();
+    free_events_.pop_back();
+    return ev;
+  }
+  hipEvent_t ev = nullptr;
+  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&ev, hipEventDisableTiming));
+  return ev;
+}
+
+void CopyQueue::submit(const std::function<void(hipStream_t)>& enqueue, dma::Channel::Completion done) {
+  Pending p;
+  p.done = std::move(done);
+  // Events belong to the device that is current when they are made, and must be recorded on a
+  // stream of that device: set it first (the DMA worker issuing for this queue is usually already
+  // there; setting it again costs little and keeps calibration and other callers right).
+  if (hipError_t status = hipSetDevice(device_); status != hipSuccess) {
+    try {
+      throw_hip_error(status, "hipSetDevice(device_)", __FILE__, __LINE__);
+    } catch (const Error& e) {
+      p.done(failure_of(Error(e.code(), fmt::format("{}: {}", name_, e.what()))));
+      return;
+    }
+  }
+  hipStream_t stream;
+  {
+    std::lock_guard lock(mutex_);
+    stream = streams_[next_stream_++ % streams_.size()];
+    try {
+      p.event = take_event();
+    } catch (const Error& e) {
+      p.failure = failure_of(e);
+    }
+  }
+  if (!p.failure) {
+    try {
+      enqueue(stream);
+    } catch (const Error& e) {
+      p.failure = failure_of(Error(e.code(), fmt::format("{}: {}", name_, e.what())));
+    } catch (const std::exception& e) {
+      p.failure = make_failure(Errc::internal, fmt::format("{}: {}", name_, e.what()));
+    }
+    // Recorded even after a failure, so that the report waits for the copies already enqueued
+    // (the engine frees buffers once a request is reported).
+    hipError_t status = hipEventRecord(p.event, stream);
+    if (status != hipSuccess) {
+      (void)hipGetLastError();
+      if (!p.failure) {
+        try {
+          throw_hip_error(status, "hipEventRecord(event, stream)", __FILE__, __LINE__);
+        } catch (const Error& e) {
+          p.failure = failure_of(e);
+        }
+      }
+      // Without an event, wait for the stream here: rare, and only after an error.
+      (void)hipStreamSynchronize(stream);
+      (void)hipGetLastError();
+      std::lock_guard lock(mutex_);
+      free_events_.push_back(p.event);
+      p.event = nullptr;
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    pending_.push_back(std::move(p));
+  }
+  cv_.notify_one();
+}
+
+void CopyQueue::completion_main() {
+  if (hipSetDevice(device_) != hipSuccess) (void)hipGetLastError();
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+    if (pending_.empty()) return;  // stop_ and nothing left
+    hipEvent_t event = pending_.front().event;
+    lock.unlock();
+    FailureCause failure;
+    if (event) {
+      hipError_t status = hipEventSynchronize(event);
+      if (status != hipSuccess) {
+        try {
+          throw_hip_error(status, "hipEventSynchronize(event)", __FILE__, __LINE__);
+        } catch (const Error& e) {
+          failure = failure_of(Error(Errc::device, fmt::format("{}: {}", name_, e.what())));
+        }
+      }
+    }
+    lock.lock();
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    if (event) free_events_.push_back(event);
+    if (!p.failure) p.failure = failure;
+    if (dropping_) continue;
+    lock.unlock();
+    p.done(p.failure);
+    lock.lock();
+  }
+}
+
+}  // namespace caravan::gpu

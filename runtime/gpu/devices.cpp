@@ -1,0 +1,201 @@
+// GPU discovery and the allocations behind fbm and zcm (built with a GPU toolchain).
+#include "runtime/gpu/devices.h"
+
+#include "runtime/gpu/platform.h"
+#include "runtime/log.h"
+
+#include <caravan/platform.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+namespace caravan::gpu {
+namespace {
+
+// Restores the calling thread's current device when it goes out of scope, so that discovery
+// and allocations do not move a caller's thread to another device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (hipGetDevice(&previous_) != hipSuccess) {
+      (void)hipGetLastError();
+      previous_ = -1;
+    }
+    CARAVAN_HIP_CHECK(hipSetDevice(device));
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) (void)hipSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+Topology discover() {
+  Topology t;
+  GpuProbe probe = probe_gpus();
+  t.driver = probe.toolchain;
+  int driver = 0;
+  if (hipDriverGetVersion(&driver) == hipSuccess) t.driver += fmt::format(" driver {}", driver);
+  else (void)hipGetLastError();
+  if (probe.device_count <= 0) {
+    t.reason = probe.reason;
+    return t;
+  }
+  const int n = probe.device_count;
+  for (int d = 0; d < n; ++d) {
+    hipDeviceProp_t prop{};
+    CARAVAN_HIP_CHECK(hipGetDeviceProperties(&prop, d));
+    char bus[32] = {};
+    CARAVAN_HIP_CHECK(hipDeviceGetPCIBusId(bus, sizeof(bus), d));
+    t.devices.push_back({d, prop.name, bus, static_cast<std::uint64_t>(prop.totalGlobalMem), prop.asyncEngineCount});
+  }
+  t.peer.assign(static_cast<std::size_t>(n), std::vector<bool>(static_cast<std::size_t>(n), false));
+  for (int i = 0; i < n; ++i) {
+    DeviceGuard guard(i);
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      int can = 0;
+      CARAVAN_HIP_CHECK(hipDeviceCanAccessPeer(&can, i, j));
+      if (!can) continue;
+      hipError_t status = hipDeviceEnablePeerAccess(j, 0);
+      if (status == hipErrorPeerAccessAlreadyEnabled) {
+        (void)hipGetLastError();
+      } else if (status != hipSuccess) {
+        (void)hipGetLastError();
+        log::get("gpu")->warn("GPU {} cannot enable peer access to GPU {}: {} ({}); copies between them go through the host",
+                              i, j, hipGetErrorName(status), hipGetErrorString(status));
+        continue;
+      }
+      t.peer[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = true;
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+bool Topology::can_peer(int i, int j) const {
+  if (i < 0 || j < 0 || static_cast<std::size_t>(i) >= peer.size() || static_cast<std::size_t>(j) >= peer.size()) return false;
+  return peer[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)];
+}
+
+const Topology& topology() {
+  // Discovery throws only for a real HIP failure on a device that exists; that failure is
+  // reported to every caller (the flag is not set, so the next call tries again).
+  static std::mutex mutex;
+  static std::unique_ptr<Topology> found;
+  std::lock_guard lock(mutex);
+  if (!found) {
+    auto start = std::chrono::steady_clock::now();
+    found = std::make_unique<Topology>(discover());
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (found->devices.empty()) {
+      log::get("gpu")->info("no GPU: {}", found->reason);
+    } else {
+      int pairs = 0;
+      for (const auto& row : found->peer)
+        for (bool p : row) pairs += p ? 1 : 0;
+      log::get("gpu")->info("{} GPU(s) ({}), {} peer pairs, found in {:.2f} s", found->devices.size(),
+                            found->devices[0].name, pairs, s);
+    }
+  }
+  return *found;
+}
+
+std::string topology_key() {
+  const Topology& t = topology();
+  if (t.devices.empty()) return "none";
+  std::string key = t.driver;
+  for (const auto& d : t.devices) key += fmt::format("|{}@{}:{}", d.name, d.pci_bus_id, d.memory_bytes);
+  key += "|peers:";
+  for (const auto& row : t.peer)
+    for (bool p : row) key += p ? '1' : '0';
+  return key;
+}
+
+void* allocate_device(int device, std::uint64_t bytes) {
+  const Topology& t = topology();
+  if (device < 0 || static_cast<std::size_t>(device) >= t.devices.size())
+    throw Error(Errc::invalid_argument, fmt::format("GPU {} does not exist (this process sees {})", device, t.devices.size()));
+  DeviceGuard guard(device);
+  void* ptr = nullptr;
+  CARAVAN_HIP_CHECK(hipMalloc(&ptr, std::max<std::uint64_t>(bytes, 1)));
+  hipError_t status = hipMemset(ptr, 0, std::max<std::uint64_t>(bytes, 1));
+  if (status != hipSuccess) {
+    (void)hipFree(ptr);
+    throw_hip_error(status, "hipMemset(ptr, 0, bytes)", __FILE__, __LINE__);
+  }
+  return ptr;
+}
+
+void free_device(void* ptr) noexcept {
+  if (!ptr) return;
+  hipError_t status = hipFree(ptr);
+  if (status != hipSuccess) {
+    (void)hipGetLastError();
+    log::get("gpu")->error("hipFree failed: {} ({})", hipGetErrorName(status), hipGetErrorString(status));
+  }
+}
+
+void* allocate_pinned(std::uint64_t bytes) {
+  if (topology().devices.empty())
+    throw Error(Errc::invalid_argument, "pinned host memory (zcm) needs a GPU: " + topology().reason);
+  void* ptr = nullptr;
+  CARAVAN_HIP_CHECK(hipHostMalloc(&ptr, std::max<std::uint64_t>(bytes, 1), hipHostMallocPortable | hipHostMallocMapped));
+  std::memset(ptr, 0, std::max<std::uint64_t>(bytes, 1));
+  return ptr;
+}
+
+void free_pinned(void* ptr) noexcept {
+  if (!ptr) return;
+  hipError_t status = hipHostFree(ptr);
+  if (status != hipSuccess) {
+    (void)hipGetLastError();
+    log::get("gpu")->error("hipHostFree failed: {} ({})", hipGetErrorName(status), hipGetErrorString(status));
+  }
+}
+
+void copy_sync(void* dst, const void* src, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  CARAVAN_HIP_CHECK(hipMemcpy(dst, src, bytes, hipMemcpyDefault));
+}
+
+std::vector<double> time_raw_copies(const RawCopy& c, int repetitions) {
+  DeviceGuard guard(c.device);
+  const int n_streams = std::max(c.streams, 1);
+  std::vector<hipStream_t> streams(static_cast<std::size_t>(n_streams));
+  for (auto& s : streams) CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&s, hipStreamNonBlocking));
+  std::vector<double> seconds;
+  try {
+    for (int r = 0; r < repetitions; ++r) {
+      auto start = std::chrono::steady_clock::now();
+      const std::uint64_t chunk = c.chunk ? c.chunk : c.bytes;
+      std::size_t next = 0;
+      for (std::uint64_t off = 0; off < c.bytes; off += chunk) {
+        std::uint64_t n = std::min(chunk, c.bytes - off);
+        hipStream_t s = streams[next++ % streams.size()];
+        auto* dst = static_cast<std::byte*>(c.dst) + off;
+        const auto* src = static_cast<const std::byte*>(c.src) + off;
+        if (c.peer) CARAVAN_HIP_CHECK(hipMemcpyPeerAsync(dst, c.dst_device, src, c.src_device, n, s));
+        else CARAVAN_HIP_CHECK(hipMemcpyAsync(dst, src, n, hipMemcpyDefault, s));
+      }
+      for (auto& s : streams) CARAVAN_HIP_CHECK(hipStreamSynchronize(s));
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  } catch (...) {
+    for (auto& s : streams) (void)hipStreamDestroy(s);
+    throw;
+  }
+  for (auto& s : streams) CARAVAN_HIP_CHECK(hipStreamDestroy(s));
+  return seconds;
+}
+
+}  // namespace caravan::gpu

@@ -1,0 +1,66 @@
+// The GPUs this process drives, discovered once: each device's name, PCI address and memory,
+// which pairs can reach each other's memory directly (peer access is enabled for every such
+// pair at discovery), and the allocations the DMA engine's GPU memories are made of.
+//
+// No HIP type appears here, so CPU-only code (storage, calibration, the live machine) can use it
+// in every build: without a GPU toolchain (devices_none.cpp) there are no devices, and the
+// allocation functions throw Error(invalid_argument) saying why.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace caravan::gpu {
+
+struct DeviceInfo {
+  int index = 0;              // the HIP/CUDA device ordinal; fbm<index> is its memory
+  std::string name;           // e.g. "NVIDIA H200"
+  std::string pci_bus_id;     // e.g. "0000:19:00.0"
+  std::uint64_t memory_bytes = 0;
+  int copy_engines = 0;       // asyncEngineCount
+};
+
+struct Topology {
+  std::vector<DeviceInfo> devices;
+  std::vector<std::vector<bool>> peer;  // peer[i][j]: device i reaches j's memory directly (enabled)
+  std::string reason;                   // why there are no devices, when there are none
+  std::string driver;                   // runtime/driver versions, for the calibration key
+  bool can_peer(int i, int j) const;
+};
+
+// Discovers the devices the first time (creating each device's context and enabling peer
+// access); later calls return the same answer. Never throws for "no device": that is an empty
+// topology with a reason.
+const Topology& topology();
+// Identifies the GPU set for caches: "none" or the devices' names, PCI addresses and peer matrix.
+std::string topology_key();
+
+// Device memory of `device` (zeroed). Throws Error(device) on a HIP failure.
+void* allocate_device(int device, std::uint64_t bytes);
+void free_device(void* ptr) noexcept;
+// Pinned host memory mapped into every device (zeroed).
+void* allocate_pinned(std::uint64_t bytes);
+void free_pinned(void* ptr) noexcept;
+// Synchronous copy between any two unified addresses (host, pinned or device).
+void copy_sync(void* dst, const void* src, std::uint64_t bytes);
+
+// Raw copies for benchmarks (the baseline Caravan is measured against): `repetitions` copies of
+// `bytes` bytes on one new stream of `device`, each timed from enqueue to stream synchronize
+// (seconds). `peer` uses hipMemcpyPeerAsync from src_device to dst_device, otherwise
+// hipMemcpyAsync. `chunk` > 0 cuts each copy into pieces of that size spread round-robin over
+// `streams` streams (a diagnostic of per-request cost).
+struct RawCopy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::uint64_t bytes = 0;
+  int device = 0;
+  bool peer = false;
+  int src_device = 0, dst_device = 0;
+  std::uint64_t chunk = 0;
+  int streams = 1;
+};
+std::vector<double> time_raw_copies(const RawCopy& copy, int repetitions);
+
+}  // namespace caravan::gpu

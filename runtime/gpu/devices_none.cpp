@@ -1,0 +1,37 @@
+// Built when no GPU toolchain was found: there are no devices, and GPU memory cannot be had.
+#include "runtime/gpu/devices.h"
+
+#include <caravan/error.h>
+#include <caravan/platform.h>
+
+namespace caravan::gpu {
+namespace {
+
+[[noreturn]] void unsupported(const char* what) {
+  throw Error(Errc::invalid_argument, std::string(what) + ": " + probe_gpus().reason);
+}
+
+}  // namespace
+
+bool Topology::can_peer(int, int) const { return false; }
+
+const Topology& topology() {
+  static const Topology t = [] {
+    Topology out;
+    out.reason = probe_gpus().reason;
+    out.driver = "none";
+    return out;
+  }();
+  return t;
+}
+
+std::string topology_key() { return "none"; }
+
+void* allocate_device(int, std::uint64_t) { unsupported("GPU memory"); }
+void free_device(void*) noexcept {}
+void* allocate_pinned(std::uint64_t) { unsupported("pinned host memory (zcm)"); }
+void free_pinned(void*) noexcept {}
+void copy_sync(void*, const void*, std::uint64_t) { unsupported("GPU copy"); }
+std::vector<double> time_raw_copies(const RawCopy&, int) { unsupported("GPU copy"); }
+
+}  // namespace caravan::gpu
