@@ -103,6 +103,7 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_tasks(*bench);
   add_bench_copy(*bench);
+  add_bench_gpu(*bench);
   add_bench_plan(*bench);
   bench->add_subcommand("all", "Run every benchmark case with its default options")->callback([] {
     for (const auto& entry : bench_cases()) {
