@@ -64,6 +64,7 @@ double measure(Channel& channel, const Storage& src, const Storage& dst, std::ui
   return static_cast<double>(bytes) / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
 }
 
+#if CARAVAN_HAVE_GPU
 // GPU channels: sizes up to 64 MiB (the copy engines keep gaining up to there), a region that
 // holds two of the largest requests, and strided runs capped at 4096 rows per request (a
 // narrow 2-D copy costs per row, and calibration must stay a few seconds on 4 GPUs).
@@ -112,6 +113,8 @@ double measure_async(Channel& channel, const Storage& src, const Storage& dst, s
   if (failure) throw *failure;
   return static_cast<double>(bytes) / std::chrono::duration<double>(Clock::now() - start).count() / 1e9;
 }
+
+#endif  // CARAVAN_HAVE_GPU
 
 // The GPU channel tables. Measured on GPU 0 (and from GPU 0 to its first peer) and used for
 // every GPU: the devices of one node are one model (a mixed node logs a warning).
@@ -184,7 +187,7 @@ std::string machine_key() {
   // The version changes whenever what is measured changes, so old caches are not reused.
   // The GPU set (models, PCI addresses, peer matrix, driver) and the GPU channel settings are
   // part of the key: another GPU set or stream count is another machine.
-  constexpr int kCalibrationVersion = 3;
+  constexpr int kCalibrationVersion = 4;
   std::string key = fmt::format("v{}|{}|{}|{}|{}|gpus:{}|streams:{}|window:{}", kCalibrationVersion, host, cpu,
                                 std::thread::hardware_concurrency(), settings::get_string("CARAVAN_DSK_DIR"),
                                 gpu::topology_key(), settings::get_int("CARAVAN_GPU_STREAMS"),
