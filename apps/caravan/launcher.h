@@ -24,4 +24,7 @@ struct RunSpec {
 // caravan::Error(invalid_argument) for a bad spec.
 int run_ranks(const RunSpec& spec);
 
+// A TCP port free on `address` now, drawn below the kernel's ephemeral port range.
+int free_port(const std::string& address);
+
 }  // namespace caravan::app

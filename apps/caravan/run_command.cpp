@@ -28,10 +28,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <random>
 
 extern char** environ;
 
@@ -40,7 +43,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A port the OS says is free on `address` now (the rendezvous binds it moments later).
+}  // namespace
+
+// A port that is free on `address` now (the rendezvous binds it moments later). It is drawn
+// below the kernel's ephemeral range: a port from that range (what binding port 0 gives) can be
+// taken in the meantime as the local end of any outgoing connection, the other ranks' included.
 int free_port(const std::string& address) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -48,20 +55,32 @@ int free_port(const std::string& address) {
   addrinfo* found = nullptr;
   if (getaddrinfo(address.c_str(), "0", &hints, &found) != 0 || !found)
     throw Error(Errc::invalid_argument, fmt::format("--addr {}: cannot resolve it", address));
-  int fd = socket(found->ai_family, SOCK_STREAM, 0);
-  int port = 0;
-  if (fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0) {
-    sockaddr_storage bound{};
-    socklen_t length = sizeof(bound);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0)
-      port = ntohs(bound.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
-                                              : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  int low = 32768;
+  if (std::FILE* range = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int high = 0;
+    if (std::fscanf(range, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(range);
   }
-  if (fd >= 0) close(fd);
+  int first = std::max(1024, low - 12000), last = std::max(first + 1, low);
+  std::mt19937 random(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(Clock::now().time_since_epoch().count()));
+  int port = 0;
+  for (int attempt = 0; attempt < 100 && port == 0; ++attempt) {
+    int candidate = first + static_cast<int>(random() % static_cast<unsigned>(last - first));
+    int fd = socket(found->ai_family, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_storage bound{};
+    std::memcpy(&bound, found->ai_addr, found->ai_addrlen);
+    if (bound.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&bound)->sin_port = htons(static_cast<std::uint16_t>(candidate));
+    else reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port = htons(static_cast<std::uint16_t>(candidate));
+    if (bind(fd, reinterpret_cast<sockaddr*>(&bound), found->ai_addrlen) == 0) port = candidate;
+    close(fd);
+  }
   freeaddrinfo(found);
-  if (port == 0) throw Error(Errc::invalid_argument, fmt::format("--addr {}: cannot bind a port there", address));
+  if (port == 0) throw Error(Errc::invalid_argument, fmt::format("--addr {}: found no free port there (pass --port)", address));
   return port;
 }
+
+namespace {
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));

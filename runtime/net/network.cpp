@@ -2,7 +2,9 @@
 
 #include "runtime/log.h"
 #include "runtime/net/launch.h"
+#include "runtime/net/host_heap.h"
 #include "runtime/net/remote_events.h"
+#include "runtime/net/rma.h"
 #include "runtime/net/ucx.h"
 #include "runtime/runtime_impl.h"
 
@@ -53,7 +55,6 @@ Network::Network(RuntimeImpl& runtime, const LaunchOptions& launch)
       peers_(new Peer[static_cast<std::size_t>(launch.world_size)]) {
   Worker::Options options;
   options.tls = settings::get_string("CARAVAN_UCX_TLS");
-  options.peer_error_mode = settings::get_string("CARAVAN_UCX_ERROR_MODE") == "peer";
   options.poll_us = static_cast<int>(settings::get_int("CARAVAN_UCX_POLL_US"));
   options.tick = heartbeat_;
   options.on_tick = [this] { tick(); };
@@ -68,8 +69,10 @@ Network::Network(RuntimeImpl& runtime, const LaunchOptions& launch)
     if (m.source < 0 || m.source >= world_size_ || m.source == rank_) return;
     lose_peer(m.source, make_failure(Errc::shut_down, fmt::format("{} shut down", describe(m.source))),
               PeerState::departed);
+    if (rank_ == 0) fail_abandoned_gathers();
   });
   events_ = std::make_unique<RemoteEvents>(runtime_, *this);
+  rma_ = std::make_unique<Rma>(*this);
 }
 
 Network::~Network() {
@@ -78,6 +81,8 @@ Network::~Network() {
   // an endpoint that never connected).
   worker_->stop();
   close_rendezvous_endpoints();
+  heap_.reset();
+  if (rma_) rma_->shutdown(make_failure(Errc::shut_down, "the runtime failed to start"));
 }
 
 void Network::close_rendezvous_endpoints() {
@@ -199,6 +204,26 @@ void Network::tick() {
   }
 }
 
+// UCX's error handling mode, per peer. PEER lets an endpoint survive its peer's failure (the
+// error comes to endpoint_error) but, in UCX 1.13, excludes the shared-memory transports. NONE
+// keeps them, but UCX aborts the process on some transport errors it cannot report (seen over
+// tcp: a target serving an emulated put to a rank that just died). Between ranks of one host
+// with shared memory allowed, NONE is safe in practice (shared-memory writes to a dead process
+// do not fail) and the heartbeat notices the failure; elsewhere PEER is required.
+std::vector<bool> Network::error_modes() const {
+  std::string mode = settings::get_string("CARAVAN_UCX_ERROR_MODE");
+  std::string tls = settings::get_string("CARAVAN_UCX_TLS");
+  bool shared_memory = tls.empty() || tls[0] == '^';  // UCX's default, or an exclusion list
+  for (std::string_view name : {"all", "sm", "shm", "posix", "sysv", "cma", "xpmem", "knem"})
+    if (tls.find(name) != std::string::npos) shared_memory = true;
+  std::vector<bool> peer(static_cast<std::size_t>(world_size_));
+  for (int r = 0; r < world_size_; ++r) {
+    bool same_host = ranks_[static_cast<std::size_t>(r)].host == ranks_[static_cast<std::size_t>(rank_)].host;
+    peer[static_cast<std::size_t>(r)] = mode == "peer" || (mode == "auto" && !(same_host && shared_memory));
+  }
+  return peer;
+}
+
 // --- rendezvous ---
 
 void Network::start() {
@@ -214,7 +239,7 @@ void Network::start() {
     addresses.resize(joined_.size());
     for (std::size_t r = 0; r < joined_.size(); ++r) addresses[r] = joined_[r].address;
   }
-  worker_->connect_all(addresses);
+  worker_->connect_all(addresses, error_modes());
   for (int r = 0; r < world_size_; ++r) {
     peers_[r].last_seen_ns.store(now_ns(), std::memory_order_relaxed);
     peers_[r].same_process_namespace = ranks_[r].host == ranks_[rank_].host &&
@@ -229,6 +254,8 @@ void Network::start() {
   // to listen on MASTER_PORT again in the next job on this host.
   if (rank_ != 0) close_rendezvous_endpoints();
   worker_->stop_listening();
+  if (auto bytes = settings::get_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES"); bytes > 0)
+    heap_ = std::make_unique<HostHeap>(this, bytes);
   log::get("net")->info("rank {}/{} joined job {} ({} node(s), {})", rank_, world_size_, job_id_, node_count_,
                         worker_->transports());
 }
@@ -425,24 +452,27 @@ void Network::apply_table(std::span<const std::byte> welcome) {
 // Sequence numbers count collective calls per rank, so every rank must call collectives in the
 // same order (as with MPI). Parts of later collectives may arrive before earlier ones end;
 // they wait in `gathers_` under their own number.
+//
+// Who may end a collective early: a *failed* rank ends every collective at once, everywhere.
+// A rank that *shut down* has contributed to every collective it ever will (it flushes its
+// messages before its bye, so rank 0 sees its parts before its bye); only rank 0 can tell
+// which collectives now lack a part for good, and it answers those with a failed
+// `gather_result`. Other ranks therefore wait for rank 0's answer even after a peer's bye
+// (whose bye may overtake rank 0's result), unless rank 0 itself is gone.
 
 std::vector<std::vector<std::byte>> Network::allgather(std::span<const std::byte> mine,
                                                        std::optional<std::chrono::nanoseconds> timeout,
                                                        std::string_view what) {
   if (worker_->on_progress_thread())
     throw Error(Errc::internal, fmt::format("{}: collectives cannot run on the progress thread", what));
-  // A failed rank is the better explanation than one that shut down (perhaps because of it).
-  auto lost_peer = [&]() -> int {
-    int departed = -1;
-    for (int r = 0; r < world_size_; ++r) {
-      if (r == rank_) continue;
-      PeerState state = peer_state(r);
-      if (state == PeerState::failed) return r;
-      if (state == PeerState::departed && departed < 0) departed = r;
-    }
-    return departed;
+  auto failed_peer = [&]() -> int {
+    for (int r = 0; r < world_size_; ++r)
+      if (r != rank_ && peer_state(r) == PeerState::failed) return r;
+    return -1;
   };
-  auto fail = [&](int lost, std::uint64_t seq) {
+  auto give_up = [&]() { return failed_peer() >= 0 || (rank_ != 0 && peer_state(0) != PeerState::alive); };
+  auto fail = [&](std::uint64_t seq) {
+    int lost = failed_peer() >= 0 ? failed_peer() : 0;
     FailureCause cause = peer_failure(lost);
     throw Error(cause ? cause->code() : Errc::transport,
                 fmt::format("{}: collective #{} cannot complete: {}", what, seq, cause ? cause->what() : "a rank is lost"));
@@ -455,14 +485,14 @@ std::vector<std::vector<std::byte>> Network::allgather(std::span<const std::byte
     if (rank_ == 0) result = add_part_locked(seq, 0, std::vector<std::byte>(mine.begin(), mine.end()));
   }
   broadcast_result(result);
-  if (int lost = lost_peer(); lost >= 0) fail(lost, seq);
+  if (give_up()) fail(seq);
   if (rank_ != 0) {
     WireWriter out;
     out.put(seq).put_bytes(mine);
     send(0, static_cast<std::uint16_t>(MsgId::gather_part), out.bytes());
   }
   std::unique_lock lock(mutex_);
-  auto done = [&] { return results_.count(seq) > 0 || lost_peer() >= 0; };
+  auto done = [&] { return results_.count(seq) > 0 || give_up(); };
   if (timeout) {
     if (!cv_.wait_for(lock, *timeout, done))
       throw Error(Errc::timeout,
@@ -473,12 +503,13 @@ std::vector<std::vector<std::byte>> Network::allgather(std::span<const std::byte
   }
   auto it = results_.find(seq);
   if (it != results_.end()) {
-    auto out = std::move(it->second);
+    GatherResult out = std::move(it->second);
     results_.erase(it);
-    return out;
+    if (!out.error.empty()) throw Error(Errc::shut_down, fmt::format("{}: {}", what, out.error));
+    return std::move(out.parts);
   }
   lock.unlock();
-  fail(lost_peer(), seq);
+  fail(seq);
   return {};
 }
 
@@ -486,7 +517,7 @@ void Network::barrier(std::optional<std::chrono::nanoseconds> timeout) { allgath
 
 // Never call UCX with mutex_ held: a handler that takes mutex_ runs inside ucp_worker_progress,
 // holding UCX's worker lock, so a thread that held mutex_ and then waited for the worker lock
-// would deadlock with it. Hence the result is sent by the caller, after unlocking.
+// would deadlock with it. Hence results are sent by the caller, after unlocking.
 void Network::broadcast_result(const std::vector<std::byte>& result) {
   if (result.empty()) return;
   for (int r = 1; r < world_size_; ++r) send(r, static_cast<std::uint16_t>(MsgId::gather_result), result);
@@ -501,18 +532,49 @@ std::vector<std::byte> Network::add_part_locked(std::uint64_t seq, int source, s
     return {};
   }
   slot = std::move(bytes);
-  if (++gather.count < world_size_) return {};
-  std::vector<std::vector<std::byte>> parts;
+  ++gather.count;
+  return finish_gather_locked(seq);
+}
+
+// Rank 0: completes collective `seq` if it has every part, or fails it if a rank that shut
+// down never gave one. Returns the gather_result body to broadcast (empty: nothing yet).
+std::vector<std::byte> Network::finish_gather_locked(std::uint64_t seq) {
+  auto it = gathers_.find(seq);
+  if (it == gathers_.end()) return {};
+  Gather& gather = it->second;
   WireWriter out;
   out.put(seq);
-  for (auto& part : gather.parts) {
-    out.put_bytes(*part);
-    parts.push_back(std::move(*part));
+  GatherResult result;
+  if (gather.count == world_size_) {
+    out.put(std::uint8_t{1});
+    for (auto& part : gather.parts) {
+      out.put_bytes(*part);
+      result.parts.push_back(std::move(*part));
+    }
+  } else {
+    int missing = -1;
+    for (int r = 1; r < world_size_ && missing < 0; ++r)
+      if (!gather.parts[static_cast<std::size_t>(r)] && peer_state(r) == PeerState::departed) missing = r;
+    if (missing < 0) return {};
+    result.error = fmt::format("collective #{} cannot complete: {} shut down without joining it", seq, describe(missing));
+    out.put(std::uint8_t{0}).put_string(result.error);
   }
-  gathers_.erase(seq);
-  results_[seq] = std::move(parts);
+  gathers_.erase(it);
+  results_[seq] = std::move(result);
   cv_.notify_all();
   return out.take();
+}
+
+void Network::fail_abandoned_gathers() {
+  std::vector<std::vector<std::byte>> results;
+  {
+    std::lock_guard lock(mutex_);
+    std::vector<std::uint64_t> open;
+    for (auto& [seq, gather] : gathers_) open.push_back(seq);
+    for (std::uint64_t seq : open)
+      if (auto body = finish_gather_locked(seq); !body.empty()) results.push_back(std::move(body));
+  }
+  for (auto& body : results) broadcast_result(body);
 }
 
 void Network::on_gather_part(const AmMessage& message) {
@@ -531,15 +593,19 @@ void Network::on_gather_part(const AmMessage& message) {
 void Network::on_gather_result(const AmMessage& message) {
   WireReader in(message.body, "gather_result");
   auto seq = in.get<std::uint64_t>();
-  std::vector<std::vector<std::byte>> parts;
-  for (int r = 0; r < world_size_; ++r) {
-    auto bytes = in.get_bytes();
-    parts.emplace_back(bytes.begin(), bytes.end());
+  GatherResult result;
+  if (in.get<std::uint8_t>() == 1) {
+    for (int r = 0; r < world_size_; ++r) {
+      auto bytes = in.get_bytes();
+      result.parts.emplace_back(bytes.begin(), bytes.end());
+    }
+  } else {
+    result.error = in.get_string();
   }
   in.expect_end();
   {
     std::lock_guard lock(mutex_);
-    results_[seq] = std::move(parts);
+    results_[seq] = std::move(result);
   }
   cv_.notify_all();
 }
@@ -588,6 +654,8 @@ void Network::shutdown() {
       lose_peer(r, make_failure(Errc::shut_down, fmt::format("rank {} shut down while {} was still running", rank_,
                                                              describe(r))),
                 PeerState::departed);
+  if (heap_) heap_->release_registrations();
+  rma_->shutdown(make_failure(Errc::shut_down, fmt::format("rank {} shut down", rank_)));
   worker_->stop();
   worker_->close_all(std::vector<bool>(static_cast<std::size_t>(world_size_), true), std::chrono::milliseconds(500));
   close_rendezvous_endpoints();

@@ -48,6 +48,8 @@ class RuntimeImpl;
 namespace caravan::net {
 
 class RemoteEvents;
+class Rma;
+class HostHeap;
 
 enum class PeerState : std::uint8_t { alive, failed, departed };
 
@@ -73,6 +75,8 @@ class Network {
   Worker& worker() { return *worker_; }
   RuntimeImpl& runtime() { return runtime_; }
   RemoteEvents& events() { return *events_; }
+  Rma& rma() { return *rma_; }
+  HostHeap* heap() { return heap_.get(); }  // nullptr when CARAVAN_SYMMETRIC_HEAP_BYTES is 0
 
   // Messages for other parts: `handler` runs on the progress thread (see Worker).
   void set_handler(std::uint16_t id, AmHandler handler);
@@ -134,9 +138,12 @@ class Network {
   // Stores a part; returns the gather_result body to broadcast when the collective is complete.
   std::vector<std::byte> add_part_locked(std::uint64_t seq, int source, std::vector<std::byte> bytes);
   void broadcast_result(const std::vector<std::byte>& result);
+  std::vector<std::byte> finish_gather_locked(std::uint64_t seq);
+  void fail_abandoned_gathers();
   void rendezvous_as_root(std::chrono::steady_clock::time_point deadline);
   void rendezvous_as_joiner(std::chrono::steady_clock::time_point deadline);
   void close_rendezvous_endpoints();
+  std::vector<bool> error_modes() const;
   std::string describe(int rank) const;
 
   RuntimeImpl& runtime_;
@@ -166,7 +173,11 @@ class Network {
   // Collectives, guarded by mutex_.
   std::uint64_t next_gather_ = 0;
   std::map<std::uint64_t, Gather> gathers_;  // rank 0: collectives being assembled
-  std::map<std::uint64_t, std::vector<std::vector<std::byte>>> results_;
+  struct GatherResult {
+    std::vector<std::vector<std::byte>> parts;
+    std::string error;  // set when the collective cannot complete
+  };
+  std::map<std::uint64_t, GatherResult> results_;
 
   std::mutex listener_mutex_;
   std::vector<PeerLostListener> listeners_;
@@ -175,6 +186,8 @@ class Network {
   std::atomic<bool> shut_down_{false};
 
   std::unique_ptr<RemoteEvents> events_;
+  std::unique_ptr<Rma> rma_;  // destroyed before worker_: it releases UCX objects
+  std::unique_ptr<HostHeap> heap_;  // destroyed before rma_: it holds registrations
 };
 
 }  // namespace caravan::net

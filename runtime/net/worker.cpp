@@ -188,7 +188,7 @@ void Worker::endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
   (void)ep;
 }
 
-void Worker::connect_all(const std::vector<std::vector<std::byte>>& addresses) {
+void Worker::connect_all(const std::vector<std::vector<std::byte>>& addresses, const std::vector<bool>& peer_error_mode) {
   endpoints_.assign(addresses.size(), nullptr);
   endpoint_slots_.resize(addresses.size());
   for (std::size_t r = 0; r < addresses.size(); ++r) {
@@ -199,9 +199,8 @@ void Worker::connect_all(const std::vector<std::vector<std::byte>>& addresses) {
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.address = reinterpret_cast<const ucp_address_t*>(addresses[r].data());
-    // With UCX 1.13, UCP_ERR_HANDLING_MODE_PEER drops the shared-memory transports, so the
-    // default is NONE and peer failure is the heartbeat's job (see Network).
-    params.err_mode = options_.peer_error_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    // See Network::error_modes for the trade-off.
+    params.err_mode = peer_error_mode[r] ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     params.err_handler.cb = &Worker::endpoint_error;
     params.err_handler.arg = endpoint_slots_[r].get();
     CARAVAN_UCX_CHECK(ucp_ep_create(worker_, &params, &endpoints_[r]));

@@ -47,7 +47,6 @@ class Worker {
  public:
   struct Options {
     std::string tls;            // UCX_TLS for this context; empty: UCX's default
-    bool peer_error_mode = false;
     int poll_us = 50;
     std::chrono::milliseconds tick{0};  // period of `on_tick`; 0: no tick
     std::function<void()> on_tick;      // runs on the progress thread
@@ -70,9 +69,10 @@ class Worker {
   // progress thread runs; a handler replaced later stays alive until the Worker is destroyed.
   void set_handler(std::uint16_t id, AmHandler handler);
 
-  // Endpoints to ranks, from their worker addresses. connect() for all ranks happens once,
-  // before any message to them; endpoint() is then read without a lock.
-  void connect_all(const std::vector<std::vector<std::byte>>& addresses);
+  // Endpoints to ranks, from their worker addresses, with UCP_ERR_HANDLING_MODE_PEER where
+  // `peer_error_mode[rank]`. connect_all() happens once, before any message to them;
+  // endpoint() is then read without a lock.
+  void connect_all(const std::vector<std::vector<std::byte>>& addresses, const std::vector<bool>& peer_error_mode);
   ucp_ep_h endpoint(int rank) const { return rank >= 0 && rank < static_cast<int>(endpoints_.size()) ? endpoints_[rank] : nullptr; }
   int endpoint_count() const { return static_cast<int>(endpoints_.size()); }
 

@@ -1,0 +1,361 @@
+#include "runtime/net/host_heap.h"
+
+#include "runtime/log.h"
+#include "runtime/net/network.h"
+#include "runtime/runtime_impl.h"
+
+#include <caravan/settings.h>
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+namespace caravan::net {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
+
+// Every rank's error text (empty: fine), as one message; empty when every rank is fine. A
+// collective, so that all ranks give up together instead of some waiting for the others.
+std::string gather_errors(Network& network, const std::string& mine, std::string_view what) {
+  auto parts = network.allgather(std::as_bytes(std::span<const char>(mine.data(), mine.size())), std::nullopt, what);
+  std::string all;
+  for (std::size_t r = 0; r < parts.size(); ++r) {
+    if (parts[r].empty()) continue;
+    if (!all.empty()) all += "; ";
+    all += fmt::format("rank {}: {}", r, std::string(reinterpret_cast<const char*>(parts[r].data()), parts[r].size()));
+  }
+  return all;
+}
+
+bool compare(std::uint64_t word, SignalCompare cmp, std::uint64_t value) {
+  switch (cmp) {
+    case SignalCompare::eq: return word == value;
+    case SignalCompare::ne: return word != value;
+    case SignalCompare::ge: return word >= value;
+    case SignalCompare::gt: return word > value;
+    case SignalCompare::le: return word <= value;
+    case SignalCompare::lt: return word < value;
+  }
+  return false;
+}
+
+const char* compare_name(SignalCompare cmp) {
+  switch (cmp) {
+    case SignalCompare::eq: return "==";
+    case SignalCompare::ne: return "!=";
+    case SignalCompare::ge: return ">=";
+    case SignalCompare::gt: return ">";
+    case SignalCompare::le: return "<=";
+    case SignalCompare::lt: return "<";
+  }
+  return "?";
+}
+
+}  // namespace
+
+HostHeap::HostHeap(Network* network, std::uint64_t bytes_per_rank)
+    : network_(network), part_bytes_(round_up(bytes_per_rank, 4096)) {
+  if (!network_) {
+    // One rank alone: an anonymous shared mapping (no name to clean up, no collective).
+    local_index_ = {0};
+    mapped_bytes_ = part_bytes_;
+    void* base = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED)
+      throw Error(Errc::invalid_argument, fmt::format("symmetric heap: cannot map {} bytes (CARAVAN_SYMMETRIC_HEAP_BYTES): {}",
+                                                      mapped_bytes_, std::strerror(errno)));
+    base_ = static_cast<std::byte*>(base);
+    dirty_ = std::make_unique<std::atomic<bool>[]>(1);
+    return;
+  }
+  rank_ = network_->rank();
+  world_size_ = network_->world_size();
+  const auto& ranks = network_->ranks();
+  const RankInfo& me = ranks[static_cast<std::size_t>(rank_)];
+  int local_count = 0;
+  for (const RankInfo& info : ranks) {
+    local_index_.push_back(info.node == me.node ? info.local_rank : -1);
+    if (info.node == me.node) ++local_count;
+  }
+  dirty_ = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(world_size_));
+  mapped_bytes_ = part_bytes_ * static_cast<std::uint64_t>(local_count);
+  const std::string name = fmt::format("/caravan-{}-node{}", network_->job_id(), me.node);
+  const bool creator = me.local_rank == 0;
+
+  std::string error;
+  int fd = -1;
+  if (creator) {
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    struct statvfs fs {};
+    if (fd < 0) {
+      error = fmt::format("shm_open({}) failed: {}", name, std::strerror(errno));
+    } else if (ftruncate(fd, static_cast<off_t>(mapped_bytes_)) != 0) {
+      error = fmt::format("sizing {} to {} bytes failed: {}", name, mapped_bytes_, std::strerror(errno));
+    } else if (fstatvfs(fd, &fs) == 0 && static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize < mapped_bytes_) {
+      // The segment is sparse: a node whose /dev/shm is too small would crash (SIGBUS) only
+      // when the heap fills up. Say so now instead.
+      error = fmt::format("the node's heap needs {} bytes ({} ranks x CARAVAN_SYMMETRIC_HEAP_BYTES) but /dev/shm has "
+                          "{} free; lower CARAVAN_SYMMETRIC_HEAP_BYTES or enlarge /dev/shm",
+                          mapped_bytes_, local_count, static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize);
+    }
+  }
+  std::string all = gather_errors(*network_, error, "symmetric heap: create");
+  if (all.empty() && !creator) {
+    fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) error = fmt::format("shm_open({}) failed: {}", name, std::strerror(errno));
+  }
+  if (all.empty() && error.empty()) {
+    void* base = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) error = fmt::format("mapping {} failed: {}", name, std::strerror(errno));
+    else base_ = static_cast<std::byte*>(base);
+  }
+  if (fd >= 0) close(fd);
+  if (all.empty()) all = gather_errors(*network_, error, "symmetric heap: map");
+  // Every rank of the node has mapped the segment (or given up): the name can go.
+  if (creator && fd >= 0) shm_unlink(name.c_str());
+  if (!all.empty()) {
+    if (base_) munmap(base_, mapped_bytes_);
+    base_ = nullptr;
+    throw Error(Errc::transport, "symmetric heap: " + all);
+  }
+  if (network_->node_count() > 1) {
+    registration_ = network_->rma().register_memory(base_ + part_offset(rank_), part_bytes_);
+    remote_ = network_->rma().exchange(*registration_, "symmetric heap: exchange keys");
+    for (int r = 0; r < world_size_; ++r)
+      if (local_index_[static_cast<std::size_t>(r)] >= 0) remote_[static_cast<std::size_t>(r)].reset();
+  }
+}
+
+HostHeap::~HostHeap() {
+  release_registrations();
+  if (base_) munmap(base_, mapped_bytes_);
+}
+
+void HostHeap::release_registrations() {
+  remote_.clear();
+  registration_.reset();
+}
+
+std::uint64_t HostHeap::used() const {
+  std::lock_guard lock(mutex_);
+  return next_offset_;
+}
+
+SymmetricRegion HostHeap::allocate(std::uint64_t bytes, std::uint64_t alignment) {
+  if (bytes == 0) throw Error(Errc::invalid_argument, "SymmetricHeap::allocate: bytes must be at least 1");
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+    throw Error(Errc::invalid_argument, fmt::format("SymmetricHeap::allocate: alignment {} is not a power of two", alignment));
+  std::uint64_t offset = 0;
+  {
+    std::lock_guard lock(mutex_);
+    offset = round_up(next_offset_, alignment);
+  }
+  if (network_) {
+    // The ranks must agree before anyone uses the region; a mismatch is a program error that
+    // would otherwise corrupt the other ranks' data silently.
+    struct Ask {
+      std::uint64_t offset, bytes, alignment;
+    } mine{offset, bytes, alignment};
+    auto parts = network_->allgather(std::as_bytes(std::span<const Ask, 1>(&mine, 1)), std::nullopt,
+                                     "SymmetricHeap::allocate");
+    Ask first{};
+    std::memcpy(&first, parts[0].data(), sizeof(Ask));
+    for (std::size_t r = 1; r < parts.size(); ++r) {
+      Ask other{};
+      std::memcpy(&other, parts[r].data(), sizeof(Ask));
+      if (other.offset != first.offset || other.bytes != first.bytes || other.alignment != first.alignment)
+        throw Error(Errc::invalid_argument,
+                    fmt::format("SymmetricHeap::allocate: rank {} asked for {} bytes aligned to {} at offset {}, but rank 0 "
+                                "for {} bytes aligned to {} at offset {} (every rank must allocate the same, in the same order)",
+                                r, other.bytes, other.alignment, other.offset, first.bytes, first.alignment, first.offset));
+    }
+  }
+  if (offset > part_bytes_ || bytes > part_bytes_ - offset)
+    throw Error(Errc::invalid_argument,
+                fmt::format("SymmetricHeap::allocate: {} bytes do not fit; {} of CARAVAN_SYMMETRIC_HEAP_BYTES = {} are left",
+                            bytes, offset > part_bytes_ ? 0 : part_bytes_ - offset, part_bytes_));
+  std::lock_guard lock(mutex_);
+  next_offset_ = offset + bytes;
+  return SymmetricRegion{offset, bytes};
+}
+
+void HostHeap::check_rank(int rank, std::string_view what) const {
+  if (rank < 0 || rank >= world_size_)
+    throw Error(Errc::invalid_argument, fmt::format("{}: rank {} is outside [0, {})", what, rank, world_size_));
+}
+
+void HostHeap::check_region(const SymmetricRegion& region, std::uint64_t offset, std::size_t bytes,
+                            std::string_view what) const {
+  if (region.offset > part_bytes_ || region.bytes > part_bytes_ - region.offset)
+    throw Error(Errc::invalid_argument, fmt::format("{}: region [{}, +{}) is not in this heap of {} bytes", what,
+                                                    region.offset, region.bytes, part_bytes_));
+  if (offset > region.bytes || bytes > region.bytes - offset)
+    throw Error(Errc::invalid_argument, fmt::format("{}: bytes [{}, {}) are outside the region of {} bytes", what, offset,
+                                                    offset + bytes, region.bytes));
+}
+
+std::byte* HostHeap::local(const SymmetricRegion& region) const {
+  check_region(region, 0, 0, "SymmetricHeap::local");
+  return base_ + part_offset(rank_) + region.offset;
+}
+
+std::byte* HostHeap::peer(const SymmetricRegion& region, int rank) const {
+  check_rank(rank, "SymmetricHeap::peer");
+  check_region(region, 0, 0, "SymmetricHeap::peer");
+  if (local_index_[static_cast<std::size_t>(rank)] < 0) return nullptr;
+  return base_ + part_offset(rank) + region.offset;
+}
+
+void HostHeap::put(const SymmetricRegion& dst, std::uint64_t offset, const void* src, std::size_t bytes, int rank) {
+  check_rank(rank, "SymmetricHeap::put");
+  check_region(dst, offset, bytes, "SymmetricHeap::put");
+  if (bytes == 0) return;
+  if (std::byte* target = peer(dst, rank)) {
+    std::memcpy(target + offset, src, bytes);  // plain stores; a release signal publishes them
+    return;
+  }
+  RmaWait wait;
+  dirty_[static_cast<std::size_t>(rank)].store(true, std::memory_order_relaxed);
+  wait.wait(network_->rma().put(remote_[static_cast<std::size_t>(rank)], dst.offset + offset, src, bytes, nullptr,
+                                wait.callback()));
+}
+
+void HostHeap::get(void* dst, const SymmetricRegion& src, std::uint64_t offset, std::size_t bytes, int rank) {
+  check_rank(rank, "SymmetricHeap::get");
+  check_region(src, offset, bytes, "SymmetricHeap::get");
+  if (bytes == 0) return;
+  if (const std::byte* source = peer(src, rank)) {
+    std::memcpy(dst, source + offset, bytes);
+    return;
+  }
+  RmaWait wait;
+  wait.wait(network_->rma().get(dst, nullptr, remote_[static_cast<std::size_t>(rank)], src.offset + offset, bytes,
+                                wait.callback()));
+}
+
+std::uint64_t* HostHeap::word(const SymmetricRegion& signals, std::size_t index, int rank, std::string_view what) const {
+  check_rank(rank, what);
+  check_region(signals, 8 * static_cast<std::uint64_t>(index), 8, what);
+  if (signals.offset % 8 != 0)
+    throw Error(Errc::invalid_argument, fmt::format("{}: signal words must be 8-byte aligned (region offset {})", what, signals.offset));
+  std::byte* copy = peer(signals, rank);
+  return copy ? reinterpret_cast<std::uint64_t*>(copy + 8 * index) : nullptr;
+}
+
+void HostHeap::signal(const SymmetricRegion& signals, std::size_t index, SignalOp op, std::uint64_t value, int rank,
+                      MemoryOrder order) {
+  if (order == MemoryOrder::acquire)
+    throw Error(Errc::invalid_argument, "SymmetricHeap::signal: acquire ordering belongs to waits (use release)");
+  if (std::uint64_t* target = word(signals, index, rank, "SymmetricHeap::signal")) {
+    // Same node: an atomic on the shared word. Lock-free 64-bit atomics are address-free, so
+    // they synchronise processes that map the same memory as they do threads.
+    std::atomic_ref<std::uint64_t> shared(*target);
+    std::memory_order mo = order == MemoryOrder::relaxed   ? std::memory_order_relaxed
+                           : order == MemoryOrder::release ? std::memory_order_release
+                           : order == MemoryOrder::acq_rel ? std::memory_order_acq_rel
+                                                           : std::memory_order_seq_cst;
+    if (op == SignalOp::add) shared.fetch_add(value, mo);
+    else shared.store(value, mo == std::memory_order_acq_rel ? std::memory_order_release : mo);
+    return;
+  }
+  // Other node. Release: our own earlier stores first (a peer may get() them after seeing the
+  // signal), then UCX's fence, so that earlier puts complete at their targets before the
+  // atomic; then the atomic itself.
+  Rma& rma = network_->rma();
+  if (order != MemoryOrder::relaxed) {
+    std::atomic_thread_fence(std::memory_order_release);
+    rma.fence();
+  }
+  const auto& target = remote_[static_cast<std::size_t>(rank)];
+  std::uint64_t at = signals.offset + 8 * static_cast<std::uint64_t>(index);
+  dirty_[static_cast<std::size_t>(rank)].store(true, std::memory_order_relaxed);
+  RmaWait wait;
+  wait.wait(op == SignalOp::add ? rma.atomic_add(target, at, value, wait.callback())
+                                : rma.atomic_set(target, at, value, wait.callback()));
+  if (order == MemoryOrder::seq_cst) {
+    RmaWait flushed;
+    flushed.wait(rma.flush(rank, flushed.callback()));
+  }
+}
+
+std::uint64_t HostHeap::read(const SymmetricRegion& signals, std::size_t index, MemoryOrder order) const {
+  if (order != MemoryOrder::relaxed && order != MemoryOrder::acquire && order != MemoryOrder::seq_cst)
+    throw Error(Errc::invalid_argument, "SymmetricHeap::read: a read orders relaxed, acquire or seq_cst");
+  std::uint64_t* own = word(signals, index, rank_, "SymmetricHeap::read");
+  return std::atomic_ref<std::uint64_t>(*own).load(order == MemoryOrder::relaxed ? std::memory_order_relaxed
+                                                   : order == MemoryOrder::acquire ? std::memory_order_acquire
+                                                                                   : std::memory_order_seq_cst);
+}
+
+std::uint64_t HostHeap::wait_until(const SymmetricRegion& signals, std::size_t index, SignalCompare cmp,
+                                   std::uint64_t value, std::optional<std::chrono::nanoseconds> timeout,
+                                   MemoryOrder order) const {
+  if (order != MemoryOrder::relaxed && order != MemoryOrder::acquire)
+    throw Error(Errc::invalid_argument, "SymmetricHeap::wait_until: a wait orders relaxed or acquire");
+  std::atomic_ref<std::uint64_t> own(*word(signals, index, rank_, "SymmetricHeap::wait_until"));
+  const std::memory_order mo = order == MemoryOrder::relaxed ? std::memory_order_relaxed : std::memory_order_acquire;
+  // Spin first (a flag that flips within microseconds costs no syscall), then back off to
+  // short sleeps so that a long wait leaves the core to the rank's other threads. Every few
+  // hundred microseconds: the deadline, and whether a rank of the job has failed (the writer
+  // may be gone; this wait must not outlive it).
+  auto start = Clock::now();
+  auto deadline = timeout ? start + *timeout : Clock::time_point::max();
+  auto sleep = std::chrono::microseconds(1);
+  for (unsigned i = 0;; ++i) {
+    std::uint64_t word = own.load(mo);
+    if (compare(word, cmp, value)) return word;
+    if (i < 2000) {
+      cpu_relax();
+      continue;
+    }
+    if (i % 16 == 0) {
+      auto now = Clock::now();
+      if (now >= deadline)
+        throw Error(Errc::timeout, fmt::format("SymmetricHeap::wait_until: signal {} is {}, still not {} {} after {:.3f} s",
+                                               index, word, compare_name(cmp), value,
+                                               std::chrono::duration<double>(now - start).count()));
+      if (network_) {
+        if (FailureCause failure = network_->any_failure())
+          throw Error(Errc::transport, fmt::format("SymmetricHeap::wait_until: signal {} is {}, waiting for {} {}: {}", index,
+                                                   word, compare_name(cmp), value, failure->what()));
+      }
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::microseconds(100));
+  }
+}
+
+void HostHeap::quiet() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!network_) return;
+  for (int r = 0; r < world_size_; ++r) {
+    if (!dirty_[static_cast<std::size_t>(r)].exchange(false, std::memory_order_relaxed)) continue;
+    RmaWait wait;
+    wait.wait(network_->rma().flush(r, wait.callback()));
+  }
+}
+
+void HostHeap::barrier() {
+  quiet();
+  if (network_) network_->barrier(std::nullopt);
+}
+
+}  // namespace caravan::net

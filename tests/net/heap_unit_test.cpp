@@ -1,0 +1,62 @@
+// Unit: the symmetric heap of a runtime alone (one rank, one node): the same calls as in a
+// job, on an anonymous shared mapping.
+#include "tests/runtime/test_util.h"
+
+#include <cstdlib>
+#include <thread>
+
+namespace caravan {
+namespace {
+
+using namespace std::chrono_literals;
+
+class HeapAlone : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::getenv("WORLD_SIZE")) GTEST_SKIP() << "runs as a runtime alone; WORLD_SIZE is set";
+    rt_.emplace(RuntimeOptions{.cpu_workers = 2});
+  }
+  std::optional<Runtime> rt_;
+};
+
+TEST_F(HeapAlone, AllocatePutGetSignalWait) {
+  settings::ScopedOverride heap_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES", "1M");
+  SymmetricHeap heap = SymmetricHeap::current();
+  EXPECT_EQ(heap.capacity(), 1u << 20);
+  SymmetricRegion data = heap.allocate(1000);
+  SymmetricRegion flags = heap.allocate_signals(2);
+  EXPECT_EQ(flags.offset % 64, 0u);
+  EXPECT_EQ(heap.peer(data, 0), heap.local(data));
+  std::vector<std::byte> in(1000, std::byte{9}), out(1000);
+  heap.put(data, 0, in.data(), in.size(), 0);
+  heap.get(out.data(), data, 0, out.size(), 0);
+  EXPECT_EQ(in, out);
+  // A thread waits on a flag that another sets after writing data (release/acquire).
+  std::thread producer([&] {
+    std::this_thread::sleep_for(10ms);
+    std::byte value{42};
+    heap.put_signal(data, 500, &value, 1, flags, 1, SignalOp::set, 7, 0);
+  });
+  EXPECT_EQ(heap.wait_until(flags, 1, SignalCompare::ge, 7, 10s), 7u);
+  EXPECT_EQ(heap.local(data)[500], std::byte{42});
+  producer.join();
+  heap.signal(flags, 1, SignalOp::add, 3, 0);
+  EXPECT_EQ(heap.read(flags, 1), 10u);
+  CARAVAN_EXPECT_ERROR(heap.wait_until(flags, 0, SignalCompare::ne, 0, 20ms), Errc::timeout, "signal 0 is 0, still not != 0");
+  CARAVAN_EXPECT_ERROR(heap.allocate(2u << 20), Errc::invalid_argument, "do not fit");
+  CARAVAN_EXPECT_ERROR(heap.allocate(8, 3), Errc::invalid_argument, "not a power of two");
+  CARAVAN_EXPECT_ERROR(heap.put(data, 999, in.data(), 2, 0), Errc::invalid_argument, "outside the region");
+  CARAVAN_EXPECT_ERROR(heap.put(data, 0, in.data(), 1, 1), Errc::invalid_argument, "rank 1 is outside [0, 1)");
+  CARAVAN_EXPECT_ERROR(heap.signal(flags, 2, SignalOp::set, 1, 0), Errc::invalid_argument, "outside the region");
+  CARAVAN_EXPECT_ERROR(heap.signal(flags, 0, SignalOp::set, 1, 0, MemoryOrder::acquire), Errc::invalid_argument, "acquire");
+  CARAVAN_EXPECT_ERROR(heap.wait_until(flags, 0, SignalCompare::eq, 0, 1s, MemoryOrder::release), Errc::invalid_argument,
+                       "relaxed or acquire");
+  heap.barrier();
+}
+
+TEST(HeapWithoutRuntime, SaysSo) {
+  CARAVAN_EXPECT_ERROR(SymmetricHeap::current(), Errc::shut_down, "no Caravan runtime is running");
+}
+
+}  // namespace
+}  // namespace caravan
