@@ -1,7 +1,8 @@
 // memcpy: CPU copies between host memories (sys, zcm, reg) of one node. It converts layouts
 // well (strided gathers and scatters cost little more than runs), so planners put conversions
 // here. A request of at least CARAVAN_MEMCPY_SPLIT_BYTES is split over CARAVAN_MEMCPY_THREADS
-// threads (the worker itself is one of them).
+// threads (the worker itself is one of them); runs of at least CARAVAN_MEMCPY_STREAM_BYTES use
+// streaming stores.
 #pragma once
 
 #include "runtime/dma/channel.h"
@@ -29,6 +30,7 @@ class MemcpyChannel final : public dma::Channel {
   void run_split(const dma::Request& request);
 
   std::uint64_t split_bytes_;
+  std::uint64_t stream_bytes_;  // runs this long use streaming stores (0: never)
   std::vector<std::thread> helpers_;
   std::mutex mutex_;
   std::condition_variable cv_;

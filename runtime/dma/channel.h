@@ -37,7 +37,9 @@ class Channel {
 };
 
 // Executes ops between two host storages (the memcpy channel's inner loop; also used by file
-// staging). Element sizes 1, 2, 4, 8 and 16 bytes get typed loops.
-void copy_host_ops(std::span<const TransferOp> ops, const std::byte* src, std::byte* dst);
+// staging). Element sizes 1, 2, 4, 8 and 16 bytes get typed loops. Runs of at least
+// `stream_bytes` bytes (0: never) are copied with non-temporal stores (see memcpy_channel.cpp).
+void copy_host_ops(std::span<const TransferOp> ops, const std::byte* src, std::byte* dst,
+                   std::uint64_t stream_bytes = 0);
 
 }  // namespace caravan::dma

@@ -1,8 +1,11 @@
 // The op generator and tiling, checked against per-element offsets computed directly.
+#include "runtime/dma/channel.h"
 #include "runtime/dma/transfer_ops.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -99,6 +102,30 @@ TEST(TransferOps, TilesCoverTheSpaceOnce) {
         }
       }
       EXPECT_EQ(seen.size(), space.volume()) << space.to_string() << " target " << target;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace caravan::dma
+
+namespace caravan::dma {
+namespace {
+
+// The streaming path for long runs must copy exactly what memcpy copies, at any alignment.
+TEST(HostOps, StreamedRunsMatchMemcpyAtAnyAlignment) {
+  std::vector<std::byte> src(1 << 16), dst(1 << 16), expected(1 << 16);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>((i * 131 + 7) & 0xff);
+  for (std::uint64_t src_off : {0u, 1u, 15u, 64u}) {
+    for (std::uint64_t dst_off : {0u, 3u, 16u, 33u}) {
+      for (std::uint64_t length : {0u, 1u, 63u, 64u, 200u, 4097u, 30000u}) {
+        std::fill(dst.begin(), dst.end(), std::byte{0xEE});
+        expected = dst;
+        std::memcpy(expected.data() + dst_off, src.data() + src_off, length);
+        TransferOp op{src_off, dst_off, length, 1, 0, 0};
+        copy_host_ops(std::span<const TransferOp>(&op, 1), src.data(), dst.data(), /*stream_bytes=*/1);
+        ASSERT_EQ(dst, expected) << "src+" << src_off << " dst+" << dst_off << " length " << length;
+      }
     }
   }
 }
