@@ -83,9 +83,10 @@ const Definition kTable[] = {
   // --- distributed ---
   {"CARAVAN_UCX_TLS", Kind::string, "",
    "UCX transports between ranks (UCX_TLS syntax, e.g. tcp or sm,self); empty: UCX's default choice"},
-  {"CARAVAN_UCX_ERROR_MODE", Kind::choice, "none",
-   "UCX endpoint error handling: none keeps shared-memory transports (heartbeats detect failures); peer lets UCX "
-   "detect them too but, in UCX 1.13, drops cma and the shared-memory RMA paths", -kInf, kInf, "none|peer"},
+  {"CARAVAN_UCX_ERROR_MODE", Kind::choice, "auto",
+   "UCX endpoint error handling: peer survives a peer's failure but, in UCX 1.13, rules out shared-memory transports; "
+   "none keeps them (heartbeats detect failures) but UCX aborts on some network errors; auto: none towards ranks of "
+   "this host when CARAVAN_UCX_TLS allows shared memory, peer otherwise", -kInf, kInf, "auto|none|peer"},
   {"CARAVAN_UCX_POLL_US", Kind::integer, "50",
    "How long the progress thread polls after the last UCX event before it sleeps on the worker's fd (microseconds)",
    0, 1000000},

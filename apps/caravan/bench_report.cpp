@@ -105,6 +105,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_copy(*bench);
   add_bench_gpu(*bench);
   add_bench_plan(*bench);
+  add_bench_nic(*bench);
   bench->add_subcommand("all", "Run every benchmark case with its default options")->callback([] {
     for (const auto& entry : bench_cases()) {
       BenchReport report = entry.run();

@@ -6,5 +6,6 @@
 #include <caravan/platform.h>
 #include <caravan/runtime.h>
 #include <caravan/settings.h>
+#include <caravan/symmetric_heap.h>
 #include <caravan/task.h>
 #include <caravan/task_graph.h>

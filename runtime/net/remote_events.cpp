@@ -100,9 +100,10 @@ Event RemoteEvents::proxy(const Event& remote) {
   int owner = remote.owner_rank();
   WireWriter out;
   out.put(remote);
-  // A lost owner is caught either here (send refuses) or by peer_lost, which sees the new
-  // entry: whichever comes second finds the proxy already triggered.
-  if (!network_.send(owner, id(MsgId::subscribe), out.bytes())) {
+  // A lost owner is caught either here or by peer_lost, which sees the new entry: whichever
+  // comes second finds the proxy already triggered. An owner that has shut down would never
+  // answer, so it counts as lost here although messages to it are still allowed.
+  if (network_.peer_state(owner) != PeerState::alive || !network_.send(owner, id(MsgId::subscribe), out.bytes())) {
     FailureCause cause = network_.peer_failure(owner);
     complete_proxy(remote, cause ? cause
                                  : make_failure(Errc::transport, fmt::format("cannot reach rank {} to wait on {}",
@@ -137,8 +138,11 @@ void RemoteEvents::complete_proxy(const Event& remote, const FailureCause& failu
 void RemoteEvents::trigger(const Event& remote, const FailureCause& failure) {
   WireWriter out;
   out.put(remote).put_failure(failure);
-  if (!network_.send(remote.owner_rank(), id(MsgId::trigger), out.bytes()))
-    network_.require_alive(remote.owner_rank(), fmt::format("triggering {}", remote.to_string()));
+  int owner = remote.owner_rank();
+  if (network_.peer_state(owner) != PeerState::alive || !network_.send(owner, id(MsgId::trigger), out.bytes())) {
+    network_.require_alive(owner, fmt::format("triggering {}", remote.to_string()));
+    throw Error(Errc::transport, fmt::format("triggering {}: cannot reach rank {}", remote.to_string(), owner));
+  }
 }
 
 Event RemoteEvents::spawn(int target, std::string_view name, std::span<const std::byte> args,
@@ -164,7 +168,7 @@ Event RemoteEvents::spawn(int target, std::string_view name, std::span<const std
 }
 
 void RemoteEvents::send_spawn(int target, Event completion, std::span<const std::byte> body) {
-  if (network_.send(target, id(MsgId::spawn), body)) return;
+  if (network_.peer_state(target) == PeerState::alive && network_.send(target, id(MsgId::spawn), body)) return;
   FailureCause cause = network_.peer_failure(target);
   finish_spawn(completion, cause ? cause : make_failure(Errc::transport, fmt::format("cannot reach rank {}", target)));
 }
