@@ -102,6 +102,12 @@ TEST_F(JobTest, HeapSignalsAddAndSetAcrossRanks) {
 // it with an add on rank 0's ack word, which rank 0 waits for before it overwrites the tiles.
 // A broken ordering shows up as a tile whose checksum belongs to the previous round.
 TEST_F(JobTest, HeapProducerConsumerTiles) {
+#if defined(__SANITIZE_THREAD__)
+  if (rt().node_count() > 1)
+    GTEST_SKIP() << "under ThreadSanitizer only within one node: across nodes UCX 1.13 emulates these puts and "
+                    "atomics inside its own (uninstrumented) progress code, so TSan cannot see the release that "
+                    "orders a tile before its flag and reports every byte of the tile";
+#endif
   SymmetricHeap heap = SymmetricHeap::current();
   constexpr std::size_t kTiles = 24, kTileBytes = 24 * 1024;
   constexpr int kRounds = 4;
