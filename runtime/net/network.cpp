@@ -198,8 +198,13 @@ void Network::tick() {
                                          static_cast<double>(silent) / 1e9, peer_timeout_s_)),
                 PeerState::failed);
     } else if (peers_[r].same_process_namespace && kill(ranks_[r].pid, 0) != 0 && errno == ESRCH) {
-      // A peer on this host whose process is gone: no need to wait for the timeout.
-      lose_peer(r, make_failure(Errc::transport, fmt::format("{} has exited", describe(r))), PeerState::failed);
+      // A peer on this host whose process is gone: no need to wait for the timeout. Its bye
+      // may still be waiting in our receive queue (it flushed it before exiting): drain the
+      // worker first, so that a peer that shut down properly is not taken for a failed one.
+      while (ucp_worker_progress(worker_->worker()) != 0) {
+      }
+      if (peer_state(r) == PeerState::alive)
+        lose_peer(r, make_failure(Errc::transport, fmt::format("{} has exited", describe(r))), PeerState::failed);
     }
   }
 }
