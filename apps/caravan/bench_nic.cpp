@@ -88,14 +88,46 @@ std::string fmt_size(std::uint64_t bytes) {
 
 // --- the ranks' side ---
 
-struct Inflight {
-  std::atomic<int> count{0};
-  std::atomic<int> failed{0};
-  static void done(void* user, const FailureCause& failure) {
-    auto* self = static_cast<Inflight*>(user);
-    if (failure) self->failed.fetch_add(1);
-    self->count.fetch_sub(1, std::memory_order_release);
+// Keeps `window` puts in flight. Each completion callback posts the next put itself, on the
+// progress thread, which is how a DMA worker should drive the layer: no thread hand-off per
+// request, and no lock ping-pong between a posting thread and the progress thread. Puts that
+// complete at once (shared memory) are followed by the next one in the same loop.
+class PutPipeline {
+ public:
+  PutPipeline(net::Rma& rma, net::RemoteMemoryRef dst, net::LocalMemoryRef src, std::uint64_t size, std::uint64_t total)
+      : rma_(rma), dst_(std::move(dst)), src_(std::move(src)), size_(size), total_(total) {}
+
+  void run(int window) {
+    for (int k = 0; k < window; ++k) chain();
+    for (std::uint64_t c = completed_.load(std::memory_order_acquire); c < total_; c = completed_.load(std::memory_order_acquire))
+      completed_.wait(c, std::memory_order_acquire);
+    if (failed_.load() > 0) throw Error(Errc::transport, fmt::format("bench nic: {} puts failed", failed_.load()));
   }
+
+ private:
+  void chain() {
+    for (;;) {
+      if (next_.fetch_add(1, std::memory_order_relaxed) >= total_) return;
+      if (rma_.put(dst_, 0, src_->data(), size_, src_, {&PutPipeline::done, this}) == net::RmaStatus::pending) return;
+      complete();
+    }
+  }
+  void complete() {
+    if (completed_.fetch_add(1, std::memory_order_acq_rel) + 1 == total_) completed_.notify_all();
+  }
+  static void done(void* user, const FailureCause& failure) {
+    auto* self = static_cast<PutPipeline*>(user);
+    if (failure) self->failed_.fetch_add(1);
+    self->complete();
+    self->chain();
+  }
+
+  net::Rma& rma_;
+  net::RemoteMemoryRef dst_;
+  net::LocalMemoryRef src_;
+  std::uint64_t size_, total_;
+  std::atomic<std::uint64_t> next_{0}, completed_{0};
+  std::atomic<int> failed_{0};
 };
 
 void run_rank() {
@@ -111,25 +143,16 @@ void run_rank() {
     auto all = rma.exchange(*mine, "bench nic");
     double seconds = 0;
     if (rt.rank() == 0) {
-      Inflight inflight;
-      auto put = [&] {
-        while (inflight.count.load(std::memory_order_acquire) >= g_rank.window) std::this_thread::yield();
-        inflight.count.fetch_add(1, std::memory_order_relaxed);
-        if (rma.put(all[1], 0, mine->data(), size, mine, {&Inflight::done, &inflight}) == net::RmaStatus::done)
-          inflight.count.fetch_sub(1, std::memory_order_relaxed);
-      };
-      auto drain = [&] {
+      auto flush = [&] {
         net::RmaWait flushed;
         flushed.wait(rma.flush(1, flushed.callback()));
-        while (inflight.count.load(std::memory_order_acquire) > 0) std::this_thread::yield();
       };
-      for (int w = 0; w < 8; ++w) put();  // warm-up: connection, registration caches
-      drain();
+      PutPipeline(rma, all[1], mine, size, 8).run(g_rank.window);  // warm-up: connection, caches
+      flush();
       auto start = Clock::now();
-      for (std::uint64_t n = 0; n < iterations; ++n) put();
-      drain();
+      PutPipeline(rma, all[1], mine, size, iterations).run(g_rank.window);
+      flush();
       seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      if (inflight.failed.load() > 0) throw Error(Errc::transport, "bench nic: puts failed");
       out.push_back({{"size", size}, {"iterations", iterations}, {"seconds", seconds}});
     }
     rt.barrier();
