@@ -223,12 +223,12 @@ void Rma::op_done(void* request, ucs_status_t status, void* user) {
     failure = make_failure(status == UCS_ERR_CANCELED ? Errc::shut_down : Errc::transport,
                            fmt::format("{} to rank {} failed: {} ({})", op->what, op->rank, ucs_status_name(status),
                                        ucs_status_string(status)));
-  op->rma->finish(op, failure, true);
+  op->rma->finish(op, failure);
   ucp_request_free(request);
   delete op;
 }
 
-void Rma::finish(Op* op, const FailureCause& failure, bool) {
+void Rma::finish(Op* op, const FailureCause& failure) {
   {
     std::lock_guard lock(mutex_);
     if (op->finished) return;

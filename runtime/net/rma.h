@@ -155,7 +155,7 @@ class Rma {
   template <class Post>
   RmaStatus submit(Op* op, const char* what, Post post);
   Op* new_op(int rank, RmaCallback done, std::string_view what);
-  void finish(Op* op, const FailureCause& failure, bool from_ucx);
+  void finish(Op* op, const FailureCause& failure);
   void peer_lost(int rank, const FailureCause& cause);
   ucp_ep_h endpoint_for(int rank, std::string_view what);
   void check_range(const RemoteMemory& remote, std::uint64_t offset, std::size_t bytes, std::string_view what) const;

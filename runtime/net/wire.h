@@ -82,7 +82,6 @@ class WireReader {
   std::span<const std::byte> get_bytes();
   std::string get_string();
   FailureCause get_failure();
-  std::span<const std::byte> rest() { return take(bytes_.size() - pos_); }
   bool at_end() const { return pos_ == bytes_.size(); }
   // Throws Error(internal) if bytes are left over (a message of the wrong shape).
   void expect_end() const;

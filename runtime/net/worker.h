@@ -74,7 +74,6 @@ class Worker {
   // endpoint() is then read without a lock.
   void connect_all(const std::vector<std::vector<std::byte>>& addresses, const std::vector<bool>& peer_error_mode);
   ucp_ep_h endpoint(int rank) const { return rank >= 0 && rank < static_cast<int>(endpoints_.size()) ? endpoints_[rank] : nullptr; }
-  int endpoint_count() const { return static_cast<int>(endpoints_.size()); }
 
   // Client/server endpoints for the rendezvous only.
   ucp_ep_h connect_sockaddr(const std::string& host, int port);

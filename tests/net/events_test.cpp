@@ -113,6 +113,8 @@ TEST_F(JobTest, TasksSpawnOnOtherRanksByName) {
   (void)check;
   for (const Event& e : done) EXPECT_TRUE(e.wait_for(20s));
   for (const Event& e : done) EXPECT_EQ(e.owner_rank(), rank());  // completions live with the spawner
+  // Every spawn_done arrived and cleared its record.
+  EXPECT_EQ(test::network(rt()).events().pending_spawn_count(), 0u);
   rt().barrier(30s);
 }
 
@@ -209,6 +211,9 @@ TEST_F(JobTest, ManyThreadsWaitOnManyRemoteEvents) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(waited.load(), 400);
   for (const Event& e : all) EXPECT_TRUE(e.wait_for(30s));
+  // One proxy per remote event at most (the waits above shared them), all of them kept.
+  EXPECT_LE(test::network(rt()).events().proxy_count(), static_cast<std::size_t>(kPerRank * (world() - 1)));
+  EXPECT_GT(test::network(rt()).events().proxy_count(), 0u);
   rt().barrier(60s);
 }
 

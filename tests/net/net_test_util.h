@@ -18,14 +18,6 @@
 
 namespace caravan::test {
 
-// Skips the test (with the reason) unless it runs as a rank of a job of at least `ranks` ranks.
-#define CARAVAN_REQUIRE_RANKS(ranks)                                                                        \
-  do {                                                                                                     \
-    if (!std::getenv("WORLD_SIZE") || std::atoi(std::getenv("WORLD_SIZE")) < (ranks))                      \
-      GTEST_SKIP() << "needs a job of at least " << (ranks) << " ranks: run it with caravan run -n "        \
-                   << (ranks) << " (ctest does, label multiproc)";                                         \
-  } while (0)
-
 inline net::Network& network(Runtime& rt) {
   net::Network* n = rt.impl().network();
   if (!n) throw Error(Errc::internal, "this runtime is one rank alone; the test needs a job");
