@@ -1,7 +1,7 @@
 // The public Event API: each call finds the event's table through the running runtime.
 #include "runtime/log.h"
-#include "runtime/net/remote_events.h"
 #include "runtime/net/network.h"
+#include "runtime/net/remote_events.h"
 #include "runtime/runtime_impl.h"
 
 #include <fmt/format.h>
@@ -127,7 +127,7 @@ UserEvent UserEvent::create() {
 
 void UserEvent::trigger() const {
   if (is_none()) throw Error(Errc::invalid_argument, "UserEvent::trigger: this is the empty UserEvent (use UserEvent::create())");
-  if (remote_owner(*this)) return remote_owner(*this)->events().trigger(*this, nullptr);
+  if (net::Network* network = remote_owner(*this)) return network->events().trigger(*this, nullptr);
   if (!RuntimeImpl::table_for(*this).trigger(*this, nullptr))
     throw Error(Errc::already_done, fmt::format("UserEvent::trigger: {} has already triggered", to_string()));
 }
@@ -135,7 +135,7 @@ void UserEvent::trigger() const {
 void UserEvent::poison(FailureCause cause) const {
   if (is_none()) throw Error(Errc::invalid_argument, "UserEvent::poison: this is the empty UserEvent (use UserEvent::create())");
   if (!cause) throw Error(Errc::invalid_argument, "UserEvent::poison: the cause must not be null");
-  if (remote_owner(*this)) return remote_owner(*this)->events().trigger(*this, cause);
+  if (net::Network* network = remote_owner(*this)) return network->events().trigger(*this, cause);
   if (!RuntimeImpl::table_for(*this).trigger(*this, std::move(cause)))
     throw Error(Errc::already_done, fmt::format("UserEvent::poison: {} has already triggered", to_string()));
 }
