@@ -554,7 +554,9 @@ Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const 
 }
 
 Event Engine::submit(std::shared_ptr<CopyOperation> op, Event precondition) {
-  detail::EventTable* pre_table = precondition.is_none() ? nullptr : &RuntimeImpl::table_for(precondition);
+  // A precondition owned by another rank is waited on through its local proxy.
+  RuntimeImpl::LocalEvent pre{nullptr, Event()};
+  if (!precondition.is_none()) pre = RuntimeImpl::local_view(precondition);
   {
     std::lock_guard lock(mutex_);
     if (stopping_) throw Error(Errc::shut_down, "copy: the runtime is shutting down");
@@ -564,7 +566,7 @@ Event Engine::submit(std::shared_ptr<CopyOperation> op, Event precondition) {
     active_.emplace(op->done, op);
   }
   Event done = op->done;
-  if (pre_table) pre_table->add_waiter(precondition, new PreconditionWaiter(std::move(op)));
+  if (pre.table) pre.table->add_waiter(pre.event, new PreconditionWaiter(std::move(op)));
   else on_precondition(op, nullptr);
   return done;
 }
