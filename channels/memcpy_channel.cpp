@@ -138,20 +138,7 @@ void MemcpyChannel::run_split(const dma::Request& request) {
         filled += op.bytes();
         break;
       }
-      dma::TransferOp head = op;
-      if (op.count == 1) {
-        head.elem = room;
-        op.src += room;
-        op.dst += room;
-        op.elem -= room;
-      } else {
-        std::uint64_t n = std::max<std::uint64_t>(room / op.elem, 1);
-        head.count = n;
-        op.src = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(n) * op.src_stride);
-        op.dst = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(n) * op.dst_stride);
-        op.count -= n;
-      }
-      parts[part].push_back(head);
+      parts[part].push_back(dma::split_front(op, room));
       ++part;
       filled = 0;
     }

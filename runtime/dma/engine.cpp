@@ -34,23 +34,7 @@ void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
   std::vector<TransferOp> out;
   out.reserve(ops.size() + 8);
   for (TransferOp op : ops) {
-    while (op.bytes() > limit) {
-      TransferOp head = op;
-      if (op.count == 1) {
-        head.elem = limit;
-        op.src += limit;
-        op.dst += limit;
-        op.elem -= limit;
-      } else {
-        std::uint64_t n = std::max<std::uint64_t>(limit / op.elem, 1);
-        if (n >= op.count) break;
-        head.count = n;
-        op.src = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(n) * op.src_stride);
-        op.dst = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(n) * op.dst_stride);
-        op.count -= n;
-      }
-      out.push_back(head);
-    }
+    while (op.bytes() > limit) out.push_back(split_front(op, limit));
     out.push_back(op);
   }
   ops.swap(out);

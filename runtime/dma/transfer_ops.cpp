@@ -4,6 +4,23 @@
 
 namespace caravan::dma {
 
+TransferOp split_front(TransferOp& op, std::uint64_t bytes) {
+  TransferOp head = op;
+  if (op.count == 1) {
+    head.elem = bytes;
+    op.src += bytes;
+    op.dst += bytes;
+    op.elem -= bytes;
+    return head;
+  }
+  std::uint64_t n = std::max<std::uint64_t>(bytes / op.elem, 1);  // < op.count since bytes < op.bytes()
+  head.count = n;
+  op.src = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(n) * op.src_stride);
+  op.dst = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(n) * op.dst_stride);
+  op.count -= n;
+  return head;
+}
+
 View View::of_layout(const Layout& layout, const Rect& rect, const FieldSpace& fields, std::uint64_t base) {
   View v;
   v.lin_.emplace(layout, rect, fields);

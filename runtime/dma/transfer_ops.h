@@ -28,6 +28,10 @@ struct TransferOp {
   std::uint64_t bytes() const noexcept { return elem * count; }
 };
 
+// Cuts the first `bytes` bytes (rounded down to whole elements, at least one) off `op`, which
+// must be longer than that, and returns them; `op` keeps the rest.
+TransferOp split_front(TransferOp& op, std::uint64_t bytes);
+
 // How the points of some rectangle sit in a storage: a layout over that rectangle starting at
 // `base`, or (for fill) a pattern that maps every point to the same |F| bytes.
 class View {

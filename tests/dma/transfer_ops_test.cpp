@@ -132,3 +132,32 @@ TEST(HostOps, StreamedRunsMatchMemcpyAtAnyAlignment) {
 
 }  // namespace
 }  // namespace caravan::dma
+
+namespace caravan::dma {
+namespace {
+
+// Cutting an op into pieces keeps every element exactly once, in order.
+TEST(TransferOps, SplitFrontKeepsEveryElementOnce) {
+  for (TransferOp whole : {TransferOp{10, 1000, 5000, 1, 0, 0}, TransferOp{8, 4096, 8, 700, 24, -16}}) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> expected, got;  // (src, dst) of each byte
+    auto bytes_of = [](const TransferOp& op, auto& out) {
+      for (std::uint64_t i = 0; i < op.count; ++i)
+        for (std::uint64_t k = 0; k < op.elem; ++k)
+          out.emplace_back(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(i) * op.src_stride + static_cast<std::int64_t>(k),
+                           static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(i) * op.dst_stride + static_cast<std::int64_t>(k));
+    };
+    bytes_of(whole, expected);
+    TransferOp rest = whole;
+    while (rest.bytes() > 1000) {
+      TransferOp head = split_front(rest, 1000);
+      EXPECT_LE(head.bytes(), 1000u);
+      EXPECT_GT(head.bytes(), 0u);
+      bytes_of(head, got);
+    }
+    bytes_of(rest, got);
+    EXPECT_EQ(got, expected);
+  }
+}
+
+}  // namespace
+}  // namespace caravan::dma
