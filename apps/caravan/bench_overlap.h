@@ -1,0 +1,26 @@
+// `caravan bench overlap`: the overlapped collectives+GEMM against the bulk-synchronous baseline.
+// One command, two backends: the CPU backend (host symmetric heap, CPU tile GEMM; ranks started
+// by `caravan run`) in bench_overlap.cpp, and the GPU backend (4 GPUs, cuBLAS/NCCL baseline) in
+// kernels/gpu, reached through run_bench_overlap_gpu() when the build has a GPU.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace caravan::app {
+
+struct BenchOverlapArgs {
+  std::string backend = "auto";        // auto (gpu when a device is present), cpu, gpu
+  std::vector<std::string> operations;  // empty = all: ag_gemm, gemm_rs, gemm_as, ll_allgather
+  std::vector<long> tokens;             // M values (total tokens); empty = the backend's defaults
+  int world = 0;                        // ranks / GPUs; 0 = all there are
+  int iterations = 20;
+  int warmup = 5;
+  bool check = true;                    // verify every variant against a float32 reference
+  std::string json_path;                // write results as JSON here when not empty
+};
+
+// Implemented in kernels/gpu when CARAVAN_HAVE_GPU; returns the process exit code.
+int run_bench_overlap_gpu(const BenchOverlapArgs& args);
+
+}  // namespace caravan::app
