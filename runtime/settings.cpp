@@ -100,6 +100,18 @@ const Definition kTable[] = {
    "How long a rank that shuts down keeps serving peers that are still running (seconds)", 0, 86400},
   {"CARAVAN_SYMMETRIC_HEAP_BYTES", Kind::bytes, "16M",
    "Size of each rank's part of the host symmetric heap (POSIX shared memory per node); 0: no heap", 0, kInf},
+  // --- overlap kernels (kernels/, docs/overlap.md) ---
+  {"CARAVAN_OVERLAP_THREADS", Kind::integer, "0",
+   "Compute threads per rank of the CPU overlapped GEMMs (AllGather+GEMM, GEMM+ReduceScatter, GEMM+All-Scatter); "
+   "0: the cores divided by the ranks of this node (at least 1)", 0, 256},
+  {"CARAVAN_OVERLAP_COMM_THREADS", Kind::integer, "1",
+   "Threads of the workgroup_specialized variant that only communicate (the others compute)", 1, 64},
+  {"CARAVAN_OVERLAP_TILE_M", Kind::integer, "64",
+   "Rows per flagged chunk of the CPU overlapped collectives, also the GEMM tile's rows", 1, 1 << 20},
+  {"CARAVAN_OVERLAP_TILE_N", Kind::integer, "128",
+   "Columns of a CPU GEMM tile (a multiple of 32)", 32, 1 << 20},
+  {"CARAVAN_OVERLAP_TIMEOUT_S", Kind::real, "30",
+   "Longest a CPU overlapped operation waits for one flag (a chunk, a peer's entry) before it fails (seconds)", 0.001, 86400},
   // --- GPU ---
   {"CARAVAN_GPU_STREAMS", Kind::integer, "1",
    "Streams each GPU channel (sdma, xgmi) spreads its requests over; 1 queues them behind each other on one link, "
