@@ -98,6 +98,11 @@ const Definition kTable[] = {
    "How long the rendezvous waits for every rank to join (seconds)", 0.1, 86400},
   {"CARAVAN_SHUTDOWN_TIMEOUT_S", Kind::real, "30",
    "How long a rank that shuts down keeps serving peers that are still running (seconds)", 0, 86400},
+  {"CARAVAN_NIC_WINDOW", Kind::integer, "4",
+   "Requests the nic channel keeps in flight towards one rank (each is one or more UCX puts)", 1, 256},
+  {"CARAVAN_NIC_GBPS", Kind::real, "10",
+   "Peak throughput the planner assumes for the nic channel between two ranks (GB/s; not calibrated, since "
+   "measuring it takes two ranks): it sets the predicted rate and the nic hop's request size, not the path", 0.001, 100000},
   {"CARAVAN_SYMMETRIC_HEAP_BYTES", Kind::bytes, "16M",
    "Size of each rank's part of the host symmetric heap (POSIX shared memory per node); 0: no heap", 0, kInf},
   // --- overlap kernels (kernels/, docs/overlap.md) ---

@@ -31,7 +31,8 @@ class Instance {
   Instance() = default;
 
   // Allocates an instance in `memory`, a memory of this rank (see `caravan machine`; on a CPU
-  // machine node0/rank0/sys and node0/rank0/dsk). Throws Error(invalid_argument) when the layout
+  // machine node0/rank0/sys and node0/rank0/dsk; in a job also node<n>/rank<r>/reg, host memory
+  // registered with UCX, which the nic channel reads and writes). Throws Error(invalid_argument) when the layout
   // does not fit the space, Error(not_found) for a memory this rank does not have.
   static Instance create(MemoryId memory, IndexSpace space, FieldSpace fields, Layout layout);
   // Wraps `bytes` bytes of caller-owned host memory (sys, zcm or reg) at `data`, which must be at
@@ -52,6 +53,19 @@ class Instance {
   // Reads or writes footprint bytes of any instance, synchronously (for set-up and checks).
   void read_bytes(std::uint64_t offset, std::span<std::byte> out) const;
   void write_bytes(std::uint64_t offset, std::span<const std::byte> in) const;
+
+  // Instances of other ranks. descriptor() (on the rank that owns the instance) returns bytes to
+  // hand to other ranks (in task arguments, an allgather...); from_descriptor() there gives an
+  // Instance that copy() accepts as its source or destination, so that a copy may start on one
+  // rank and finish on another. The bytes stay with the owner: data(), read_bytes() and
+  // write_bytes() of such an Instance throw Error(invalid_argument). The owner must keep its
+  // Instance alive while copies use it (a copy that finds it gone is poisoned, not a crash).
+  // from_descriptor throws Error(invalid_argument) for bytes that are not a descriptor, one of
+  // an instance that no longer exists on this rank, or one from another job.
+  std::vector<std::byte> descriptor() const;
+  static Instance from_descriptor(std::span<const std::byte> descriptor);
+  // True for an Instance made by from_descriptor on a rank other than its owner.
+  bool is_remote() const;
 
   const std::shared_ptr<InstanceImpl>& impl() const noexcept { return impl_; }
 

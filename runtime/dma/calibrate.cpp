@@ -275,27 +275,64 @@ Calibration load_or_calibrate(bool force, bool* from_cache) {
   return c;
 }
 
-planner::MachineDescription live_machine(std::uint32_t rank) {
+planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<RankInfo>& ranks) {
   Calibration c = load_or_calibrate(false);
   planner::MachineDescription m;
   m.name = "live";
   m.description = "this host: system memory, file-backed storage, memcpy and file channels (calibrated)";
-  MemoryId sys{0, rank, MemoryKind::sys, 0}, dsk{0, rank, MemoryKind::dsk, 0};
+  auto node_of = [&](std::uint32_t r) -> std::uint32_t {
+    for (const RankInfo& info : ranks)
+      if (static_cast<std::uint32_t>(info.rank) == r) return static_cast<std::uint32_t>(info.node);
+    return 0;
+  };
+  const std::uint32_t node = node_of(rank);
+  MemoryId sys{node, rank, MemoryKind::sys, 0}, dsk{node, rank, MemoryKind::dsk, 0};
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   std::uint64_t sys_bytes = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
   struct statvfs fs{};
   std::uint64_t dsk_bytes = 0;
   if (::statvfs(settings::get_string("CARAVAN_DSK_DIR").c_str(), &fs) == 0)
     dsk_bytes = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
-  m.memories = {{sys, sys_bytes}, {dsk, dsk_bytes}};
   auto table = [&](const std::string& name) {
     for (const auto& ch : c.channels)
       if (ch.channel == name) return planner::ThroughputFunction(ch.samples);
     throw Error(Errc::internal, fmt::format("calibration has no '{}' channel", name));
   };
-  m.channels.push_back({ChannelKind::memcpy, sys, sys, table("memcpy"), {}});
-  m.channels.push_back({ChannelKind::file, sys, dsk, table("file_write"), {}});
-  m.channels.push_back({ChannelKind::file, dsk, sys, table("file_read"), {}});
+  if (ranks.size() <= 1) {
+    m.memories = {{sys, sys_bytes}, {dsk, dsk_bytes}};
+    m.channels.push_back({ChannelKind::memcpy, sys, sys, table("memcpy"), {}});
+    m.channels.push_back({ChannelKind::file, sys, dsk, table("file_write"), {}});
+    m.channels.push_back({ChannelKind::file, dsk, sys, table("file_read"), {}});
+  } else {
+    // A job: every rank's host memories (the ranks of one host run the same calibration, and
+    // ranks on other hosts are taken to be alike), and the nic between every two ranks' reg.
+    // Ranks of one node are separate processes too, so between them the nic (UCX over shared
+    // memory) is the only way as well.
+    m.description = fmt::format("this job: {} ranks, host memories (sys, reg, dsk) of each, memcpy and file channels "
+                                "(calibrated), nic between every two ranks' reg (CARAVAN_NIC_GBPS)", ranks.size());
+    constexpr std::uint64_t K = 1024, M = K * K;
+    const auto nic_tp = planner::ThroughputFunction::scaled({{K, 0.05}, {16 * K, 0.35}, {256 * K, 0.85}, {M, 1.0}},
+                                                           settings::get_double("CARAVAN_NIC_GBPS"));
+    for (const RankInfo& info : ranks) {
+      const auto r = static_cast<std::uint32_t>(info.rank), n = static_cast<std::uint32_t>(info.node);
+      MemoryId rs{n, r, MemoryKind::sys, 0}, rr{n, r, MemoryKind::reg, 0}, rd{n, r, MemoryKind::dsk, 0};
+      m.memories.push_back({rs, sys_bytes});
+      m.memories.push_back({rr, sys_bytes});
+      m.memories.push_back({rd, dsk_bytes});
+      m.channels.push_back({ChannelKind::memcpy, rs, rs, table("memcpy"), {}});
+      m.channels.push_back({ChannelKind::memcpy, rs, rr, table("memcpy"), {}});
+      m.channels.push_back({ChannelKind::memcpy, rr, rs, table("memcpy"), {}});
+      m.channels.push_back({ChannelKind::file, rs, rd, table("file_write"), {}});
+      m.channels.push_back({ChannelKind::file, rd, rs, table("file_read"), {}});
+    }
+    for (const RankInfo& a : ranks)
+      for (const RankInfo& b : ranks)
+        if (a.rank != b.rank)
+          m.channels.push_back({ChannelKind::nic,
+                                MemoryId{static_cast<std::uint32_t>(a.node), static_cast<std::uint32_t>(a.rank), MemoryKind::reg, 0},
+                                MemoryId{static_cast<std::uint32_t>(b.node), static_cast<std::uint32_t>(b.rank), MemoryKind::reg, 0},
+                                nic_tp, {}});
+  }
   const gpu::Topology& topo = gpu::topology();
   if (topo.devices.empty()) return m;
 
@@ -306,15 +343,15 @@ planner::MachineDescription live_machine(std::uint32_t rank) {
   // ingress (all of its peer copies share them), at the calibrated peaks.
   m.description = fmt::format("this host: system memory, file-backed storage, pinned host memory and {} x {}; "
                               "memcpy, file, sdma and xgmi channels (calibrated)", topo.devices.size(), topo.devices[0].name);
-  MemoryId zcm{0, rank, MemoryKind::zcm, 0};
+  MemoryId zcm{node, rank, MemoryKind::zcm, 0};
   m.memories.push_back({zcm, sys_bytes});
   for (MemoryId a : {sys, zcm})
     for (MemoryId b : {sys, zcm})
       if (!(a == sys && b == sys)) m.channels.push_back({ChannelKind::memcpy, a, b, table("memcpy"), {}});
   m.channels.push_back({ChannelKind::file, zcm, dsk, table("file_write"), {}});
   m.channels.push_back({ChannelKind::file, dsk, zcm, table("file_read"), {}});
-  auto fbm = [&](std::size_t i) { return MemoryId{0, rank, MemoryKind::fbm, static_cast<std::uint32_t>(i)}; };
-  auto resource = [&](std::size_t i, const char* what) { return fmt::format("node0/gpu{}.{}", i, what); };
+  auto fbm = [&](std::size_t i) { return MemoryId{node, rank, MemoryKind::fbm, static_cast<std::uint32_t>(i)}; };
+  auto resource = [&](std::size_t i, const char* what) { return fmt::format("node{}/gpu{}.{}", node, i, what); };
   const bool peers = std::any_of(c.channels.begin(), c.channels.end(), [](const auto& ch) { return ch.channel == "xgmi"; });
   for (std::size_t i = 0; i < topo.devices.size(); ++i) {
     m.memories.push_back({fbm(i), topo.devices[i].memory_bytes});

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <caravan/planner/machine_file.h>
+#include <caravan/runtime.h>
 
 #include <string>
 #include <vector>
@@ -37,6 +38,13 @@ Calibration load_or_calibrate(bool force, bool* from_cache = nullptr);
 // both ways; with GPUs also zcm, fbm<i> per GPU, sdma channels (zcm/sys <-> fbm<i>, the fbm<i>
 // self-loop), xgmi fbm<i> -> fbm<j> where peer access works, and each GPU's PCIe and NVLink
 // directions as shared resources; all with calibrated throughput.
-planner::MachineDescription live_machine(std::uint32_t rank);
+//
+// In a job of several ranks (`ranks`, the rank table; empty or one entry: a rank alone) every
+// rank's host memories appear under its node, node<n>/rank<r>/{sys,reg,dsk}, with its memcpy
+// (sys <-> reg) and file channels, and a `nic` channel from each rank's reg to every other
+// rank's reg (UCX puts need registered memory at both ends; CARAVAN_NIC_GBPS with a
+// network-shaped curve, not calibrated: measuring it would take two ranks). GPU memories and
+// channels are this rank's only.
+planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<RankInfo>& ranks = {});
 
 }  // namespace caravan::dma

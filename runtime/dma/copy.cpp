@@ -12,6 +12,15 @@ const InstanceImpl& checked(const std::shared_ptr<InstanceImpl>& impl) {
   return *impl;
 }
 
+// For the calls that touch an instance's bytes, which only its owner can.
+const InstanceImpl& checked_local(const std::shared_ptr<InstanceImpl>& impl, const char* what) {
+  const InstanceImpl& i = checked(impl);
+  if (i.remote)
+    throw Error(Errc::invalid_argument, fmt::format("{}: the instance is in {}, memory of rank {}; only that rank reaches "
+                                                    "its bytes (copy it here first)", what, i.memory.to_string(), i.memory.rank));
+  return i;
+}
+
 }  // namespace
 
 Instance Instance::create(MemoryId memory, IndexSpace space, FieldSpace fields, Layout layout) {
@@ -22,7 +31,7 @@ Instance Instance::create(MemoryId memory, IndexSpace space, FieldSpace fields, 
                                                     memory.to_string(), memory.rank, engine.rank()));
   layout.validate(space.dims(), "instance layout");
   auto impl = std::make_shared<InstanceImpl>(memory, std::move(space), std::move(fields), layout);
-  impl->storage = dma::allocate_storage(memory, impl->lin.total_bytes());
+  impl->storage = engine.allocate_instance_storage(memory, impl->lin.total_bytes());
   Instance out;
   out.impl_ = std::move(impl);
   return out;
@@ -33,13 +42,17 @@ Instance Instance::attach(MemoryId memory, IndexSpace space, FieldSpace fields, 
   if (!is_host(memory.kind))
     throw Error(Errc::invalid_argument, fmt::format("Instance::attach: {} is not host memory (sys, zcm or reg)", memory.to_string()));
   if (!data) throw Error(Errc::invalid_argument, "Instance::attach: data is null");
-  dma::Engine::current().graph().require(memory, "instance memory");
+  dma::Engine& engine = dma::Engine::current();
+  engine.graph().require(memory, "instance memory");
+  if (memory.rank != engine.rank())
+    throw Error(Errc::invalid_argument, fmt::format("Instance::attach: {} belongs to rank {}, not this rank ({})",
+                                                    memory.to_string(), memory.rank, engine.rank()));
   layout.validate(space.dims(), "instance layout");
   auto impl = std::make_shared<InstanceImpl>(memory, std::move(space), std::move(fields), layout);
   if (bytes < impl->lin.total_bytes())
     throw Error(Errc::invalid_argument, fmt::format("Instance::attach: {} bytes given, the layout needs {}", bytes,
                                                     impl->lin.total_bytes()));
-  impl->storage = dma::Storage::wrap_host(memory, data, bytes);
+  impl->storage = engine.allocate_instance_storage(memory, bytes, data);
   Instance out;
   out.impl_ = std::move(impl);
   return out;
@@ -59,7 +72,7 @@ std::uint64_t Instance::offset(const Point& point, std::size_t field) const {
 }
 
 std::byte* Instance::data() const {
-  const InstanceImpl& impl = checked(impl_);
+  const InstanceImpl& impl = checked_local(impl_, "Instance::data");
   if (impl.storage->is_file())
     throw Error(Errc::invalid_argument, fmt::format("Instance::data: {} is file-backed; use read_bytes/write_bytes",
                                                     impl.memory.to_string()));
@@ -69,8 +82,25 @@ std::byte* Instance::data() const {
   return impl.storage->host();
 }
 
-void Instance::read_bytes(std::uint64_t offset, std::span<std::byte> out) const { checked(impl_).storage->read(offset, out); }
-void Instance::write_bytes(std::uint64_t offset, std::span<const std::byte> in) const { checked(impl_).storage->write(offset, in); }
+void Instance::read_bytes(std::uint64_t offset, std::span<std::byte> out) const {
+  checked_local(impl_, "Instance::read_bytes").storage->read(offset, out);
+}
+void Instance::write_bytes(std::uint64_t offset, std::span<const std::byte> in) const {
+  checked_local(impl_, "Instance::write_bytes").storage->write(offset, in);
+}
+
+std::vector<std::byte> Instance::descriptor() const {
+  checked(impl_);
+  return dma::Engine::current().export_instance(impl_);
+}
+
+Instance Instance::from_descriptor(std::span<const std::byte> descriptor) {
+  Instance out;
+  out.impl_ = dma::Engine::current().import_instance(descriptor);
+  return out;
+}
+
+bool Instance::is_remote() const { return checked(impl_).remote; }
 
 Event copy(const Instance& src, const Instance& dst, const CopyOptions& options) {
   return dma::Engine::current().copy(src, dst, options);

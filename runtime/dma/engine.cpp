@@ -2,9 +2,11 @@
 
 #include "channels/file_channel.h"
 #include "channels/memcpy_channel.h"
+#include "channels/nic_channel.h"
 #include "runtime/dma/calibrate.h"
 #include "runtime/dma/instance_impl.h"
 #include "runtime/log.h"
+#include "runtime/net/network.h"
 #if CARAVAN_HAVE_GPU
 #include "channels/sdma_channel.h"
 #include "channels/xgmi_channel.h"
@@ -74,7 +76,8 @@ void CopyOperation::fail(const FailureCause& cause) {
     if (!failure) failure = cause;
   }
   cancelled.store(true, std::memory_order_release);
-  for (auto& xd : xds) xd->worker->wake();
+  for (auto& xd : xds)
+    if (xd->worker) xd->worker->wake();
 }
 
 void CopyOperation::touch() { last_progress_ns.store(now_ns(), std::memory_order_relaxed); }
@@ -85,7 +88,11 @@ DmaWorker::DmaWorker(Engine& engine, std::unique_ptr<Channel> channel, std::stri
     : engine_(engine),
       channel_(std::move(channel)),
       name_(std::move(name)),
-      spin_ns_(channel_->window() > 1 ? settings::get_int("CARAVAN_GPU_WORKER_SPIN_US") * 1000 : 0),
+      // Not the nic: its completions come from the progress thread, which a polling worker
+      // would starve of a core on a small machine.
+      spin_ns_(channel_->window() > 1 && channel_->kind() != ChannelKind::nic
+                   ? settings::get_int("CARAVAN_GPU_WORKER_SPIN_US") * 1000
+                   : 0),
       thread_([this] { loop(); }) {}
 
 DmaWorker::~DmaWorker() { stop(); }
@@ -303,7 +310,8 @@ Engine::Engine(RuntimeImpl& runtime) : runtime_(runtime) {
   pool_bytes_ = settings::get_bytes("CARAVAN_DMA_POOL_BYTES");
   slots_ = static_cast<int>(settings::get_int("CARAVAN_DMA_SLOTS"));
   stall_ns_ = static_cast<std::int64_t>(settings::get_double("CARAVAN_DMA_STALL_S") * 1e9);
-  auto machine = live_machine(static_cast<std::uint32_t>(runtime.rank()));
+  network_ = runtime.network();
+  auto machine = live_machine(static_cast<std::uint32_t>(runtime.rank()), runtime.ranks());
   graph_ = std::make_shared<const planner::TransferGraph>(machine);
   planner_ = std::make_unique<planner::Planner>(graph_);
   int memcpy_threads = static_cast<int>(settings::get_int("CARAVAN_MEMCPY_THREADS"));
@@ -316,8 +324,14 @@ Engine::Engine(RuntimeImpl& runtime) : runtime_(runtime) {
     std::string name = fmt::format("{} {}->{}", to_string(ch.kind), graph_->memory(ch.src).id.to_string(),
                                    graph_->memory(ch.dst).id.to_string());
     std::unique_ptr<Channel> impl;
+    // A channel is run by the rank that owns its source memory; other ranks' channels (in the
+    // graph of a job) get no worker here.
+    if (graph_->memory(ch.src).id.rank != static_cast<std::uint32_t>(runtime.rank())) continue;
     if (ch.kind == ChannelKind::memcpy) impl = std::make_unique<channels::MemcpyChannel>(memcpy_threads, split);
     else if (ch.kind == ChannelKind::file) impl = std::make_unique<channels::FileChannel>();
+    else if (ch.kind == ChannelKind::nic && network_)
+      impl = std::make_unique<channels::NicChannel>(network_->rma(), graph_->memory(ch.src).id, graph_->memory(ch.dst).id,
+                                                    static_cast<int>(settings::get_int("CARAVAN_NIC_WINDOW")));
 #if CARAVAN_HAVE_GPU
     // GPU channels of the live machine: sdma on the GPU of its fbm end, xgmi on the source GPU.
     // On a planning-only machine (a machine file) with no such GPU here, there is no
@@ -340,6 +354,7 @@ Engine::Engine(RuntimeImpl& runtime) : runtime_(runtime) {
   for (std::size_t v = 0; v < graph_->memory_count(); ++v)
     pools_[graph_->memory(static_cast<std::uint32_t>(v)).id].capacity = pool_bytes_;
   watchdog_ = std::thread([this] { watchdog_main(); });
+  dist_init();
   log::get("dma")->info("DMA engine started: {} channels on {}", graph_->channel_count(), graph_->name());
 }
 
@@ -354,9 +369,20 @@ Engine& Engine::current() {
 DmaWorker& Engine::worker_for(std::uint32_t graph_channel) {
   if (graph_channel >= workers_.size() || !workers_[graph_channel])
     throw Error(Errc::invalid_argument,
-                fmt::format("no implementation of channel {} ({}) in this build", graph_channel,
-                            to_string(graph_->channel(graph_channel).kind)));
+                fmt::format("no implementation of channel {} ({} {} -> {}) on this rank", graph_channel,
+                            to_string(graph_->channel(graph_channel).kind),
+                            graph_->memory(graph_->channel(graph_channel).src).id.to_string(),
+                            graph_->memory(graph_->channel(graph_channel).dst).id.to_string()));
   return *workers_[graph_channel];
+}
+
+std::uint32_t Engine::channel_between(MemoryId src, MemoryId dst, ChannelKind kind) const {
+  std::optional<std::uint32_t> from = graph_->find(src), to = graph_->find(dst);
+  if (from && to)
+    for (std::uint32_t c : graph_->out_channels(*from))
+      if (graph_->channel(c).dst == *to && graph_->channel(c).kind == kind) return c;
+  throw Error(Errc::not_found, fmt::format("no {} channel from {} to {} in this rank's transfer graph", to_string(kind),
+                                           src.to_string(), dst.to_string()));
 }
 
 void Engine::check_common(const Instance& inst, const char* what) const {
@@ -422,46 +448,72 @@ void Engine::prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>
   if (hops.size() > 1) tile_bytes = std::min(tile_bytes, planner_->options().buffer_threshold / static_cast<std::uint64_t>(op.slots));
   // One hop has no intermediate buffer: its tiles may hold a full-speed request of its channel.
   else if (hops.size() == 1) tile_bytes = std::max(tile_bytes, full_speed_request_bytes(graph_->channel(hops[0].channel)));
-  for (int attempt = 0;; ++attempt) {
-    op.grid = TileGrid(op.space, std::max<std::uint64_t>(tile_bytes / point_bytes, 1));
-    op.buffers.clear();
+  std::uint64_t tile_points = 1;
+  std::vector<std::uint64_t> slot_bytes;
+  for (;;) {
+    tile_points = std::max<std::uint64_t>(tile_bytes / point_bytes, 1);
+    TileGrid grid(op.space, tile_points);
+    slot_bytes.clear();
     bool fits = true;
-    Rect largest = op.grid.largest();
+    Rect largest = grid.largest();
     for (std::size_t i = 0; i + 1 < hops.size(); ++i) {
-      CopyOperation::BufferSpec b;
-      b.memory = hops[i].dst;
-      b.layout = hops[i].dst_layout;
       // Every tile fits in the largest tile's footprint: extents only shrink, and so does padding.
-      b.slot_bytes = (total_bytes(slot_layout(b.layout, largest), largest, op.fields) + 63) / 64 * 64;
-      if (b.slot_bytes * static_cast<std::uint64_t>(op.slots) > planner_->options().buffer_threshold) fits = false;
-      op.buffers.push_back(b);
+      std::uint64_t bytes = (total_bytes(slot_layout(hops[i].dst_layout, largest), largest, op.fields) + 63) / 64 * 64;
+      if (bytes * static_cast<std::uint64_t>(op.slots) > planner_->options().buffer_threshold) fits = false;
+      slot_bytes.push_back(bytes);
     }
     if (fits || tile_bytes <= point_bytes) break;
     tile_bytes /= 2;  // padding of blocked layouts made a slot too big: smaller tiles
   }
-  for (std::size_t i = 0; i < hops.size(); ++i) {
-    auto xd = std::make_unique<Xd>();
-    xd->op = &op;
-    xd->hop = i;
-    xd->worker = &worker_for(hops[i].channel);
-    xd->src_layout = hops[i].src_layout;
-    xd->dst_layout = hops[i].dst_layout;
+  std::vector<std::uint64_t> request_bytes;
+  for (const planner::Hop& hop : hops) {
     // At least the size where the channel's calibrated throughput reaches 90% of its peak: the
     // plan's request is the longest run the layouts allow, which for a file hop can be far below
     // what the disk needs (256 KiB file requests ran a dsk->sys->dsk pipeline below its staged
     // version; 4 MiB ones ran it 1.66x faster). Channels that peak early keep the smaller floor,
     // and so their finer priority pre-emption.
-    const planner::Channel& channel = graph_->channel(hops[i].channel);
+    const planner::Channel& channel = graph_->channel(hop.channel);
     const double efficient = channel.tp.inverse(0.9 * channel.tp.peak());
-    const std::uint64_t wanted = std::max<std::uint64_t>(hops[i].request_bytes, std::isfinite(efficient) ? static_cast<std::uint64_t>(efficient) : 0);
-    xd->request_bytes = std::clamp<std::uint64_t>(wanted, request_floor_bytes_,
-                                                  std::max(request_floor_bytes_, full_speed_request_bytes(channel)));
+    const std::uint64_t wanted = std::max<std::uint64_t>(hop.request_bytes, std::isfinite(efficient) ? static_cast<std::uint64_t>(efficient) : 0);
+    request_bytes.push_back(std::clamp<std::uint64_t>(wanted, request_floor_bytes_,
+                                                      std::max(request_floor_bytes_, full_speed_request_bytes(channel))));
+  }
+  const auto me = static_cast<std::uint32_t>(runtime_.rank());
+  build_pipeline(op, hops, tile_points, slot_bytes, request_bytes, [&](std::size_t i) { return hops[i].src.rank == me; });
+  if (op.dist) op.dist->tile_points = tile_points;
+}
+
+void Engine::build_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops, std::uint64_t tile_points,
+                            const std::vector<std::uint64_t>& slot_bytes, const std::vector<std::uint64_t>& request_bytes,
+                            const std::function<bool(std::size_t hop)>& runs_here) {
+  op.grid = TileGrid(op.space, tile_points);
+  op.buffers.clear();
+  for (std::size_t i = 0; i + 1 < hops.size(); ++i) {
+    CopyOperation::BufferSpec b;
+    b.memory = hops[i].dst;
+    b.layout = hops[i].dst_layout;
+    b.slot_bytes = slot_bytes.at(i);
+    op.buffers.push_back(b);
+  }
+  op.xds.clear();
+  for (std::size_t i = 0; i < hops.size(); ++i) {
+    auto xd = std::make_unique<Xd>();
+    xd->op = &op;
+    xd->hop = i;
+    xd->worker = runs_here(i) ? &worker_for(hops[i].channel) : nullptr;
+    xd->src_layout = hops[i].src_layout;
+    xd->dst_layout = hops[i].dst_layout;
+    xd->request_bytes = request_bytes.at(i);
     op.xds.push_back(std::move(xd));
   }
   // Reservations in one global memory order (MemoryId order), so that copies that wait for
-  // buffers while holding others can never wait in a cycle.
+  // buffers while holding others can never wait in a cycle. Only this rank's memories: the
+  // other ranks of a copy reserve theirs, one after another in the same order (remote_copy.cpp).
+  const auto me = static_cast<std::uint32_t>(runtime_.rank());
   std::map<MemoryId, std::uint64_t> per_memory;
-  for (const auto& b : op.buffers) per_memory[b.memory] += b.slot_bytes * static_cast<std::uint64_t>(op.slots);
+  for (const auto& b : op.buffers)
+    if (b.memory.rank == me) per_memory[b.memory] += b.slot_bytes * static_cast<std::uint64_t>(op.slots);
+  op.reservation_order.clear();
   for (const auto& [memory, bytes] : per_memory) {
     if (bytes > pool_bytes_)
       throw Error(Errc::invalid_argument,
@@ -491,12 +543,24 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
   op->fields = src.fields();
   op->src_view = View::of_layout(src.layout(), op->space, op->fields, 0);
   op->dst_view = View::of_layout(dst.layout(), op->space, op->fields, 0);
+  // Hops or instances on other ranks: a cross-rank copy (remote_copy.cpp).
+  const auto me = static_cast<std::uint32_t>(runtime_.rank());
+  bool spans_ranks = src.memory().rank != me || dst.memory().rank != me;
+  for (const planner::Hop& hop : plan->hops) spans_ranks = spans_ranks || hop.src.rank != me || hop.dst.rank != me;
+  if (spans_ranks) {
+    op->dist = std::make_unique<DistributedState>();
+    op->dist->hops = plan->hops;
+  }
   prepare_pipeline(*op, plan->hops);
+  if (op->dist) dist_prepare(*op);
   return submit(std::move(op), options.precondition);
 }
 
 Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const CopyOptions& options) {
   check_common(dst, "dst memory");
+  if (dst.memory().rank != static_cast<std::uint32_t>(runtime_.rank()))
+    throw Error(Errc::invalid_argument, fmt::format("fill: the instance is in {}, memory of rank {}; fill it on that rank",
+                                                    dst.memory().to_string(), dst.memory().rank));
   if (value.size() != dst.fields().total_size())
     throw Error(Errc::invalid_argument, fmt::format("fill: the value is {} bytes, but one point of the instance has {} "
                                                     "(its fields in declaration order)", value.size(), dst.fields().total_size()));
@@ -565,6 +629,11 @@ void Engine::on_precondition(const std::shared_ptr<CopyOperation>& op, const Fai
     finish(op);
     return;
   }
+  if (op->dist) {
+    lock.unlock();
+    dist_begin(op);
+    return;
+  }
   op->state = CopyOperation::State::waiting_buffers;
   admit(op);
   bool ready = op->state == CopyOperation::State::running;
@@ -591,8 +660,12 @@ void Engine::admit(const std::shared_ptr<CopyOperation>& op) {
 }
 
 void Engine::start(const std::shared_ptr<CopyOperation>& op) {
+  if (op->dist) {
+    dist_admitted(op);
+    return;
+  }
   try {
-    for (auto& b : op->buffers) b.storage = allocate_storage(b.memory, b.slot_bytes * static_cast<std::uint64_t>(op->slots));
+    for (auto& b : op->buffers) b.storage = allocate_buffer(b.memory, b.slot_bytes * static_cast<std::uint64_t>(op->slots));
   } catch (const Error& e) {
     op->fail(std::make_shared<const Error>(e));
     {
@@ -609,8 +682,9 @@ void Engine::start(const std::shared_ptr<CopyOperation>& op) {
 
 void Engine::tile_finished(Xd* xd) {
   CopyOperation& op = *xd->op;
-  if (xd->hop + 1 < op.xds.size()) op.xds[xd->hop + 1]->worker->wake();
-  if (xd->hop > 0) op.xds[xd->hop - 1]->worker->wake();
+  if (xd->hop + 1 < op.xds.size() && op.xds[xd->hop + 1]->worker) op.xds[xd->hop + 1]->worker->wake();
+  if (xd->hop > 0 && op.xds[xd->hop - 1]->worker) op.xds[xd->hop - 1]->worker->wake();
+  if (op.dist) dist_tile_progress(xd);  // neighbours on other ranks hear of it by message
   xd->worker->wake();
 }
 
@@ -622,9 +696,10 @@ void Engine::xd_retired(CopyOperation* raw) {
     auto it = active_.find(raw->done);
     if (it == active_.end()) return;
     op = it->second;
-    op->state = CopyOperation::State::finished;
+    if (!op->dist) op->state = CopyOperation::State::finished;
   }
-  finish(op);
+  if (op->dist) dist_segment_retired(op);
+  else finish(op);
 }
 
 void Engine::release_reservations(CopyOperation& op, std::vector<std::shared_ptr<CopyOperation>>& retry) {
@@ -670,7 +745,11 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
       r.hop_interleaved.push_back(xd->requests ? xd->last_seq - xd->first_seq + 1 - xd->requests : 0);
     }
   }
-  for (auto& b : op->buffers) b.storage.reset();
+  for (auto& b : op->buffers) release_buffer(std::move(b.storage));
+  if (op->dist) {
+    std::lock_guard lock(dist_mutex_);
+    dist_ops_.erase(op->dist->id);
+  }
   FailureCause failure;
   {
     std::lock_guard lock(op->failure_mutex);
@@ -697,7 +776,15 @@ bool Engine::stop_copy(Event copy_event, const FailureCause& cause) {
     if (it == active_.end()) return false;
     op = it->second;
     state = op->state;
-    if (state != CopyOperation::State::running) op->state = CopyOperation::State::finished;
+    // A cross-rank copy past its precondition is stopped by its own protocol: the initiator
+    // aborts every participant; a participant (at shutdown) stops its part.
+    if (op->dist && state != CopyOperation::State::waiting_precondition) state = CopyOperation::State::running;
+    else if (state != CopyOperation::State::running) op->state = CopyOperation::State::finished;
+  }
+  if (op->dist && state == CopyOperation::State::running) {
+    if (op->dist->initiator == runtime_.rank()) dist_fail(op, cause);
+    else dist_abort_here(op, cause);
+    return true;
   }
   op->fail(cause);
   // A running copy finishes when its XDs have retired at the next request boundary; one that
@@ -716,6 +803,7 @@ void Engine::shutdown() {
   }
   auto cause = make_failure(Errc::shut_down, "the runtime shut down before this copy finished");
   for (auto& op : ops) stop_copy(op->done, cause);
+  dist_shutdown();
   {
     std::unique_lock lock(mutex_);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -726,6 +814,7 @@ void Engine::shutdown() {
   if (watchdog_.joinable()) watchdog_.join();
   for (auto& w : workers_)
     if (w) w->stop();
+  dist_close();
 }
 
 EngineStats Engine::stats() {
@@ -751,6 +840,11 @@ void Engine::watchdog_main() {
       op->last_warned_ns = now;
       std::string where;
       for (auto& xd : op->xds) {
+        if (!xd->worker) {
+          where += fmt::format("; hop {} on rank {}: {}/{} tiles done", xd->hop, op->dist ? op->dist->hop_rank[xd->hop] : -1,
+                               xd->tiles_done.load(), op->grid.count());
+          continue;
+        }
         where += fmt::format("; hop {} on '{}': {}/{} tiles done", xd->hop, xd->worker->name(),
                              xd->tiles_done.load(), op->grid.count());
       }

@@ -9,6 +9,11 @@
 // Pipelining: the instance is cut into tiles (TileGrid). Hop i may start tile t when hop i-1
 // has finished it (its input slot holds it) and hop i+1 has finished tile t - slots (so its
 // output slot is free again). Each intermediate buffer is a ring of `slots` tile slots.
+//
+// Across ranks (remote_copy.cpp): a copy whose hops run on several ranks exists on each of them
+// as a CopyOperation with the same tiles and buffers. Each rank runs the XDs of its hops; the
+// XDs of other ranks' hops are mirrors whose tiles_done follows that rank's messages ("tile t
+// landed in your buffer", "slot s drained"), so the handshake above works unchanged.
 #pragma once
 
 #include "runtime/dma/channel.h"
@@ -22,6 +27,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -29,6 +35,15 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+namespace caravan::net {
+class Network;
+struct AmMessage;
+}  // namespace caravan::net
+
+namespace caravan {
+class InstanceImpl;
+}
 
 namespace caravan::dma {
 
@@ -39,7 +54,7 @@ struct CopyOperation;
 struct Xd {
   CopyOperation* op = nullptr;
   std::size_t hop = 0;
-  DmaWorker* worker = nullptr;
+  DmaWorker* worker = nullptr;  // null: another rank runs this hop, and this XD mirrors its progress
   std::uint64_t request_bytes = 0;
   Layout src_layout, dst_layout;
 
@@ -94,6 +109,40 @@ class DmaWorker {
   std::thread thread_;
 };
 
+// The cross-rank part of a copy (remote_copy.cpp). Guarded by the engine's mutex unless noted.
+//
+// The rank that called copy() (the initiator) owns the copy's event and coordinates: once the
+// precondition has triggered it admits the participants (every rank that runs a hop or owns an
+// instance of the copy) one after another in global memory order, so that buffer reservations
+// across ranks are taken in one order and cannot deadlock; each admitted participant allocates
+// its buffers and answers `ready` with the remote keys of the buffers other ranks put into. Then
+// `go` hands every participant those keys and each starts its XDs. A participant reports `done`
+// once its XDs have retired and their puts are flushed; the initiator then sends `finished`
+// (buffers may be reused: no put can still land in them) and triggers the event. The first
+// failure anywhere (an XD's error, a lost peer, cancel) makes the initiator send `abort`.
+struct DistributedState {
+  std::uint64_t id = 0;  // initiator rank << 48 | its sequence number
+  int initiator = 0;
+  std::vector<int> hop_rank;      // the rank that runs each hop (the owner of its source memory)
+  std::vector<int> participants;  // in global memory order (node, rank)
+  std::vector<planner::Hop> hops;
+  std::uint64_t tile_points = 0;
+  // The initiator's view of each participant.
+  enum class Peer : std::uint8_t { waiting, setup_sent, ready, done };
+  std::vector<Peer> peers;
+  std::size_t next = 0;  // the participant being admitted
+  bool aborted = false;
+  std::vector<std::byte> setup;  // the setup message's body
+  // Per hop: the remote key of the hop's output (buffer or destination) where another rank owns it.
+  std::vector<std::vector<std::byte>> targets;
+  // This rank's part.
+  bool started = false;       // `go` seen: XDs added (or none to add)
+  bool segment_done = false;  // its XDs retired and their puts flushed
+  bool orphaned = false;      // the initiator is lost: finish without `finished`
+  std::atomic<int> flushes{0};
+  std::shared_ptr<InstanceImpl> src_impl, dst_impl;  // a participant's own instances, kept alive
+};
+
 struct CopyOperation {
   Engine* engine = nullptr;
   Event done;
@@ -133,6 +182,8 @@ struct CopyOperation {
   std::atomic<std::int64_t> last_progress_ns{0};
   std::int64_t last_warned_ns = 0;
 
+  std::unique_ptr<DistributedState> dist;  // null: every hop and instance on this rank
+
   void fail(const FailureCause& cause);
   void touch();
 };
@@ -159,6 +210,15 @@ class Engine final : public RuntimeService {
   void shutdown() override;
 
   EngineStats stats();
+  // Instances of other ranks (remote_copy.cpp): what Instance::descriptor and from_descriptor do.
+  std::vector<std::byte> export_instance(const std::shared_ptr<InstanceImpl>& impl);
+  std::shared_ptr<InstanceImpl> import_instance(std::span<const std::byte> descriptor);
+  // Storage for a buffer in `memory`: REG memory in a job is registered with UCX (from a cache of
+  // registrations: registering costs far more than copying a tile), the rest as allocate_storage().
+  std::shared_ptr<Storage> allocate_buffer(MemoryId memory, std::uint64_t bytes);
+  // Storage for an instance (`attach`: the caller's bytes); REG memory in a job is registered.
+  std::shared_ptr<Storage> allocate_instance_storage(MemoryId memory, std::uint64_t bytes, void* attach = nullptr);
+  void release_buffer(std::shared_ptr<Storage> storage);
   const planner::TransferGraph& graph() const { return *graph_; }
   detail::EventTable& events() { return runtime_.events(); }
   std::uint16_t rank() const { return static_cast<std::uint16_t>(runtime_.rank()); }
@@ -167,6 +227,7 @@ class Engine final : public RuntimeService {
   void on_precondition(const std::shared_ptr<CopyOperation>& op, const FailureCause& failure);
   void xd_retired(CopyOperation* op);
   void tile_finished(Xd* xd);
+  int my_rank() const { return runtime_.rank(); }
 
  private:
   friend class DmaWorker;
@@ -180,12 +241,48 @@ class Engine final : public RuntimeService {
   void check_common(const Instance& inst, const char* what) const;
   Event submit(std::shared_ptr<CopyOperation> op, Event precondition);
   void prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops);
+  // Tiles, buffers and XDs from sizes already chosen (by this rank, or by the initiator of a
+  // cross-rank copy): XDs of hops that `runs_here` get this rank's workers.
+  void build_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops, std::uint64_t tile_points,
+                      const std::vector<std::uint64_t>& slot_bytes, const std::vector<std::uint64_t>& request_bytes,
+                      const std::function<bool(std::size_t hop)>& runs_here);
+  std::uint32_t channel_between(MemoryId src, MemoryId dst, ChannelKind kind) const;
   void admit(const std::shared_ptr<CopyOperation>& op);  // engine mutex held
   void start(const std::shared_ptr<CopyOperation>& op);
   void release_reservations(CopyOperation& op, std::vector<std::shared_ptr<CopyOperation>>& retry);  // mutex held
   void finish(const std::shared_ptr<CopyOperation>& op);
   void watchdog_main();
   DmaWorker& worker_for(std::uint32_t graph_channel);
+
+  // Cross-rank copies (remote_copy.cpp).
+  void dist_init();
+  void dist_shutdown();
+  void dist_close();
+  void dist_finish_local(const std::shared_ptr<CopyOperation>& op);
+  void dist_readmit(std::vector<std::shared_ptr<CopyOperation>>& retry);
+  void dist_prepare(CopyOperation& op);
+  void dist_begin(const std::shared_ptr<CopyOperation>& op);
+  void dist_admitted(const std::shared_ptr<CopyOperation>& op);
+  void dist_advance(const std::shared_ptr<CopyOperation>& op);
+  void dist_go(const std::shared_ptr<CopyOperation>& op);
+  void dist_segment_retired(const std::shared_ptr<CopyOperation>& op);
+  void dist_segment_done(const std::shared_ptr<CopyOperation>& op);
+  void dist_check_complete(const std::shared_ptr<CopyOperation>& op);
+  void dist_fail(const std::shared_ptr<CopyOperation>& op, const FailureCause& cause);
+  void dist_abort_here(const std::shared_ptr<CopyOperation>& op, const FailureCause& cause);
+  void dist_tile_progress(Xd* xd);
+  void dist_peer_lost(int rank, const FailureCause& cause);
+  std::shared_ptr<CopyOperation> dist_find(std::uint64_t id);
+  void on_setup(int source, const std::vector<std::byte>& body);
+  void on_ready(int source, const std::vector<std::byte>& body);
+  void on_go(int source, const std::vector<std::byte>& body);
+  void on_tiles(int source, std::span<const std::byte> body);
+  void on_done(int source, const std::vector<std::byte>& body);
+  void on_abort(int source, const std::vector<std::byte>& body);
+  void on_finished(int source, const std::vector<std::byte>& body);
+  void send(int rank, std::uint16_t id, std::span<const std::byte> body);
+  void post_control(std::function<void()> work);
+  void control_main();
 
   RuntimeImpl& runtime_;
   std::shared_ptr<const planner::TransferGraph> graph_;
@@ -202,6 +299,26 @@ class Engine final : public RuntimeService {
   std::uint64_t request_floor_bytes_, tile_bytes_, pool_bytes_;
   std::int64_t stall_ns_;
   int slots_;
+
+  // Cross-rank copies (remote_copy.cpp).
+  net::Network* network_ = nullptr;
+  struct Hook;                // how UCX handlers and listeners reach the engine while it lives
+  std::shared_ptr<Hook> hook_;
+  std::uint64_t nonce_ = 0;   // tells this engine's instance descriptors from an earlier runtime's
+  std::mutex exports_mutex_;
+  std::uint64_t next_export_ = 0;
+  std::unordered_map<std::uint64_t, std::weak_ptr<InstanceImpl>> exports_;
+  std::mutex dist_mutex_;     // guards dist_ops_ (looked up on the progress thread)
+  std::unordered_map<std::uint64_t, std::shared_ptr<CopyOperation>> dist_ops_;
+  std::multimap<std::uint64_t, std::shared_ptr<Storage>> idle_registered_;  // guarded by mutex_
+  std::uint64_t idle_registered_bytes_ = 0;
+  // Coordination messages and peer losses are handled on this thread, off the progress thread:
+  // they allocate and register memory and trigger events, which may run user callbacks.
+  std::mutex control_mutex_;
+  std::condition_variable control_cv_;
+  std::deque<std::function<void()>> control_queue_;
+  bool control_stop_ = false;
+  std::thread control_;
 };
 
 }  // namespace caravan::dma

@@ -5,6 +5,7 @@
 #include <caravan/copy.h>
 
 #include <memory>
+#include <vector>
 
 namespace caravan {
 
@@ -26,7 +27,12 @@ class InstanceImpl {
   FieldSpace fields;
   Layout layout;
   Linearization lin;
-  std::shared_ptr<dma::Storage> storage;
+  std::shared_ptr<dma::Storage> storage;  // null for another rank's instance
+  // Cross-rank copies: the owner numbers the instances it exported (0: never); another rank's
+  // Instance (from_descriptor) keeps the descriptor it came from and has no storage.
+  std::uint64_t export_id = 0;
+  bool remote = false;
+  std::vector<std::byte> descriptor;
 };
 
 }  // namespace caravan

@@ -1,6 +1,7 @@
 #include "runtime/dma/storage.h"
 
 #include "runtime/gpu/devices.h"
+#include "runtime/net/rma.h"
 
 #include <caravan/error.h>
 #include <caravan/settings.h>
@@ -49,6 +50,24 @@ std::shared_ptr<Storage> Storage::wrap_host(MemoryId memory, void* data, std::ui
   return s;
 }
 
+std::shared_ptr<Storage> Storage::wrap_registered(MemoryId memory, std::shared_ptr<net::RegisteredMemory> registration,
+                                                  std::uint64_t bytes) {
+  if (!registration || registration->size() < bytes)
+    throw Error(Errc::internal, fmt::format("{}: a registration of at least {} bytes is needed", memory.to_string(), bytes));
+  std::shared_ptr<Storage> s(new Storage(memory, bytes));
+  s->host_ = registration->data();
+  s->registration_ = std::move(registration);
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::remote(MemoryId memory, std::shared_ptr<net::RemoteMemory> memory_key, std::uint64_t bytes) {
+  if (!memory_key || memory_key->size() < bytes)
+    throw Error(Errc::internal, fmt::format("{}: the remote registration is smaller than {} bytes", memory.to_string(), bytes));
+  std::shared_ptr<Storage> s(new Storage(memory, bytes));
+  s->remote_ = std::move(memory_key);
+  return s;
+}
+
 std::shared_ptr<Storage> Storage::allocate_file(MemoryId memory, std::uint64_t bytes) {
   std::string dir = settings::get_string("CARAVAN_DSK_DIR");
   std::string path = dir + "/caravan-dsk-XXXXXX";
@@ -82,6 +101,8 @@ void Storage::read(std::uint64_t offset, std::span<std::byte> out) const {
   if (offset + out.size() > bytes_)
     throw Error(Errc::invalid_argument, fmt::format("read of {} bytes at {} is outside the {}-byte storage in {}",
                                                     out.size(), offset, bytes_, memory_.to_string()));
+  if (remote_)
+    throw Error(Errc::invalid_argument, fmt::format("{} belongs to rank {}: read it there", memory_.to_string(), memory_.rank));
   if (device_ >= 0) {
     gpu::copy_sync(out.data(), device_ptr_ + offset, out.size());
     return;
@@ -104,6 +125,8 @@ void Storage::write(std::uint64_t offset, std::span<const std::byte> in) const {
   if (offset + in.size() > bytes_)
     throw Error(Errc::invalid_argument, fmt::format("write of {} bytes at {} is outside the {}-byte storage in {}",
                                                     in.size(), offset, bytes_, memory_.to_string()));
+  if (remote_)
+    throw Error(Errc::invalid_argument, fmt::format("{} belongs to rank {}: write it there", memory_.to_string(), memory_.rank));
   if (device_ >= 0) {
     gpu::copy_sync(device_ptr_ + offset, in.data(), in.size());
     return;

@@ -10,6 +10,11 @@
 #include <memory>
 #include <span>
 
+namespace caravan::net {
+class RegisteredMemory;
+class RemoteMemory;
+}  // namespace caravan::net
+
 namespace caravan::dma {
 
 class Storage {
@@ -27,6 +32,13 @@ class Storage {
   // Pinned host memory mapped into every GPU (hipHostMalloc, portable and mapped; zeroed). It
   // is host memory too: host() is set, so the memcpy and file channels use it like sys.
   static std::shared_ptr<Storage> allocate_pinned(MemoryId memory, std::uint64_t bytes);
+  // REG memory in a job: host bytes registered with UCX (the nic channel puts from and into
+  // them). The storage keeps the registration alive.
+  static std::shared_ptr<Storage> wrap_registered(MemoryId memory, std::shared_ptr<net::RegisteredMemory> registration,
+                                                  std::uint64_t bytes);
+  // REG memory of another rank, reachable by UCX puts only (host() is null): what the nic
+  // channel writes into when a copy's next hop or destination lives on that rank.
+  static std::shared_ptr<Storage> remote(MemoryId memory, std::shared_ptr<net::RemoteMemory> memory_key, std::uint64_t bytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -41,9 +53,14 @@ class Storage {
   // The unified address GPU copies use: device memory for fbm, the host bytes otherwise
   // (pinned for zcm, pageable for sys); null for files.
   std::byte* gpu_address() const noexcept { return device_ >= 0 ? device_ptr_ : host_; }
+  // Registered with UCX (REG memory of this rank in a job), or null.
+  const std::shared_ptr<net::RegisteredMemory>& registration() const noexcept { return registration_; }
+  // Another rank's registered memory (see remote()), or null.
+  const std::shared_ptr<net::RemoteMemory>& remote_memory() const noexcept { return remote_; }
 
-  // Synchronous access to any storage (GPU memory through a blocking copy); throws
-  // Error(transport) on an I/O error, Error(device) on a GPU error.
+  // Synchronous access to any storage of this rank (GPU memory through a blocking copy); throws
+  // Error(transport) on an I/O error, Error(device) on a GPU error, Error(invalid_argument) for
+  // another rank's memory.
   void read(std::uint64_t offset, std::span<std::byte> out) const;
   void write(std::uint64_t offset, std::span<const std::byte> in) const;
 
@@ -57,6 +74,8 @@ class Storage {
   Owner owner_ = Owner::none;
   int device_ = -1;
   int fd_ = -1;
+  std::shared_ptr<net::RegisteredMemory> registration_;
+  std::shared_ptr<net::RemoteMemory> remote_;
 };
 
 // Storage for `bytes` bytes in `memory`: pageable host memory for sys and reg (registration

@@ -1,0 +1,282 @@
+// Multi-process: copies between ranks through the nic channel (runtime/dma/remote_copy.cpp,
+// channels/nic_channel.*). Every rank runs the same tests in the same order under
+// `caravan run -n N [--nodes K]`; instances are named across ranks by their descriptors.
+//
+// Data: each source holds a pattern derived from a seed that rank 0 draws fresh for every run
+// (so a stale destination cannot pass), destinations are poisoned first, and every
+// (point, field) is checked after the copy.
+#include "runtime/dma/engine.h"
+#include "tests/dma/dma_test_util.h"
+#include "tests/net/net_test_util.h"
+
+#include <caravan/settings.h>
+
+#include <fmt/format.h>
+
+#include <signal.h>
+
+#include <random>
+#include <thread>
+
+namespace caravan {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using test::JobTest;
+
+MemoryId memory_of(Runtime& rt, int rank, MemoryKind kind) {
+  return MemoryId{static_cast<std::uint32_t>(rt.rank_info(rank).node), static_cast<std::uint32_t>(rank), kind, 0};
+}
+
+// Every rank's descriptor of its `mine`, imported here (this rank's own comes back as itself).
+std::vector<Instance> share(Runtime& rt, const Instance& mine) {
+  auto parts = test::network(rt).allgather(mine.descriptor(), std::chrono::seconds(30), "test descriptors");
+  std::vector<Instance> out;
+  for (auto& part : parts) out.push_back(Instance::from_descriptor(part));
+  return out;
+}
+
+// A seed drawn on rank 0 and shared: fresh data every run.
+std::uint64_t fresh_seed(Runtime& rt) {
+  std::uint64_t seed = std::random_device{}() | (static_cast<std::uint64_t>(std::random_device{}()) << 32);
+  return test::all_gather(rt, seed)[0];
+}
+
+std::uint64_t seed_of(std::uint64_t seed, int rank) { return seed ^ (0x9E37ull * static_cast<std::uint64_t>(rank + 1)); }
+
+// The event fails with `code` (and a cause that mentions `text`) within 30 s.
+void expect_poisoned(const Event& e, Errc code, std::string_view text = "") {
+  try {
+    e.wait_for(std::chrono::seconds(30));
+    ADD_FAILURE() << "the event triggered without an error";
+  } catch (const EventPoisoned& p) {
+    EXPECT_EQ(p.cause()->code(), code) << p.cause()->what();
+    EXPECT_NE(std::string(p.cause()->what()).find(text), std::string::npos) << p.cause()->what();
+  }
+}
+
+std::size_t engine_active_copies() { return dma::Engine::current().stats().active_copies; }
+
+// Waits (bounded) until this rank's engine has no copy left: a part waiting for `finished`, or
+// buffers left behind, would show here.
+bool engine_drains(std::chrono::seconds limit) {
+  auto until = Clock::now() + limit;
+  while (engine_active_copies() != 0 && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  return engine_active_copies() == 0;
+}
+
+TEST_F(JobTest, RemoteCopiesInEveryDirectionWithLayoutChanges) {
+  const int me = rank(), n = world();
+  const std::uint64_t seed = fresh_seed(rt());
+  FieldSpace fields({{"a", 4}, {"b", 8}, {"c", 2}});
+  auto space = Rect::from_extents({96, 40});
+  // Sources in AOS; destinations in other layouts, so that a memcpy hop on one side converts.
+  auto src = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x,y"));
+  auto pushed = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("y,x,F"));
+  auto pulled = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("x_in=16,F,x_out,y"));
+  auto reg_src = Instance::create(memory_of(rt(), me, MemoryKind::reg), space, fields, Layout::parse("F,x,y"));
+  auto reg_dst = Instance::create(memory_of(rt(), me, MemoryKind::reg), space, fields, Layout::parse("F,x,y"));
+  auto third = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("x,y,F"));
+  test::write_pattern(src, seed_of(seed, me));
+  test::write_pattern(reg_src, seed_of(seed, me) + 1);
+  for (const Instance* d : {&pushed, &pulled, &reg_dst, &third}) test::poison(*d);
+  auto srcs = share(rt(), src), pusheds = share(rt(), pushed), reg_srcs = share(rt(), reg_src), reg_dsts = share(rt(), reg_dst),
+       thirds = share(rt(), third);
+  EXPECT_FALSE(srcs[static_cast<std::size_t>(me)].is_remote());
+  rt().barrier(30s);
+
+  const auto next = static_cast<std::size_t>((me + 1) % n), prev = static_cast<std::size_t>((me + n - 1) % n);
+  CopyReport push_report, pull_report, reg_report;
+  // Push (this rank to the next), pull (the previous rank to this one), and a one-hop copy
+  // between registered instances; with 3 or more ranks also a copy between two other ranks.
+  Event push = copy(src, pusheds[next], {.report = &push_report});
+  Event pull = copy(srcs[prev], pulled, {.report = &pull_report});
+  Event reg = copy(reg_src, reg_dsts[next], {.report = &reg_report});
+  Event between;
+  if (n >= 3) between = copy(srcs[(static_cast<std::size_t>(me) + 1) % static_cast<std::size_t>(n)], thirds[(static_cast<std::size_t>(me) + 2) % static_cast<std::size_t>(n)]);
+  for (Event e : {push, pull, reg, between}) e.wait_for(60s);
+  EXPECT_NE(push_report.route.find("-[nic]->"), std::string::npos) << push_report.route;
+  EXPECT_NE(pull_report.route.find("-[nic]->"), std::string::npos) << pull_report.route;
+  EXPECT_EQ(reg_report.route, fmt::format("{} -[nic]-> {}", memory_of(rt(), me, MemoryKind::reg).to_string(),
+                                          memory_of(rt(), static_cast<int>(next), MemoryKind::reg).to_string()));
+  rt().barrier(30s);
+
+  EXPECT_EQ(test::count_mismatches(pushed, seed_of(seed, static_cast<int>(prev))), 0u);
+  EXPECT_EQ(test::count_mismatches(pulled, seed_of(seed, static_cast<int>(prev))), 0u);
+  EXPECT_EQ(test::count_mismatches(reg_dst, seed_of(seed, static_cast<int>(prev)) + 1), 0u);
+  if (n >= 3) {
+    EXPECT_EQ(test::count_mismatches(third, seed_of(seed, (me + n - 1) % n)), 0u);
+  }
+  EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
+  rt().barrier(30s);
+}
+
+TEST_F(JobTest, PipelinedCrossNodeCopyThroughSmallBuffers) {
+  // Buffers far smaller than the instance: the copy must stream tile by tile through
+  // SYS -> REG -> REG* -> SYS* with every hop running at once.
+  settings::ScopedOverride threshold("CARAVAN_PLANNER_BUFFER_THRESHOLD", "192K");
+  const int me = rank(), n = world();
+  const std::uint64_t seed = fresh_seed(rt());
+  FieldSpace fields({{"x", 8}, {"y", 4}, {"z", 4}});
+  auto space = Rect::from_extents({1 << 19});  // 8 MiB
+  auto src = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto dst = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("x,F"));
+  test::write_pattern(src, seed_of(seed, me));
+  test::poison(dst);
+  auto dsts = share(rt(), dst);
+  const int target = (me + n / 2) % n;  // with --nodes 2: a rank on the other node
+  CopyReport report;
+  if (target != me) {
+    copy(src, dsts[static_cast<std::size_t>(target)], {.report = &report}).wait_for(60s);
+    EXPECT_EQ(report.route, fmt::format("{} -[memcpy]-> {} -[nic]-> {} -[memcpy]-> {}", memory_of(rt(), me, MemoryKind::sys).to_string(),
+                                        memory_of(rt(), me, MemoryKind::reg).to_string(),
+                                        memory_of(rt(), target, MemoryKind::reg).to_string(),
+                                        memory_of(rt(), target, MemoryKind::sys).to_string()));
+    ASSERT_EQ(report.buffer_bytes.size(), 2u);
+    for (std::uint64_t bytes : report.buffer_bytes) EXPECT_LE(bytes, 192u << 10);
+    EXPECT_GE(report.tiles, 32u) << "the copy was not cut into tiles";
+    // Every hop ran; the first and last on their own ranks.
+    ASSERT_EQ(report.hop_requests.size(), 3u);
+    EXPECT_GT(report.hop_requests[0], 0u);
+    EXPECT_GT(report.hop_requests[1], 0u);
+  }
+  rt().barrier(30s);
+  const int writer = (me + n - n / 2) % n;
+  if (writer != me) {
+    EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, writer)), 0u);
+  }
+  EXPECT_TRUE(engine_drains(10s));
+  rt().barrier(30s);
+}
+
+TEST_F(JobTest, CancelStopsACrossRankCopyOnBothSides) {
+  settings::ScopedOverride threshold("CARAVAN_PLANNER_BUFFER_THRESHOLD", "128K");
+  const int me = rank(), n = world();
+  FieldSpace fields({{"v", 16}});
+  auto space = Rect::from_extents({1 << 20});  // 16 MiB: hundreds of tiles
+  auto src = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto dst = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto dsts = share(rt(), dst);
+  UserEvent gate = UserEvent::create();
+  // Cancelled before its precondition: no rank hears of it.
+  Event early = copy(src, dsts[static_cast<std::size_t>((me + 1) % n)], {.precondition = gate});
+  EXPECT_TRUE(cancel(early));
+  // Cancelled while it runs: every participant stops and frees its part.
+  Event running = copy(src, dsts[static_cast<std::size_t>((me + 1) % n)]);
+  std::this_thread::sleep_for(2ms);
+  const bool stopped = cancel(running);
+  gate.trigger();
+  expect_poisoned(early, Errc::cancelled);
+  if (stopped) {
+    expect_poisoned(running, Errc::cancelled);
+  } else {
+    running.wait_for(30s);  // it had finished already
+  }
+  rt().barrier(30s);
+  EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
+  auto stats = dma::Engine::current().stats();
+  for (const auto& [memory, bytes] : stats.pool_in_use) EXPECT_EQ(bytes, 0u) << memory.to_string();
+  // The pools are whole again: the same copy now runs to the end.
+  test::write_pattern(src, 77 + static_cast<std::uint64_t>(me));
+  rt().barrier(30s);
+  copy(src, dsts[static_cast<std::size_t>((me + 1) % n)]).wait_for(60s);
+  rt().barrier(30s);
+  EXPECT_EQ(test::count_mismatches(dst, 77 + static_cast<std::uint64_t>((me + n - 1) % n)), 0u);
+  rt().barrier(30s);
+}
+
+TEST_F(JobTest, BadRemoteCopiesAreRejectedClearly) {
+  const int me = rank(), n = world();
+  FieldSpace fields({{"v", 8}});
+  auto space = Rect::from_extents({1000});
+  auto mine = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto other_shape = Instance::create(memory_of(rt(), me, MemoryKind::sys), Rect::from_extents({999}), fields, Layout::parse("F,x"));
+  std::optional<Instance> doomed;
+  doomed = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto all = share(rt(), mine);
+  auto doomed_all = share(rt(), *doomed);
+  Instance remote = all[static_cast<std::size_t>((me + 1) % n)];
+  Instance remote_doomed = doomed_all[static_cast<std::size_t>((me + 1) % n)];
+  doomed_all.clear();  // this rank's own entry is its instance itself, which must go too
+  ASSERT_TRUE(remote.is_remote());
+
+  std::vector<std::byte> junk(40, std::byte{7});
+  CARAVAN_EXPECT_ERROR(Instance::from_descriptor(junk), Errc::invalid_argument, "not an instance descriptor");
+  std::vector<std::byte> cut = mine.descriptor();
+  cut.resize(cut.size() - 3);
+  CARAVAN_EXPECT_ERROR(Instance::from_descriptor(cut), Errc::invalid_argument, "Instance::from_descriptor");
+  CARAVAN_EXPECT_ERROR(remote.data(), Errc::invalid_argument, fmt::format("memory of rank {}", (me + 1) % n));
+  std::vector<std::byte> out(8);
+  CARAVAN_EXPECT_ERROR(remote.read_bytes(0, out), Errc::invalid_argument, "only that rank");
+  CARAVAN_EXPECT_ERROR(fill(remote, out), Errc::invalid_argument, "fill it on that rank");
+  CARAVAN_EXPECT_ERROR(copy(other_shape, remote), Errc::invalid_argument, "index space");
+  CARAVAN_EXPECT_ERROR(copy(mine, remote, {.priority = 5000}), Errc::invalid_argument, "priority");
+  rt().barrier(30s);
+  // An instance its owner has dropped: the copy is poisoned, naming it, not a crash.
+  doomed.reset();
+  rt().barrier(30s);
+  expect_poisoned(copy(mine, remote_doomed), Errc::invalid_argument, "no longer exists");
+  rt().barrier(30s);
+  EXPECT_TRUE(engine_drains(10s));
+  rt().barrier(30s);
+}
+
+}  // namespace
+}  // namespace caravan
+
+// Run by expect_rank_failure.sh: the last rank dies in the middle of copies to and from it.
+namespace caravan {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using test::JobTest;
+
+TEST_F(JobTest, KilledPeerPoisonsCrossRankCopiesWithin10Seconds) {
+  settings::ScopedOverride threshold("CARAVAN_PLANNER_BUFFER_THRESHOLD", "256K");
+  const int me = rank(), victim = world() - 1;
+  FieldSpace fields({{"v", 16}});
+  auto space = Rect::from_extents({1 << 20});  // 16 MiB per copy
+  auto src = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto dst = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto srcs = share(rt(), src), dsts = share(rt(), dst);
+  // The victim also starts copies into rank 0, whose part then loses its initiator.
+  const char* tls = std::getenv("CARAVAN_UCX_TLS");
+  const bool emulated_rma = tls && std::string_view(tls) == "tcp";  // see failure_test.cpp
+  rt().barrier(30s);
+  const auto killed_at = Clock::now() + 300ms;
+  if (me == victim) {
+    if (!emulated_rma) copy(src, dsts[0]);
+    std::this_thread::sleep_until(killed_at);
+    raise(SIGKILL);
+  }
+  // Copies in both directions between this rank and the victim, until one fails.
+  std::string cause;
+  Errc code = Errc::internal;
+  while (cause.empty() && Clock::now() < killed_at + 30s) {
+    Event push = copy(src, dsts[static_cast<std::size_t>(victim)]);
+    Event pull = emulated_rma ? Event() : copy(srcs[static_cast<std::size_t>(victim)], dst);
+    for (Event e : {push, pull}) {
+      try {
+        e.wait_for(30s);
+      } catch (const EventPoisoned& p) {
+        if (cause.empty()) {
+          cause = p.cause()->what();
+          code = p.cause()->code();
+        }
+      }
+    }
+  }
+  const auto noticed = Clock::now() - killed_at;
+  EXPECT_EQ(code, Errc::transport) << cause;
+  EXPECT_NE(cause.find(fmt::format("rank {}", victim)), std::string::npos) << cause;
+  EXPECT_LT(noticed, 10s) << "the failure took " << std::chrono::duration<double>(noticed).count() << " s to notice";
+  // Nothing is left behind: the copies this rank started and the parts it ran for the victim.
+  EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
+  // New copies to the lost rank are refused at once.
+  CARAVAN_EXPECT_ERROR(copy(src, dsts[static_cast<std::size_t>(victim)]), Errc::transport, fmt::format("rank {}", victim));
+}
+
+}  // namespace
+}  // namespace caravan
