@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 using hipError_t = cudaError_t;
 using hipStream_t = cudaStream_t;
@@ -85,6 +86,39 @@ inline hipError_t hipEventDestroy(hipEvent_t event) { return cudaEventDestroy(ev
 inline hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream) { return cudaEventRecord(event, stream); }
 inline hipError_t hipEventSynchronize(hipEvent_t event) { return cudaEventSynchronize(event); }
 inline hipError_t hipEventQuery(hipEvent_t event) { return cudaEventQuery(event); }
+
+// More of the subset, for kernels/ (overlap operations and their benchmarks).
+inline constexpr hipMemcpyKind hipMemcpyDeviceToHost = cudaMemcpyDeviceToHost;
+inline constexpr hipMemcpyKind hipMemcpyHostToDevice = cudaMemcpyHostToDevice;
+inline hipError_t hipDeviceDisablePeerAccess(int peer) { return cudaDeviceDisablePeerAccess(peer); }
+inline hipError_t hipMemsetAsync(void* ptr, int value, std::size_t bytes, hipStream_t stream) {
+  return cudaMemsetAsync(ptr, value, bytes, stream);
+}
+inline hipError_t hipStreamWaitEvent(hipStream_t stream, hipEvent_t event, unsigned flags) {
+  return cudaStreamWaitEvent(stream, event, flags);
+}
+inline hipError_t hipEventElapsedTime(float* ms, hipEvent_t start, hipEvent_t stop) { return cudaEventElapsedTime(ms, start, stop); }
+inline hipError_t hipEventCreate(hipEvent_t* event) { return cudaEventCreate(event); }
+inline hipError_t hipStreamCreateWithPriority(hipStream_t* stream, unsigned flags, int priority) {
+  return cudaStreamCreateWithPriority(stream, flags, priority);
+}
+inline hipError_t hipDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  return cudaDeviceGetStreamPriorityRange(least, greatest);
+}
+inline hipError_t hipFuncSetAttributeMaxDynamicShared(const void* func, int bytes) {
+  return cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// Stream memory operations (HIP: hipStreamWaitValue64 / hipStreamWriteValue64): a stream waits
+// until a 64-bit word in device memory (local or a peer's) reaches a value, or writes one, in
+// stream order, without a kernel. CUDA has them only in the driver API; they are looked up
+// through the runtime (cudaGetDriverEntryPointByVersion) so that no binary links libcuda and
+// machines without a driver still start.
+inline constexpr unsigned hipStreamWaitValueGte = 0x0;  // CU_STREAM_WAIT_VALUE_GEQ
+inline constexpr unsigned hipStreamWaitValueEq = 0x1;   // CU_STREAM_WAIT_VALUE_EQ
+hipError_t hipStreamWaitValue64(hipStream_t stream, void* ptr, std::uint64_t value, unsigned flags,
+                                std::uint64_t mask = ~std::uint64_t{0});
+hipError_t hipStreamWriteValue64(hipStream_t stream, void* ptr, std::uint64_t value, unsigned flags);
 #endif
 
 #include <caravan/error.h>

@@ -1,0 +1,192 @@
+// Element-wise kernels behind kernels.h: random fills, the reference comparison, the fp32
+// reduction of ReduceScatter, and the low-latency AllGather.
+#include "kernels/gpu/kernels.h"
+#include "kernels/gpu/symmetric.cuh"
+
+#include <cmath>
+#include <string>
+
+namespace caravan::gpu {
+namespace {
+
+__device__ inline std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+__device__ inline float random_value(std::uint64_t seed, long row, long col, float scale) {
+  const std::uint64_t h = splitmix64(seed ^ splitmix64(static_cast<std::uint64_t>(row) * 0x100000001B3ull +
+                                                       static_cast<std::uint64_t>(col)));
+  const float unit = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+  return __bfloat162float(__float2bfloat16((2.0f * unit - 1.0f) * scale));
+}
+
+template <class T>
+__global__ void fill_random_kernel(T* out, long rows, long cols, long ld, std::uint64_t seed, long row0, long col0,
+                                   float scale) {
+  const long total = rows * cols;
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const long r = i / cols, c = i % cols;
+    const float v = random_value(seed, row0 + r, col0 + c, scale);
+    if constexpr (sizeof(T) == 2) out[r * ld + c] = __float2bfloat16(v);
+    else out[r * ld + c] = v;
+  }
+}
+
+__global__ void compare_kernel(const bf16* out, long rows, long cols, long ld, const float* ref, long ref_ld,
+                               ErrorSums* sums) {
+  double diff2 = 0, ref2 = 0;
+  unsigned long long nonfinite = 0;
+  const long total = rows * cols;
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const long r = i / cols, c = i % cols;
+    const float o = __bfloat162float(out[r * ld + c]);
+    const float f = ref[r * ref_ld + c];
+    if (!isfinite(o)) {
+      ++nonfinite;
+      continue;
+    }
+    diff2 += static_cast<double>(o - f) * (o - f);
+    ref2 += static_cast<double>(f) * f;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    diff2 += __shfl_down_sync(0xffffffffu, diff2, offset);
+    ref2 += __shfl_down_sync(0xffffffffu, ref2, offset);
+    nonfinite += __shfl_down_sync(0xffffffffu, nonfinite, offset);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(&sums->diff2, diff2);
+    atomicAdd(&sums->ref2, ref2);
+    atomicAdd(&sums->nonfinite, nonfinite);
+  }
+}
+
+__global__ void reduce_sum_kernel(bf16* out, ReduceInputs inputs, std::size_t vectors) {
+  for (std::size_t v = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; v < vectors;
+       v += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    float acc[8] = {};
+    for (int j = 0; j < inputs.count; ++j) {
+      const uint4 raw = reinterpret_cast<const uint4*>(inputs.in[j])[v];
+      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(h[k]);
+        acc[2 * k] += f.x;
+        acc[2 * k + 1] += f.y;
+      }
+    }
+    uint4 packed;
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+    reinterpret_cast<uint4*>(out)[v] = packed;
+  }
+}
+
+__global__ void reduce_sum_tail_kernel(bf16* out, ReduceInputs inputs, std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float acc = 0;
+    for (int j = 0; j < inputs.count; ++j) acc += __bfloat162float(inputs.in[j][i]);
+    out[i] = __float2bfloat16(acc);
+  }
+}
+
+// One 16-byte line: {data0, flag, data1, flag}. Stored and loaded whole with volatile vector
+// accesses; the interconnect delivers each aligned 8-byte half atomically, so a line whose two
+// flags both equal the epoch holds that epoch's two data words.
+__device__ inline void store_line(uint4* dst, uint4 line) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(line.x), "r"(line.y), "r"(line.z),
+               "r"(line.w)
+               : "memory");
+}
+__device__ inline uint4 load_line(const uint4* src) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(src)
+               : "memory");
+  return v;
+}
+
+__global__ void ll_allgather_kernel(HeapView heap, const uint2* in, std::size_t pairs, uint4* lines, uint2* out,
+                                    std::uint32_t epoch) {
+  const int world = heap.world, me = heap.rank;
+  uint4* half = lines + static_cast<std::size_t>(epoch & 1u) * world * pairs;
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < pairs) {
+    const uint2 mine = in[i];
+    const uint4 line{mine.x, epoch, mine.y, epoch};
+    for (int step = 1; step < world; ++step) {
+      const int peer = (me + step) % world;
+      store_line(dev::translate(heap, half + static_cast<std::size_t>(me) * pairs + i, peer), line);
+    }
+    out[static_cast<std::size_t>(me) * pairs + i] = mine;
+    for (int step = 1; step < world; ++step) {
+      const int peer = (me - step + world) % world;  // the first to have written to us
+      const uint4* src = half + static_cast<std::size_t>(peer) * pairs + i;
+      uint4 got = load_line(src);
+      while (got.y != epoch || got.w != epoch) got = load_line(src);
+      out[static_cast<std::size_t>(peer) * pairs + i] = uint2{got.x, got.z};
+    }
+  }
+}
+
+int blocks_for(long work, int threads, int cap = 4096) {
+  const long blocks = (work + threads - 1) / threads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+}
+
+}  // namespace
+
+void fill_random(bf16* out, long rows, long cols, long ld, std::uint64_t seed, long row0, long col0, float scale,
+                 hipStream_t stream) {
+  fill_random_kernel<<<blocks_for(rows * cols, 256), 256, 0, stream>>>(out, rows, cols, ld, seed, row0, col0, scale);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+void fill_random(float* out, long rows, long cols, long ld, std::uint64_t seed, long row0, long col0, float scale,
+                 hipStream_t stream) {
+  fill_random_kernel<<<blocks_for(rows * cols, 256), 256, 0, stream>>>(out, rows, cols, ld, seed, row0, col0, scale);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void compare(const bf16* out, long rows, long cols, long ld, const float* ref, long ref_ld, ErrorSums* sums,
+             hipStream_t stream) {
+  CARAVAN_HIP_CHECK(hipMemsetAsync(sums, 0, sizeof(ErrorSums), stream));
+  compare_kernel<<<blocks_for(rows * cols, 256, 1024), 256, 0, stream>>>(out, rows, cols, ld, ref, ref_ld, sums);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void reduce_sum(bf16* out, const ReduceInputs& inputs, std::size_t elements, hipStream_t stream) {
+  const std::size_t vectors = elements / 8;
+  if (vectors > 0) {
+    reduce_sum_kernel<<<blocks_for(static_cast<long>(vectors), 512, 132 * 8), 512, 0, stream>>>(out, inputs, vectors);
+    CARAVAN_HIP_CHECK(hipGetLastError());
+  }
+  if (vectors * 8 < elements) {
+    reduce_sum_tail_kernel<<<1, 32, 0, stream>>>(out, inputs, vectors * 8, elements);
+    CARAVAN_HIP_CHECK(hipGetLastError());
+  }
+}
+
+std::size_t ll_buffer_bytes(int world, std::size_t bytes) { return 2 * static_cast<std::size_t>(world) * (bytes / 8) * 16; }
+
+void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out, std::uint32_t epoch,
+                  hipStream_t stream) {
+  if (bytes == 0 || bytes % 8 != 0 || bytes > kLlMaxBytes)
+    throw Error(Errc::invalid_argument,
+                "ll_allgather: bytes per rank must be a positive multiple of 8 up to " + std::to_string(kLlMaxBytes) +
+                    " (every line's block must be resident at once; use the copy-engine AllGather above that), got " +
+                    std::to_string(bytes));
+  if (heap.world < 1 || heap.world > kMaxHeapRanks)
+    throw Error(Errc::invalid_argument, "ll_allgather: heap view has no valid world size");
+  const std::size_t pairs = bytes / 8;
+  ll_allgather_kernel<<<blocks_for(static_cast<long>(pairs), 128, 1 << 16), 128, 0, stream>>>(
+      heap, static_cast<const uint2*>(in), pairs, static_cast<uint4*>(lines), static_cast<uint2*>(out), epoch);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+}  // namespace caravan::gpu

@@ -1,0 +1,59 @@
+// The GPU symmetric heap: every GPU of a team ("rank") holds one heap of the same size, and an
+// allocation has the same offset in each, so a kernel on one GPU reaches another GPU's copy by
+// pointer translation (kernels/gpu/symmetric.cuh) over NVLink/xGMI.
+//
+// This is the in-process form: one process drives the team's GPUs, the heaps are plain device
+// allocations and peer access is enabled between every pair, so each rank's base is the same
+// address on every GPU. (Across processes the bases come from IPC handles exchanged at start;
+// the HeapView a kernel sees is the same either way.)
+#pragma once
+
+#include "kernels/gpu/heap_view.h"
+
+#include <caravan/symmetric_heap.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace caravan::gpu {
+
+class GpuSymmetricHeap {
+ public:
+  // Allocates `bytes_per_rank` on each of `devices` (one rank each, in that order) and enables
+  // peer access between every pair. Throws Error(invalid_argument) for an empty or too long
+  // device list, a device listed twice, or a pair of GPUs that cannot reach each other.
+  GpuSymmetricHeap(std::vector<int> devices, std::uint64_t bytes_per_rank);
+  ~GpuSymmetricHeap();
+  GpuSymmetricHeap(const GpuSymmetricHeap&) = delete;
+  GpuSymmetricHeap& operator=(const GpuSymmetricHeap&) = delete;
+
+  int world() const { return static_cast<int>(devices_.size()); }
+  int device(int rank) const { return devices_.at(static_cast<std::size_t>(rank)); }
+  std::uint64_t capacity() const { return bytes_; }
+  std::uint64_t used() const { return used_; }
+
+  // The same offset on every rank, zero-filled. Throws Error(invalid_argument) when the heap is
+  // full (naming the sizes) or the alignment is not a power of two.
+  SymmetricRegion allocate(std::uint64_t bytes, std::uint64_t alignment = 256);
+
+  // `rank`'s copy of `region` (a device address every GPU of the team may load and store).
+  template <class T = std::byte>
+  T* at(const SymmetricRegion& region, int rank) const {
+    return reinterpret_cast<T*>(bases_.at(static_cast<std::size_t>(rank)) + region.offset);
+  }
+  HeapView view(int rank) const;
+
+  // Scoped reuse: everything allocated after mark() is released by release_to(mark) (and zeroed
+  // again), e.g. between benchmark cases. The caller guarantees that nothing uses it any more.
+  std::uint64_t mark() const { return used_; }
+  void release_to(std::uint64_t mark);
+
+ private:
+  std::vector<int> devices_;
+  std::vector<char*> bases_;
+  std::uint64_t bytes_ = 0;
+  std::uint64_t used_ = 0;
+};
+
+}  // namespace caravan::gpu

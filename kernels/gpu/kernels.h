@@ -1,0 +1,56 @@
+// Host launchers of Caravan's GPU kernels (kernels/gpu/*.cu). Every launcher checks the launch
+// and throws Error(device) on failure; the work itself is asynchronous on `stream`.
+#pragma once
+
+#include "kernels/gpu/heap_view.h"
+#include "runtime/gpu/platform.h"
+
+#include <cuda_bf16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace caravan::gpu {
+
+using bf16 = __nv_bfloat16;
+
+// Fills rows x cols of a row-major matrix (leading dimension ld) with uniform values in
+// [-scale, scale], a pure function of (seed, row0 + row, col0 + col): any rank can regenerate any
+// part of a distributed matrix. The float version holds the same values (rounded to bf16 first),
+// for float32 references.
+void fill_random(bf16* out, long rows, long cols, long ld, std::uint64_t seed, long row0, long col0, float scale,
+                 hipStream_t stream);
+void fill_random(float* out, long rows, long cols, long ld, std::uint64_t seed, long row0, long col0, float scale,
+                 hipStream_t stream);
+
+// Sums for a relative error ||out - ref|| / ||ref|| and the count of non-finite outputs (a
+// poisoned element that was never written is NaN). `sums` is device memory, zeroed here.
+struct ErrorSums {
+  double diff2 = 0;
+  double ref2 = 0;
+  unsigned long long nonfinite = 0;
+};
+void compare(const bf16* out, long rows, long cols, long ld, const float* ref, long ref_ld, ErrorSums* sums,
+             hipStream_t stream);
+
+// out[i] = sum over j < count of inputs[j][i], accumulated in fp32, for `elements` bf16 values.
+// Inputs are summed in the order given (deterministic). All pointers 16-byte aligned.
+inline constexpr int kMaxReduceInputs = 8;
+struct ReduceInputs {
+  const bf16* in[kMaxReduceInputs] = {};
+  int count = 0;
+};
+void reduce_sum(bf16* out, const ReduceInputs& inputs, std::size_t elements, hipStream_t stream);
+
+// The low-latency AllGather: each rank's `bytes` (a multiple of 8) travel to every peer as 16-byte
+// lines of two 4-byte data words each followed by a 4-byte flag equal to `epoch`, so a receiver
+// knows a line has landed by reading the line itself, with no separate signal. `lines` is this
+// rank's copy of a symmetric region of ll_buffer_bytes(world, bytes); `out` receives world x bytes
+// (rank p's data at p * bytes). Epochs start at 1 and increase by one per call; the buffer
+// alternates halves by epoch parity, so a rank may run one call ahead of a peer.
+inline constexpr std::size_t kLlMaxBytes = std::size_t{1} << 20;
+std::size_t ll_buffer_bytes(int world, std::size_t bytes);
+void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out,
+                  std::uint32_t epoch, hipStream_t stream);
+
+}  // namespace caravan::gpu

@@ -1,0 +1,161 @@
+// Overlapped communication + GEMM on the GPUs of one node: the collective moves tiles into
+// symmetric memory (kernels/gpu/gpu_heap.h) and raises a flag per tile; the GEMM consumes each
+// tile as its flag flips, so communication hides behind computation.
+//
+// Chunked variants run the vendor BLAS per chunk after that chunk's flag, waited on in stream
+// order (hipStreamWaitValue64) with no host involvement; the copies run on the copy engines of
+// a communication stream per rank, so the GEMM keeps every SM. Chunk orders are swizzled to the
+// arrival order: each rank starts on its own shard, then takes peers in the order they arrive.
+//
+// Flags hold epochs: every call of an operation on a rank increases the rank's epoch by one,
+// and every rank calls an operation the same number of times, so a flag never needs resetting.
+// Each operation also signals when a peer may overwrite a buffer it read ("freed"/"done"
+// flags), so back-to-back calls are safe without a barrier.
+#pragma once
+
+#include "kernels/gpu/blas.h"
+#include "kernels/gpu/gpu_heap.h"
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace caravan::gpu {
+
+// The GPUs of a node driven by this process, one rank each: the symmetric heap, and per rank a
+// communication stream and a BLAS handle. Thread-compatible per rank: one host thread drives
+// each rank (as one process would).
+class GpuTeam {
+ public:
+  GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank);
+  ~GpuTeam();
+  GpuTeam(const GpuTeam&) = delete;
+  GpuTeam& operator=(const GpuTeam&) = delete;
+
+  int world() const { return heap_.world(); }
+  int device(int rank) const { return heap_.device(rank); }
+  GpuSymmetricHeap& heap() { return heap_; }
+  hipStream_t comm_stream(int rank) const;
+  Blas& blas(int rank);
+  // Makes `rank`'s GPU current on the calling thread.
+  void use(int rank) const;
+
+ private:
+  struct Rank;
+  GpuSymmetricHeap heap_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+};
+
+// Per-rank events and epoch of one operation (internal helper, shared by the operations).
+class RankSync {
+ public:
+  explicit RankSync(int chunk_events);
+  ~RankSync();
+  RankSync(const RankSync&) = delete;
+  RankSync& operator=(const RankSync&) = delete;
+  hipEvent_t start = nullptr, comm_done = nullptr;
+  std::vector<hipEvent_t> chunk;
+  std::uint64_t epoch = 0;
+};
+
+enum class AgGemmVariant {
+  ce_pull,  // each rank pulls peers' shards with its copy engine; GEMM per shard as it lands
+  ce_push,  // each rank pushes its shard to every peer; GEMM per shard as it lands
+  ce_bulk,  // copy-engine AllGather (pull), then one GEMM over all rows: Caravan without overlap
+};
+std::string_view to_string(AgGemmVariant v);
+
+// C[m x n] = AllGather_rows(A)[m x k] x B[k x n] on every rank, A row-sharded (m/world rows per
+// rank), B and C per rank (the column shard of a weight, as tensor parallelism has it).
+class AllGatherGemm {
+ public:
+  // `splits` cuts each shard into that many chunks (finer pipelining, smaller GEMMs).
+  // Throws Error(invalid_argument) when m is not a multiple of world * splits or a size is not
+  // positive.
+  AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits = 1);
+  ~AllGatherGemm();
+
+  // Where rank `rank` writes its m/world x k shard before run() (in place in symmetric memory,
+  // as a producer kernel would).
+  bf16* shard(int rank) const;
+  // Enqueues on `stream` a wait until the peers have finished reading the shard of the last
+  // call: call it before overwriting shard(rank) when calls run back to back.
+  void wait_shard_free(int rank, hipStream_t stream);
+  // The gathered A on `rank` after run().
+  const bf16* gathered(int rank) const;
+  // Enqueues the operation on `stream` (on rank's device): C = gathered A x b. b and c are
+  // row-major with leading dimension n. Call from the thread driving `rank`; every rank calls
+  // with the same variant sequence.
+  void run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream);
+
+ private:
+  GpuTeam& team_;
+  long m_, k_, n_;
+  int splits_;
+  SymmetricRegion gathered_, flags_;
+  std::vector<std::unique_ptr<RankSync>> sync_;
+};
+
+enum class GemmRsVariant {
+  ce_push,  // GEMM row chunks in destination order; each chunk pushed as it is done; fp32 reduce
+  ce_bulk,  // one GEMM, then push every chunk, then reduce: Caravan without overlap
+};
+std::string_view to_string(GemmRsVariant v);
+
+// out[m/world x n] on rank r = rows r of the sum over ranks of A_q[m x k] x B_q[k x n] (K sharded
+// over ranks, as the down and output projections have it). The reduction accumulates in fp32.
+class GemmReduceScatter {
+ public:
+  GemmReduceScatter(GpuTeam& team, long m, long k, long n);
+  ~GemmReduceScatter();
+  void run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant, hipStream_t stream);
+
+ private:
+  GpuTeam& team_;
+  long m_, k_, n_;
+  SymmetricRegion received_, flags_;
+  std::vector<bf16*> partial_;
+  std::vector<std::unique_ptr<RankSync>> sync_;
+};
+
+enum class GemmAsVariant {
+  ce_push,  // producer-consumer on two streams: GEMM row chunks, each pushed to every peer when done
+  ce_bulk,  // one GEMM, then push: Caravan without overlap
+};
+std::string_view to_string(GemmAsVariant v);
+
+// GEMM + All-Scatter (the Iris taxonomy's case): rank r computes the column block r of
+// C[m x n] = A[m x k] x B[k x n] from its B_r[k x n/world] and scatters it, so every rank ends
+// with all of C (row-major, in symmetric memory).
+class GemmAllScatter {
+ public:
+  GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks);
+  ~GemmAllScatter();
+  // rank's copy of C (m x n) after run().
+  bf16* output(int rank) const;
+  void run(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream);
+
+ private:
+  GpuTeam& team_;
+  long m_, k_, n_;
+  int chunks_;
+  SymmetricRegion c_, flags_;
+  std::vector<std::unique_ptr<RankSync>> sync_;
+};
+
+// The low-latency AllGather of small messages (kernels.h: ll_allgather) with its symmetric
+// line buffer and epochs.
+class LowLatencyAllGather {
+ public:
+  LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank);
+  // in: this rank's bytes; out: world x bytes.
+  void run(int rank, const void* in, void* out, hipStream_t stream);
+
+ private:
+  GpuTeam& team_;
+  std::size_t bytes_;
+  SymmetricRegion lines_;
+  std::vector<std::uint32_t> epoch_;
+};
+
+}  // namespace caravan::gpu
