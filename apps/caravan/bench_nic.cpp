@@ -11,6 +11,12 @@
 // Caravan's side runs as `caravan run -n 2 --nodes 2 <this program> bench nic-rank ...`: rank 0
 // measures and writes its figures to a file, rank 1 serves (over tcp its progress thread
 // executes the emulated puts).
+//
+// Second part, the cross-node host path of a copy (`bench nic-path-rank`, 2 ranks in 2 logical
+// nodes): copy(src in rank 0's sys, dst in rank 1's sys) as planned, SYS -> REG -> REG* -> SYS*
+// pipelined tile by tile through bounded buffers, against the staged version (each hop run to
+// completion into a full-size intermediate instance, as a runtime without path planning does)
+// and against the slowest of those hops alone, interleaved repetition by repetition.
 #include "apps/caravan/bench_report.h"
 #include "apps/caravan/commands.h"
 #include "apps/caravan/launcher.h"
@@ -19,6 +25,7 @@
 #include "runtime/runtime_impl.h"
 
 #include <caravan/caravan.h>
+#include <caravan/copy.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -61,6 +68,14 @@ struct RankOptions {  // the hidden `bench nic-rank` run by each rank
   std::string out;
 };
 RankOptions g_rank;
+
+struct PathOptions {  // the hidden `bench nic-path-rank`
+  std::uint64_t bytes = 0;
+  int repetitions = 3;
+  std::string out;
+};
+PathOptions g_path;
+std::string g_path_shm_bytes = "256M", g_path_net_bytes = "64M";
 
 // "4096", "64K", "4M", "1G" (powers of 1024).
 std::uint64_t parse_size(const std::string& text, const char* option) {
@@ -158,6 +173,60 @@ void run_rank() {
     rt.barrier();
   }
   if (rt.rank() == 0) std::ofstream(g_rank.out) << out.dump();
+}
+
+// Rank 0 times the three versions of one cross-node copy; rank 1 owns the destination and the
+// staged version's second intermediate, and serves.
+void run_path_rank() {
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  if (rt.world_size() != 2 || rt.node_count() != 2)
+    throw Error(Errc::invalid_argument, "bench nic-path-rank runs as 2 ranks in 2 nodes (caravan run -n 2 --nodes 2)");
+  net::Network& network = *rt.impl().network();
+  const int me = rt.rank();
+  auto memory = [&](int rank, MemoryKind kind) {
+    return MemoryId{static_cast<std::uint32_t>(rt.rank_info(rank).node), static_cast<std::uint32_t>(rank), kind, 0};
+  };
+  FieldSpace fields({{"v", 16}});
+  auto space = Rect::from_extents({static_cast<std::int64_t>(std::max<std::uint64_t>(g_path.bytes / 16, 1))});
+  const Layout layout = Layout::parse("F,x");
+  // Rank 0: the source and the staged version's REG intermediate; rank 1: the destination and
+  // the staged version's REG* intermediate. Every page is touched before timing.
+  Instance src = Instance::create(memory(me, MemoryKind::sys), space, fields, layout);
+  Instance staging = Instance::create(memory(me, MemoryKind::reg), space, fields, layout);
+  std::memset(src.data(), me + 1, src.footprint_bytes());
+  std::memset(staging.data(), 0, staging.footprint_bytes());
+  auto share = [&](const Instance& mine) {
+    auto parts = network.allgather(mine.descriptor(), std::chrono::seconds(60), "bench nic-path");
+    return Instance::from_descriptor(parts[1]);
+  };
+  Instance dst = share(src);            // rank 1's sys instance
+  Instance remote_staging = share(staging);  // rank 1's reg instance
+  nlohmann::json out = {{"pipelined", nlohmann::json::array()}, {"staged", nlohmann::json::array()},
+                        {"hops", nlohmann::json::array()}, {"route", ""}, {"buffers", nlohmann::json::array()}};
+  if (me == 0) {
+    auto timed = [](const Instance& from, const Instance& to, CopyReport* report = nullptr) {
+      auto start = Clock::now();
+      copy(from, to, {.report = report}).wait();
+      return std::chrono::duration<double>(Clock::now() - start).count();
+    };
+    CopyReport report;
+    timed(src, dst);  // warm-up: buffers registered, pages mapped, connections up
+    timed(src, staging);
+    timed(staging, remote_staging);
+    timed(remote_staging, dst);
+    for (int rep = 0; rep < g_path.repetitions; ++rep) {
+      out["pipelined"].push_back(timed(src, dst, &report));
+      // Staged: every hop to completion before the next starts, through full-size intermediates.
+      double hop0 = timed(src, staging), hop1 = timed(staging, remote_staging), hop2 = timed(remote_staging, dst);
+      out["staged"].push_back(hop0 + hop1 + hop2);
+      out["hops"].push_back({hop0, hop1, hop2});
+    }
+    out["route"] = report.route;
+    out["buffers"] = report.buffer_bytes;
+    out["tiles"] = report.tiles;
+  }
+  rt.barrier(std::chrono::seconds(600));
+  if (me == 0) std::ofstream(g_path.out) << out.dump();
 }
 
 // --- the driver's side ---
@@ -331,6 +400,64 @@ BenchReport run_nic_bench() {
   }
   report.notes.push_back("caravan: net::Rma puts between 2 ranks in 2 logical nodes (caravan run -n 2 --nodes 2), registered "
                          "source and target, flush at the end; ucx_perftest -t ucp_put_bw between 2 local processes; GB/s = 10^9 B/s");
+
+  // The cross-node host path of a copy: pipelined vs staged vs its slowest hop alone.
+  report.figures["path"] = nlohmann::json::object();
+  for (const std::string& transport : g_nic.transports) {
+    std::string tls = transport == "default" ? "" : transport;
+    const std::uint64_t bytes = parse_size(tls == "tcp" ? g_path_net_bytes : g_path_shm_bytes, tls == "tcp" ? "--path-net-bytes" : "--path-shm-bytes");
+    std::string out = fmt::format("/tmp/caravan-bench-nic-path-{}.json", getpid());
+    RunSpec spec;
+    spec.ranks = 2;
+    spec.nodes = 2;
+    spec.command = {std::string(self, static_cast<std::size_t>(length)), "bench", "nic-path-rank", "--out", out, "--bytes",
+                    std::to_string(bytes), "--reps", std::to_string(g_nic.repetitions)};
+    spec.environment = {{"CARAVAN_UCX_TLS", tls}};
+    spec.quiet = true;
+    int status = run_ranks(spec);
+    if (status != 0) throw Error(Errc::transport, fmt::format("bench nic: the path ranks failed (status {})", status));
+    nlohmann::json r = nlohmann::json::parse(std::ifstream(out));
+    std::remove(out.c_str());
+    std::vector<double> pipelined, staged, slowest;
+    const std::uint64_t moved = bytes / 16 * 16;
+    for (double t : r["pipelined"]) pipelined.push_back(static_cast<double>(moved) / t / 1e9);
+    for (double t : r["staged"]) staged.push_back(static_cast<double>(moved) / t / 1e9);
+    std::vector<std::vector<double>> hop_gbps(3);
+    for (const auto& hops : r["hops"]) {
+      double worst = 0;
+      for (std::size_t h = 0; h < 3; ++h) {
+        worst = std::max(worst, hops[h].get<double>());
+        hop_gbps[h].push_back(static_cast<double>(moved) / hops[h].get<double>() / 1e9);
+      }
+      slowest.push_back(static_cast<double>(moved) / worst / 1e9);
+    }
+    Summary p = summarize(pipelined), s = summarize(staged), w = summarize(slowest);
+    std::string label = tls.empty() ? "UCX default (shared memory)" : "UCX_TLS=" + tls;
+    std::string buffers;
+    for (const auto& b : r["buffers"]) buffers += (buffers.empty() ? "" : ", ") + fmt_size(b.get<std::uint64_t>());
+    BenchTable table{fmt::format("cross-node copy of {} (16-byte points, F,x), GB/s, {}: {} ({} repetitions; pipelined "
+                                 "buffers {}, {} tiles)",
+                                 fmt_size(moved), label, r["route"].get<std::string>(), g_nic.repetitions, buffers,
+                                 r.value("tiles", 0)),
+                     {"version", "median", "p10..p90", "pipelined / this"},
+                     {}};
+    auto row = [&](const std::string& name, const Summary& x) {
+      table.rows.push_back({name, fmt::format("{:.2f}", x.median), fmt::format("{:.2f}..{:.2f}", x.p10, x.p90),
+                            fmt::format("{:.2f}", p.median / x.median)});
+    };
+    row("pipelined (planned path)", p);
+    row("staged (hop by hop, full-size intermediates)", s);
+    row("slowest hop alone", w);
+    const char* hop_names[3] = {"  hop 0 alone: memcpy sys -> reg", "  hop 1 alone: nic reg -> reg*", "  hop 2 alone: memcpy reg* -> sys*"};
+    for (std::size_t h = 0; h < 3; ++h) row(hop_names[h], summarize(hop_gbps[h]));
+    report.tables.push_back(table);
+    report.figures["path"][transport] = {{"bytes", moved},       {"route", r["route"]},           {"pipelined_gbps", pipelined},
+                                         {"staged_gbps", staged}, {"slowest_hop_gbps", slowest}, {"pipelined_over_staged", p.median / s.median},
+                                         {"pipelined_over_slowest_hop", p.median / w.median}};
+    report.headlines.push_back(fmt::format("{}: cross-node copy {:.2f} GB/s pipelined, {:.2f}x the staged version, {:.2f}x its "
+                                           "slowest hop alone",
+                                           label, p.median, p.median / s.median, p.median / w.median));
+  }
   return report;
 }
 
@@ -346,6 +473,8 @@ void add_bench_nic(CLI::App& bench) {
   sub.add_option("--shm-bytes", g_nic.shm_bytes, "Bytes put per measurement over shared memory")->capture_default_str();
   sub.add_option("--net-bytes", g_nic.net_bytes, "Bytes put per measurement over tcp")->capture_default_str();
   sub.add_option("--window", g_nic.window, "Puts in flight at once on Caravan's side")->capture_default_str();
+  sub.add_option("--path-shm-bytes", g_path_shm_bytes, "Size of the cross-node copy over shared memory")->capture_default_str();
+  sub.add_option("--path-net-bytes", g_path_net_bytes, "Size of the cross-node copy over tcp")->capture_default_str();
   // What each rank of Caravan's side runs; not meant for users (hence no group: hidden).
   CLI::App* rank = bench.add_subcommand("nic-rank", "One rank of `bench nic` (internal)");
   rank->group("");
@@ -358,6 +487,12 @@ void add_bench_nic(CLI::App& bench) {
       throw Error(Errc::invalid_argument, "bench nic-rank: give one --iterations per --size");
     run_rank();
   });
+  CLI::App* path = bench.add_subcommand("nic-path-rank", "One rank of `bench nic`'s cross-node copy (internal)");
+  path->group("");
+  path->add_option("--bytes", g_path.bytes)->required();
+  path->add_option("--reps", g_path.repetitions);
+  path->add_option("--out", g_path.out)->required();
+  path->callback([] { run_path_rank(); });
 }
 
 }  // namespace caravan::app

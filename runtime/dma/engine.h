@@ -38,6 +38,7 @@
 
 namespace caravan::net {
 class Network;
+class RemoteMemory;
 struct AmMessage;
 }  // namespace caravan::net
 
@@ -312,6 +313,10 @@ class Engine final : public RuntimeService {
   std::unordered_map<std::uint64_t, std::shared_ptr<CopyOperation>> dist_ops_;
   std::multimap<std::uint64_t, std::shared_ptr<Storage>> idle_registered_;  // guarded by mutex_
   std::uint64_t idle_registered_bytes_ = 0;
+  // Remote keys imported for nic hops, by (rank, descriptor), guarded by mutex_. Unpacking one
+  // maps the far side's memory (shared-memory transports) and every page of it faults in again
+  // after a new import, so copies into the same buffers and instances reuse them.
+  std::map<std::pair<int, std::vector<std::byte>>, std::shared_ptr<net::RemoteMemory>> remote_keys_;
   // Coordination messages and peer losses are handled on this thread, off the progress thread:
   // they allocate and register memory and trigger events, which may run user callbacks.
   std::mutex control_mutex_;

@@ -196,10 +196,12 @@ void Engine::dist_close() {
   control_cv_.notify_all();
   if (control_.joinable()) control_.join();
   std::multimap<std::uint64_t, std::shared_ptr<Storage>> idle;
+  std::map<std::pair<int, std::vector<std::byte>>, std::shared_ptr<net::RemoteMemory>> keys;
   {
     std::lock_guard lock(mutex_);
-    idle.swap(idle_registered_);  // registrations go before the network releases UCX
+    idle.swap(idle_registered_);  // registrations and keys go before the network releases UCX
     idle_registered_bytes_ = 0;
+    keys.swap(remote_keys_);
   }
 }
 
@@ -747,7 +749,21 @@ void Engine::dist_go(const std::shared_ptr<CopyOperation>& op) {
       if (out_memory.rank == static_cast<std::uint32_t>(me)) continue;
       if (targets[j].empty())
         throw Error(Errc::internal, fmt::format("no remote key for {} (hop {})", out_memory.to_string(), j));
-      auto remote = network_->rma().import(static_cast<int>(out_memory.rank), targets[j]);
+      std::shared_ptr<net::RemoteMemory> remote;
+      auto key = std::pair(static_cast<int>(out_memory.rank), targets[j]);
+      {
+        std::lock_guard lock(mutex_);
+        auto it = remote_keys_.find(key);
+        if (it != remote_keys_.end()) remote = it->second;
+      }
+      if (!remote) {
+        remote = network_->rma().import(static_cast<int>(out_memory.rank), targets[j]);
+        std::lock_guard lock(mutex_);
+        // Keys of buffers and instances long gone are dropped in bulk (their descriptors never
+        // come again: a new registration packs a new key).
+        if (remote_keys_.size() >= 256) remote_keys_.clear();
+        remote_keys_.emplace(std::move(key), remote);
+      }
       const std::uint64_t bytes = j < last ? op->buffers[j].slot_bytes * static_cast<std::uint64_t>(op->slots)
                                            : static_cast<std::uint64_t>(remote->size());
       auto storage = Storage::remote(out_memory, std::move(remote), bytes);
@@ -935,6 +951,18 @@ void Engine::on_tiles(int source, std::span<const std::byte> body) {
 // ------------------------------------------------------------------------ lost peers
 
 void Engine::dist_peer_lost(int rank, const FailureCause& cause) {
+  std::vector<std::shared_ptr<net::RemoteMemory>> dead_keys;  // released after the unlock
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = remote_keys_.begin(); it != remote_keys_.end();) {
+      if (it->first.first == rank) {
+        dead_keys.push_back(std::move(it->second));
+        it = remote_keys_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   std::vector<std::shared_ptr<CopyOperation>> ops;
   {
     std::lock_guard lock(dist_mutex_);
