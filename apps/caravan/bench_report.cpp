@@ -2,6 +2,7 @@
 
 #include "apps/caravan/commands.h"
 
+#include <caravan/error.h>
 #include <caravan/platform.h>
 
 #include <CLI/CLI.hpp>
@@ -92,7 +93,8 @@ CLI::App& add_bench_case(CLI::App& bench, const std::string& name, const std::st
     BenchReport report = run();
     report.name = name;
     report.machine = describe_machine();
-    print_report(report, g_json);
+    if (!report.printed) print_report(report, g_json);
+    if (!report.failure.empty()) throw Error(Errc::internal, report.failure);
   });
   return *sub;
 }
@@ -106,13 +108,17 @@ void add_bench_command(CLI::App& app) {
   add_bench_gpu(*bench);
   add_bench_plan(*bench);
   add_bench_nic(*bench);
+  add_bench_overlap(*bench);
   bench->add_subcommand("all", "Run every benchmark case with its default options")->callback([] {
+    std::string failures;
     for (const auto& entry : bench_cases()) {
       BenchReport report = entry.run();
       report.name = entry.name;
       report.machine = describe_machine();
-      print_report(report, g_json);
+      if (!report.printed) print_report(report, g_json);
+      if (!report.failure.empty()) failures += (failures.empty() ? "" : "; ") + report.failure;
     }
+    if (!failures.empty()) throw Error(Errc::internal, failures);
   });
 }
 

@@ -27,6 +27,8 @@ struct BenchReport {
   std::vector<std::string> headlines;  // one-line results, e.g. "1.23 M tasks/s"
   std::vector<std::string> notes;
   nlohmann::json figures = nlohmann::json::object();
+  bool printed = false;   // the case printed its own output (a backend with its own report, a rank other than 0)
+  std::string failure;    // not empty: the case ran but its results are wrong; the command fails after printing
 };
 
 // Prints the report as tables or as one JSON object.

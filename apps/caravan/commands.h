@@ -20,5 +20,7 @@ void add_bench_plan(CLI::App& bench);
 // `caravan run -n N [--nodes K] PROGRAM ARGS` (run_command.cpp); `caravan bench nic` (bench_nic.cpp).
 void add_run_command(CLI::App& app);
 void add_bench_nic(CLI::App& bench);
+// `caravan bench overlap` (bench_overlap.cpp: CPU backend; GPU backend through bench_overlap.h).
+void add_bench_overlap(CLI::App& bench);
 
 }  // namespace caravan::app

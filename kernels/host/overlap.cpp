@@ -764,10 +764,16 @@ struct LowLatencyState : OpState {
     ++epoch;  // no entry announcement: see the class comment in overlap.h
     const std::uint64_t flag = (epoch & 0xffffffffu) << 32;
     const auto* in = static_cast<const unsigned char*>(mine);
-    for (std::size_t w = 0; w < words; ++w) {
-      std::uint32_t data = 0;
-      std::memcpy(&data, in + 4 * w, std::min<std::size_t>(4, bytes - 4 * w));
+    const std::size_t full = bytes / 4;  // words with 4 data bytes (the last may carry fewer)
+    for (std::size_t w = 0; w < full; ++w) {
+      std::uint32_t data;
+      std::memcpy(&data, in + 4 * w, 4);
       packed[w] = flag | data;
+    }
+    if (full < words) {
+      std::uint32_t data = 0;
+      std::memcpy(&data, in + 4 * full, bytes - 4 * full);
+      packed[full] = flag | data;
     }
     for (int step = 1; step < world; ++step) {
       const int dest = (rank + step) % world;
@@ -802,7 +808,8 @@ struct LowLatencyState : OpState {
           word = std::atomic_ref<std::uint64_t>(source[w]).load(std::memory_order_relaxed);
         }
         const auto data = static_cast<std::uint32_t>(word);
-        std::memcpy(dst + 4 * w, &data, std::min<std::size_t>(4, bytes - 4 * w));
+        if (w < full) std::memcpy(dst + 4 * w, &data, 4);
+        else std::memcpy(dst + 4 * w, &data, bytes - 4 * w);
       }
     }
   }
