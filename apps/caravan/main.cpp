@@ -6,10 +6,15 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <exception>
 
 int main(int argc, char** argv) {
+  // GPU streams that wait on a peer's flag (kernels/gpu) block the hardware queue they run on;
+  // more queues keep unrelated streams of the device off it. CUDA reads this once, at its first
+  // call, so it is set before anything else (a value the user set wins).
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   CLI::App app{"Caravan: task-graph runtime with a path-planning data-movement engine"};
   app.require_subcommand(1);
   caravan::app::add_config_command(app);

@@ -113,7 +113,13 @@ __device__ inline uint4 load_line(const uint4* src) {
 }
 
 __global__ void ll_allgather_kernel(HeapView heap, const uint2* in, std::size_t pairs, uint4* lines, uint2* out,
-                                    std::uint32_t epoch) {
+                                    LlState* state) {
+  // The epoch lives on the device, so that a captured graph replays with fresh epochs: every
+  // block reads it first, and the last block to finish advances it.
+  __shared__ std::uint32_t shared_epoch;
+  if (threadIdx.x == 0) shared_epoch = *reinterpret_cast<volatile std::uint32_t*>(&state->epoch) + 1;
+  __syncthreads();
+  const std::uint32_t epoch = shared_epoch;
   const int world = heap.world, me = heap.rank;
   uint4* half = lines + static_cast<std::size_t>(epoch & 1u) * world * pairs;
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
@@ -131,6 +137,14 @@ __global__ void ll_allgather_kernel(HeapView heap, const uint2* in, std::size_t 
       uint4 got = load_line(src);
       while (got.y != epoch || got.w != epoch) got = load_line(src);
       out[static_cast<std::size_t>(peer) * pairs + i] = uint2{got.x, got.z};
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&state->blocks_done, 1u) == gridDim.x - 1) {
+      state->blocks_done = 0;
+      atomicExch(&state->epoch, epoch);
     }
   }
 }
@@ -172,9 +186,21 @@ void reduce_sum(bf16* out, const ReduceInputs& inputs, std::size_t elements, hip
   }
 }
 
+void preload_kernels() {
+  // Loading a module waits for the device to go idle; spinning kernels must never be the first
+  // launch of their module while a peer spins (see warm_up in overlap.cpp).
+  hipFuncAttributes attributes{};
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll_allgather_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&reduce_sum_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&reduce_sum_tail_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&compare_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&fill_random_kernel<bf16>)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&fill_random_kernel<float>)));
+}
+
 std::size_t ll_buffer_bytes(int world, std::size_t bytes) { return 2 * static_cast<std::size_t>(world) * (bytes / 8) * 16; }
 
-void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out, std::uint32_t epoch,
+void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out, LlState* state,
                   hipStream_t stream) {
   if (bytes == 0 || bytes % 8 != 0 || bytes > kLlMaxBytes)
     throw Error(Errc::invalid_argument,
@@ -185,7 +211,7 @@ void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void*
     throw Error(Errc::invalid_argument, "ll_allgather: heap view has no valid world size");
   const std::size_t pairs = bytes / 8;
   ll_allgather_kernel<<<blocks_for(static_cast<long>(pairs), 128, 1 << 16), 128, 0, stream>>>(
-      heap, static_cast<const uint2*>(in), pairs, static_cast<uint4*>(lines), static_cast<uint2*>(out), epoch);
+      heap, static_cast<const uint2*>(in), pairs, static_cast<uint4*>(lines), static_cast<uint2*>(out), state);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 

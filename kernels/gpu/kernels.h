@@ -14,6 +14,10 @@ namespace caravan::gpu {
 
 using bf16 = __nv_bfloat16;
 
+// Loads this file's kernels on the current device now (the runtime loads a kernel on its first
+// launch otherwise, and loading waits for the device to be idle; see overlap.h).
+void preload_kernels();
+
 // Fills rows x cols of a row-major matrix (leading dimension ld) with uniform values in
 // [-scale, scale], a pure function of (seed, row0 + row, col0 + col): any rank can regenerate any
 // part of a distributed matrix. The float version holds the same values (rounded to bf16 first),
@@ -42,15 +46,21 @@ struct ReduceInputs {
 };
 void reduce_sum(bf16* out, const ReduceInputs& inputs, std::size_t elements, hipStream_t stream);
 
-// The low-latency AllGather: each rank's `bytes` (a multiple of 8) travel to every peer as 16-byte
-// lines of two 4-byte data words each followed by a 4-byte flag equal to `epoch`, so a receiver
-// knows a line has landed by reading the line itself, with no separate signal. `lines` is this
-// rank's copy of a symmetric region of ll_buffer_bytes(world, bytes); `out` receives world x bytes
-// (rank p's data at p * bytes). Epochs start at 1 and increase by one per call; the buffer
-// alternates halves by epoch parity, so a rank may run one call ahead of a peer.
+// The low-latency AllGather: each rank's `bytes` (a multiple of 8, at most kLlMaxBytes) travel
+// to every peer as 16-byte lines of two 4-byte data words each followed by a 4-byte flag equal
+// to the call's epoch, so a receiver knows a line has landed by reading the line itself, with no
+// separate signal. `lines` is this rank's copy of a symmetric region of ll_buffer_bytes(world,
+// bytes); `out` receives world x bytes (rank p's data at p * bytes). `state` (device memory of
+// this rank, zero at first) holds the epoch, advanced on the device by each call, so calls can
+// be captured in a graph and replayed. The line buffer alternates halves by epoch parity, so a
+// rank may run one call ahead of a peer.
+struct LlState {
+  std::uint32_t epoch = 0;
+  std::uint32_t blocks_done = 0;
+};
 inline constexpr std::size_t kLlMaxBytes = std::size_t{1} << 20;
 std::size_t ll_buffer_bytes(int world, std::size_t bytes);
-void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out,
-                  std::uint32_t epoch, hipStream_t stream);
+void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out, LlState* state,
+                  hipStream_t stream);
 
 }  // namespace caravan::gpu

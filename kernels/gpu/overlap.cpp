@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
+
 namespace caravan::gpu {
 namespace {
 
@@ -27,13 +30,29 @@ void write_flag(hipStream_t stream, std::uint64_t* flag, std::uint64_t epoch) {
   CARAVAN_HIP_CHECK(hipStreamWriteValue64(stream, flag, epoch, 0));
 }
 
+// The compute streams of one call: lane 0 is the caller's stream, lane 1 the team's second
+// stream, which starts after `start` and is joined back into lane 0 by finish().
+class Lanes {
+ public:
+  Lanes(GpuTeam& team, int rank, RankSync& sync, hipStream_t stream, int lanes);
+  hipStream_t stream(int chunk) const { return streams_[chunk % count_]; }
+  Blas& blas(int chunk) const { return *blas_[chunk % count_]; }
+  void finish();
+
+ private:
+  RankSync& sync_;
+  int count_;
+  hipStream_t streams_[2];
+  Blas* blas_[2];
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 struct GpuTeam::Rank {
   int device = 0;
-  hipStream_t comm = nullptr;
-  std::unique_ptr<Blas> blas;
+  hipStream_t comm = nullptr, lane = nullptr;
+  std::unique_ptr<Blas> blas, lane_blas;
 };
 
 GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank) : heap_(std::move(devices), heap_bytes_per_rank) {
@@ -46,7 +65,9 @@ GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank) : 
     int least = 0, greatest = 0;
     CARAVAN_HIP_CHECK(hipDeviceGetStreamPriorityRange(&least, &greatest));
     CARAVAN_HIP_CHECK(hipStreamCreateWithPriority(&rank->comm, hipStreamNonBlocking, greatest));
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&rank->lane, hipStreamNonBlocking));
     rank->blas = std::make_unique<Blas>();
+    rank->lane_blas = std::make_unique<Blas>();
     ranks_.push_back(std::move(rank));
   }
 }
@@ -55,17 +76,24 @@ GpuTeam::~GpuTeam() {
   for (auto& rank : ranks_) {
     (void)hipSetDevice(rank->device);
     rank->blas.reset();
+    rank->lane_blas.reset();
     if (rank->comm) (void)hipStreamDestroy(rank->comm);
+    if (rank->lane) (void)hipStreamDestroy(rank->lane);
   }
 }
 
 hipStream_t GpuTeam::comm_stream(int rank) const { return ranks_.at(static_cast<std::size_t>(rank))->comm; }
-Blas& GpuTeam::blas(int rank) { return *ranks_.at(static_cast<std::size_t>(rank))->blas; }
+hipStream_t GpuTeam::lane_stream(int rank) const { return ranks_.at(static_cast<std::size_t>(rank))->lane; }
+Blas& GpuTeam::blas(int rank, int lane) {
+  auto& r = *ranks_.at(static_cast<std::size_t>(rank));
+  return lane == 0 ? *r.blas : *r.lane_blas;
+}
 void GpuTeam::use(int rank) const { CARAVAN_HIP_CHECK(hipSetDevice(device(rank))); }
 
 RankSync::RankSync(int chunk_events) {
   CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&start, hipEventDisableTiming));
   CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&comm_done, hipEventDisableTiming));
+  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&lane_done, hipEventDisableTiming));
   chunk.resize(static_cast<std::size_t>(chunk_events));
   for (auto& e : chunk) CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&e, hipEventDisableTiming));
 }
@@ -73,10 +101,76 @@ RankSync::RankSync(int chunk_events) {
 RankSync::~RankSync() {
   (void)hipEventDestroy(start);
   (void)hipEventDestroy(comm_done);
+  (void)hipEventDestroy(lane_done);
   for (auto e : chunk) (void)hipEventDestroy(e);
 }
 
 namespace {
+Lanes::Lanes(GpuTeam& team, int rank, RankSync& sync, hipStream_t stream, int lanes)
+    : sync_(sync), count_(lanes), streams_{stream, team.lane_stream(rank)}, blas_{&team.blas(rank, 0), &team.blas(rank, 1)} {
+  require(lanes == 1 || lanes == 2, fmt::format("lanes must be 1 or 2, got {}", lanes));
+  // Lane 1 starts with everything enqueued on the caller's stream so far (the caller records
+  // sync.start first).
+  if (count_ == 2) CARAVAN_HIP_CHECK(hipStreamWaitEvent(streams_[1], sync_.start, 0));
+}
+
+void Lanes::finish() {
+  if (count_ == 2) {
+    CARAVAN_HIP_CHECK(hipEventRecord(sync_.lane_done, streams_[1]));
+    CARAVAN_HIP_CHECK(hipStreamWaitEvent(streams_[0], sync_.lane_done, 0));
+  }
+}
+
+// Runs every GEMM shape an operation will use once on every rank, with nothing else in flight,
+// and waits. Why: the CUDA runtime loads a kernel's module on its first launch (lazy loading,
+// the default), and loading waits for the whole device to go idle. Inside an operation a device
+// can hold a stream wait on a peer's flag that the peer raises only after its own host thread
+// gets past the same kind of first launch: both would wait forever. So no first launch may
+// happen inside an operation. `shapes` are {rows, cols, depth, ldc}; reduce_elements > 0 also
+// loads the ReduceScatter reduction.
+struct GemmShape {
+  long m, n, k, ldc;
+};
+void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t reduce_elements = 0) {
+  long a_elems = 1, b_elems = 1, c_elems = 1;
+  for (const auto& g : shapes) {
+    a_elems = std::max(a_elems, g.m * g.k);
+    b_elems = std::max(b_elems, g.k * g.n);
+    c_elems = std::max(c_elems, g.m * g.ldc);
+  }
+  c_elems = std::max<long>(c_elems, static_cast<long>(reduce_elements));
+  for (int r = 0; r < team.world(); ++r) {
+    team.use(r);
+    preload_kernels();
+    void *a = nullptr, *b = nullptr, *c = nullptr;
+    CARAVAN_HIP_CHECK(hipMalloc(&a, static_cast<std::size_t>(a_elems) * sizeof(bf16)));
+    CARAVAN_HIP_CHECK(hipMalloc(&b, static_cast<std::size_t>(b_elems) * sizeof(bf16)));
+    CARAVAN_HIP_CHECK(hipMalloc(&c, static_cast<std::size_t>(c_elems) * sizeof(bf16)));
+    try {
+      hipStream_t streams[2] = {team.lane_stream(r), team.comm_stream(r)};
+      CARAVAN_HIP_CHECK(hipMemsetAsync(a, 0, static_cast<std::size_t>(a_elems) * sizeof(bf16), streams[0]));
+      CARAVAN_HIP_CHECK(hipMemsetAsync(b, 0, static_cast<std::size_t>(b_elems) * sizeof(bf16), streams[0]));
+      for (int lane = 0; lane < 2; ++lane)
+        for (const auto& g : shapes)
+          team.blas(r, lane).gemm(streams[0], g.m, g.n, g.k, static_cast<bf16*>(a), g.k, static_cast<bf16*>(b), g.n,
+                                  static_cast<bf16*>(c), g.ldc);
+      if (reduce_elements > 0) {
+        ReduceInputs in;
+        in.count = 1;
+        in.in[0] = static_cast<bf16*>(c);
+        reduce_sum(static_cast<bf16*>(c), in, reduce_elements, streams[0]);
+      }
+      CARAVAN_HIP_CHECK(hipStreamSynchronize(streams[0]));
+    } catch (...) {
+      (void)hipFree(a), (void)hipFree(b), (void)hipFree(c);
+      throw;
+    }
+    CARAVAN_HIP_CHECK(hipFree(a));
+    CARAVAN_HIP_CHECK(hipFree(b));
+    CARAVAN_HIP_CHECK(hipFree(c));
+  }
+}
+
 // Events live on the device that was current when they were made: make one set per rank there.
 std::vector<std::unique_ptr<RankSync>> make_sync(GpuTeam& team, int chunk_events) {
   std::vector<std::unique_ptr<RankSync>> sync;
@@ -93,6 +187,8 @@ std::string_view to_string(AgGemmVariant v) {
   switch (v) {
     case AgGemmVariant::ce_pull: return "ce-pull";
     case AgGemmVariant::ce_push: return "ce-push";
+    case AgGemmVariant::ce_pull_runs: return "ce-pull runs";
+    case AgGemmVariant::ce_push_runs: return "ce-push runs";
     default: return "ce-bulk";
   }
 }
@@ -112,6 +208,10 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   gathered_ = team.heap().allocate(static_cast<std::uint64_t>(m) * k * sizeof(bf16));
   flags_ = team.heap().allocate(ag_groups * static_cast<std::uint64_t>(world) * splits * kFlagBytes);
   sync_ = make_sync(team, 0);
+  const long shard_rows = m / world;
+  std::vector<GemmShape> shapes = {{m, n, k, n}, {shard_rows, n, k, n}, {shard_rows / splits, n, k, n}};
+  for (int r = 2; r < world; ++r) shapes.push_back({r * shard_rows, n, k, n});  // the runs variants' peer runs
+  warm_up(team, shapes);
 }
 
 AllGatherGemm::~AllGatherGemm() = default;
@@ -127,7 +227,7 @@ void AllGatherGemm::wait_shard_free(int rank, hipStream_t stream) {
   for (int step = 1; step < team_.world(); ++step) wait_flag(stream, my.at(ag_done, (rank + step) % team_.world()), last);
 }
 
-void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream) {
+void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes) {
   const int world = team_.world();
   const long count = static_cast<long>(world) * splits_;
   const long shard_rows = m_ / world, chunk_rows = shard_rows / splits_;
@@ -146,7 +246,8 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
 
-  if (variant == AgGemmVariant::ce_push) {
+  const bool push = variant == AgGemmVariant::ce_push || variant == AgGemmVariant::ce_push_runs;
+  if (push) {
     // Pushing reads nothing of the peers: they may reuse their shards (a later pull call waits
     // for this).
     for (int step = 1; step < world; ++step) write_flag(comm, flags((rank + step) % world).at(ag_done, rank), e);
@@ -179,26 +280,49 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   }
   CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
 
+  Lanes lane(team_, rank, s, stream, variant == AgGemmVariant::ce_bulk ? 1 : lanes);
   if (variant == AgGemmVariant::ce_bulk) {
     for (int step = 1; step < world; ++step)
       for (int sp = 0; sp < splits_; ++sp)
         wait_flag(stream, my.at(ag_landed, static_cast<long>((rank + step) % world) * splits_ + sp), e);
     blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
     for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
+  } else if (variant == AgGemmVariant::ce_pull_runs || variant == AgGemmVariant::ce_push_runs) {
+    // Own shard first; then the peers' shards as at most two GEMMs over contiguous rows (shards
+    // below this rank's, and above it), each once all of its shards landed: fewer, larger GEMMs
+    // lose less to partly filled last waves. Pushes land from rank-1 downwards first (the
+    // shards below), pulls from rank+1 upwards.
+    lane.blas(0).gemm(lane.stream(0), shard_rows, n_, k_, mine + rank * shard_rows * k_, k_, b, n_,
+                      c + rank * shard_rows * n_, n_);
+    const std::pair<int, int> below{0, rank}, above{rank + 1, world};
+    int chunk = 1;
+    for (const auto& [first, end] : push ? std::array{below, above} : std::array{above, below}) {
+      if (first >= end) continue;
+      hipStream_t on = lane.stream(chunk);
+      for (int src = first; src < end; ++src)
+        for (int sp = 0; sp < splits_; ++sp) wait_flag(on, my.at(ag_landed, static_cast<long>(src) * splits_ + sp), e);
+      const long row0 = static_cast<long>(first) * shard_rows;
+      lane.blas(chunk).gemm(on, (end - first) * shard_rows, n_, k_, mine + row0 * k_, k_, b, n_, c + row0 * n_, n_);
+      ++chunk;
+    }
   } else {
     // Own shard first; then peers in the order they arrive: pulls go rank+1, rank+2, ...;
     // pushes reach this rank from rank-1 first, then rank-2, ...
+    int chunk = 0;
     for (int step = 0; step < world; ++step) {
-      const int src = variant == AgGemmVariant::ce_push ? (rank - step + world) % world : (rank + step) % world;
-      for (int sp = 0; sp < splits_; ++sp) {
+      const int src = push ? (rank - step + world) % world : (rank + step) % world;
+      for (int sp = 0; sp < splits_; ++sp, ++chunk) {
         const long row0 = static_cast<long>(src) * shard_rows + static_cast<long>(sp) * chunk_rows;
-        if (src != rank) wait_flag(stream, my.at(ag_landed, static_cast<long>(src) * splits_ + sp), e);
-        blas.gemm(stream, chunk_rows, n_, k_, mine + row0 * k_, k_, b, n_, c + row0 * n_, n_);
+        hipStream_t on = lane.stream(chunk);
+        if (src != rank) wait_flag(on, my.at(ag_landed, static_cast<long>(src) * splits_ + sp), e);
+        lane.blas(chunk).gemm(on, chunk_rows, n_, k_, mine + row0 * k_, k_, b, n_, c + row0 * n_, n_);
       }
-      // This rank no longer reads slot src: its owner may push the next epoch's shard into it.
-      if (src != rank) write_flag(stream, flags(src).at(ag_freed, rank), e);
     }
   }
+  lane.finish();
+  // This rank's GEMMs no longer read the peers' slots: they may push their next shards.
+  if (variant != AgGemmVariant::ce_bulk)
+    for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
 }
 
@@ -209,10 +333,13 @@ std::string_view to_string(GemmRsVariant v) { return v == GemmRsVariant::ce_push
 // freed[p] (p finished reducing the slot I pushed to it).
 enum RsFlags { rs_arrived, rs_freed, rs_groups };
 
-GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n) : team_(team), m_(m), k_(k), n_(n) {
+GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int splits)
+    : team_(team), m_(m), k_(k), n_(n), splits_(splits) {
   const int world = team.world();
   require(m > 0 && k > 0 && n > 0, fmt::format("GemmReduceScatter: m, k, n must be positive, got {}, {}, {}", m, k, n));
-  require(m % world == 0, fmt::format("GemmReduceScatter: m = {} must be a multiple of world = {}", m, world));
+  require(splits >= 1, fmt::format("GemmReduceScatter: splits must be >= 1, got {}", splits));
+  require(m % (static_cast<long>(world) * splits) == 0,
+          fmt::format("GemmReduceScatter: m = {} must be a multiple of world x splits = {} x {}", m, world, splits));
   require((m / world) * n % 8 == 0, "GemmReduceScatter: (m / world) x n must be a multiple of 8 (16-byte vectors)");
   received_ = team.heap().allocate(static_cast<std::uint64_t>(m) * n * sizeof(bf16));
   flags_ = team.heap().allocate(rs_groups * static_cast<std::uint64_t>(world) * kFlagBytes);
@@ -222,7 +349,9 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n) : te
     CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(m) * n * sizeof(bf16)));
     partial_.push_back(static_cast<bf16*>(p));
   }
-  sync_ = make_sync(team, world);
+  sync_ = make_sync(team, world * splits);
+  warm_up(team, {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}},
+          static_cast<std::size_t>(m / world) * n);
 }
 
 GemmReduceScatter::~GemmReduceScatter() {
@@ -233,14 +362,14 @@ GemmReduceScatter::~GemmReduceScatter() {
 }
 
 void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant,
-                            hipStream_t stream) {
+                            hipStream_t stream, int lanes) {
   const int world = team_.world();
-  const long rows = m_ / world;
+  const long rows = m_ / world, part_rows = rows / splits_;
   const std::size_t chunk_elems = static_cast<std::size_t>(rows) * n_;
+  const std::size_t part_elems = static_cast<std::size_t>(part_rows) * n_;
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = ++s.epoch;
   hipStream_t comm = team_.comm_stream(rank);
-  Blas& blas = team_.blas(rank);
   bf16* partial = partial_[static_cast<std::size_t>(rank)];
   auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), world}; };
   auto slot = [&](int owner, int from) { return team_.heap().at<bf16>(received_, owner) + from * chunk_elems; };
@@ -248,29 +377,40 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
 
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
-  auto push = [&](int step, hipEvent_t computed) {
+  // Pushes parts [first, end) of the rows destined to rank+step once `computed` has happened;
+  // the destination's flag rises with the last part.
+  auto push = [&](int step, int first, int end, hipEvent_t computed) {
     const int dst = (rank + step) % world;
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, computed, 0));
-    wait_flag(comm, my.at(rs_freed, dst), e - 1);
-    CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(dst, rank), partial + dst * chunk_elems, chunk_elems * sizeof(bf16),
-                                     hipMemcpyDefault, comm));
-    write_flag(comm, flags(dst).at(rs_arrived, rank), e);
+    if (first == 0) wait_flag(comm, my.at(rs_freed, dst), e - 1);
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(dst, rank) + first * part_elems, partial + dst * chunk_elems + first * part_elems,
+                                     (end - first) * part_elems * sizeof(bf16), hipMemcpyDefault, comm));
+    if (end == splits_) write_flag(comm, flags(dst).at(rs_arrived, rank), e);
   };
   if (variant == GemmRsVariant::ce_bulk) {
-    blas.gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
+    team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
     CARAVAN_HIP_CHECK(hipEventRecord(s.chunk[0], stream));
-    for (int step = 1; step < world; ++step) push(step, s.chunk[0]);
+    for (int step = 1; step < world; ++step) push(step, 0, splits_, s.chunk[0]);
   } else {
-    // Destination order rank+1, rank+2, ...: the chunk this rank keeps is computed last, so the
-    // pushes of the others overlap the remaining GEMMs.
+    // Destination order rank+1, rank+2, ...: the rows this rank keeps are computed last, so the
+    // pushes of the others overlap the remaining GEMMs; each destination's rows in `splits`
+    // parts, each pushed when done, so the first push starts early and the last one is short.
+    Lanes lane(team_, rank, s, stream, lanes);
+    int chunk = 0;
     for (int step = 1; step <= world; ++step) {
       const int dst = (rank + step) % world;
-      blas.gemm(stream, rows, n_, k_, a + dst * rows * k_, k_, b, n_, partial + dst * chunk_elems, n_);
-      if (step < world) {
-        CARAVAN_HIP_CHECK(hipEventRecord(s.chunk[static_cast<std::size_t>(step)], stream));
-        push(step, s.chunk[static_cast<std::size_t>(step)]);
+      for (int part = 0; part < splits_; ++part, ++chunk) {
+        hipStream_t on = lane.stream(chunk);
+        const long row0 = dst * rows + part * part_rows;
+        lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, partial + row0 * n_, n_);
+        if (step < world) {
+          hipEvent_t done = s.chunk[static_cast<std::size_t>(chunk)];
+          CARAVAN_HIP_CHECK(hipEventRecord(done, on));
+          push(step, part, part + 1, done);
+        }
       }
     }
+    lane.finish();
   }
   CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
   ReduceInputs inputs;
@@ -299,19 +439,20 @@ GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks
   c_ = team.heap().allocate(static_cast<std::uint64_t>(m) * n * sizeof(bf16));
   flags_ = team.heap().allocate((static_cast<std::uint64_t>(world) * chunks + world) * kFlagBytes);
   sync_ = make_sync(team, chunks);
+  warm_up(team, {{m, n / world, k, n}, {m / chunks, n / world, k, n}});
 }
 
 GemmAllScatter::~GemmAllScatter() = default;
 
 bf16* GemmAllScatter::output(int rank) const { return team_.heap().at<bf16>(c_, rank); }
 
-void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream) {
+void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream,
+                         int lanes) {
   const int world = team_.world();
   const long block = n_ / world, rows = m_ / chunks_;
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = ++s.epoch;
   hipStream_t comm = team_.comm_stream(rank);
-  Blas& blas = team_.blas(rank);
   auto arrived = [&](int owner, int from, int chunk) {
     return team_.heap().at<std::uint64_t>(flags_, owner) + static_cast<long>(from) * chunks_ + chunk;
   };
@@ -329,10 +470,12 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
 
   const int gemms = variant == GemmAsVariant::ce_push ? chunks_ : 1;
   const long gemm_rows = m_ / gemms;
+  Lanes lane(team_, rank, s, stream, variant == GemmAsVariant::ce_push ? lanes : 1);
   for (int g = 0; g < gemms; ++g) {
     bf16* c0 = mine + static_cast<long>(g) * gemm_rows * n_ + rank * block;
-    blas.gemm(stream, gemm_rows, block, k_, a + static_cast<long>(g) * gemm_rows * k_, k_, b_shard, block, c0, n_);
-    CARAVAN_HIP_CHECK(hipEventRecord(s.chunk[static_cast<std::size_t>(g)], stream));
+    hipStream_t on = lane.stream(g);
+    lane.blas(g).gemm(on, gemm_rows, block, k_, a + static_cast<long>(g) * gemm_rows * k_, k_, b_shard, block, c0, n_);
+    CARAVAN_HIP_CHECK(hipEventRecord(s.chunk[static_cast<std::size_t>(g)], on));
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.chunk[static_cast<std::size_t>(g)], 0));
     const int first = variant == GemmAsVariant::ce_push ? g : 0, last = variant == GemmAsVariant::ce_push ? g + 1 : chunks_;
     for (int c = first; c < last; ++c) {
@@ -346,23 +489,28 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
     }
   }
   CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
+  lane.finish();
   for (int step = 1; step < world; ++step)
     for (int c = 0; c < chunks_; ++c) wait_flag(stream, arrived(rank, (rank + world - step) % world, c), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
 }
 
 // ---------------------------------------------------------------------------------------------
-LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank)
-    : team_(team), bytes_(bytes_per_rank), epoch_(static_cast<std::size_t>(team.world()), 0) {
+LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank) : team_(team), bytes_(bytes_per_rank) {
   require(bytes_per_rank > 0 && bytes_per_rank % 8 == 0 && bytes_per_rank <= kLlMaxBytes,
           fmt::format("LowLatencyAllGather: bytes per rank must be a positive multiple of 8 up to {}, got {}", kLlMaxBytes,
                       bytes_per_rank));
   lines_ = team.heap().allocate(ll_buffer_bytes(team.world(), bytes_per_rank));
+  state_ = team.heap().allocate(sizeof(LlState));  // zero: epoch 0, no block done
+  for (int r = 0; r < team.world(); ++r) {
+    team.use(r);
+    preload_kernels();
+  }
 }
 
 void LowLatencyAllGather::run(int rank, const void* in, void* out, hipStream_t stream) {
-  const std::uint32_t e = ++epoch_[static_cast<std::size_t>(rank)];
-  ll_allgather(team_.heap().view(rank), in, bytes_, team_.heap().at(lines_, rank), out, e, stream);
+  ll_allgather(team_.heap().view(rank), in, bytes_, team_.heap().at(lines_, rank), out,
+               team_.heap().at<LlState>(state_, rank), stream);
 }
 
 }  // namespace caravan::gpu

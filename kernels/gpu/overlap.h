@@ -36,7 +36,11 @@ class GpuTeam {
   int device(int rank) const { return heap_.device(rank); }
   GpuSymmetricHeap& heap() { return heap_; }
   hipStream_t comm_stream(int rank) const;
-  Blas& blas(int rank);
+  // A second compute stream per rank ("lane" 1; lane 0 is the caller's stream) with its own
+  // BLAS handle: chunk GEMMs alternate between the two lanes, so one chunk's last, partly
+  // filled wave of tiles overlaps the next chunk's first.
+  hipStream_t lane_stream(int rank) const;
+  Blas& blas(int rank, int lane = 0);
   // Makes `rank`'s GPU current on the calling thread.
   void use(int rank) const;
 
@@ -53,7 +57,7 @@ class RankSync {
   ~RankSync();
   RankSync(const RankSync&) = delete;
   RankSync& operator=(const RankSync&) = delete;
-  hipEvent_t start = nullptr, comm_done = nullptr;
+  hipEvent_t start = nullptr, comm_done = nullptr, lane_done = nullptr;
   std::vector<hipEvent_t> chunk;
   std::uint64_t epoch = 0;
 };
@@ -62,6 +66,8 @@ enum class AgGemmVariant {
   ce_pull,  // each rank pulls peers' shards with its copy engine; GEMM per shard as it lands
   ce_push,  // each rank pushes its shard to every peer; GEMM per shard as it lands
   ce_bulk,  // copy-engine AllGather (pull), then one GEMM over all rows: Caravan without overlap
+  ce_pull_runs,  // as ce_pull, but the peers' shards in at most two GEMMs over contiguous rows
+  ce_push_runs,  // as ce_push, likewise
 };
 std::string_view to_string(AgGemmVariant v);
 
@@ -86,7 +92,8 @@ class AllGatherGemm {
   // Enqueues the operation on `stream` (on rank's device): C = gathered A x b. b and c are
   // row-major with leading dimension n. Call from the thread driving `rank`; every rank calls
   // with the same variant sequence.
-  void run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream);
+  // `lanes` (1 or 2): compute streams the chunk GEMMs alternate on.
+  void run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes = 1);
 
  private:
   GpuTeam& team_;
@@ -106,13 +113,15 @@ std::string_view to_string(GemmRsVariant v);
 // over ranks, as the down and output projections have it). The reduction accumulates in fp32.
 class GemmReduceScatter {
  public:
-  GemmReduceScatter(GpuTeam& team, long m, long k, long n);
+  // `splits` cuts each destination's rows into that many GEMMs, each pushed when done.
+  GemmReduceScatter(GpuTeam& team, long m, long k, long n, int splits = 1);
   ~GemmReduceScatter();
-  void run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant, hipStream_t stream);
+  void run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant, hipStream_t stream, int lanes = 1);
 
  private:
   GpuTeam& team_;
   long m_, k_, n_;
+  int splits_;
   SymmetricRegion received_, flags_;
   std::vector<bf16*> partial_;
   std::vector<std::unique_ptr<RankSync>> sync_;
@@ -133,7 +142,7 @@ class GemmAllScatter {
   ~GemmAllScatter();
   // rank's copy of C (m x n) after run().
   bf16* output(int rank) const;
-  void run(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream);
+  void run(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream, int lanes = 1);
 
  private:
   GpuTeam& team_;
@@ -144,7 +153,7 @@ class GemmAllScatter {
 };
 
 // The low-latency AllGather of small messages (kernels.h: ll_allgather) with its symmetric
-// line buffer and epochs.
+// line buffer and device-side epochs (graph-capturable).
 class LowLatencyAllGather {
  public:
   LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank);
@@ -154,8 +163,7 @@ class LowLatencyAllGather {
  private:
   GpuTeam& team_;
   std::size_t bytes_;
-  SymmetricRegion lines_;
-  std::vector<std::uint32_t> epoch_;
+  SymmetricRegion lines_, state_;
 };
 
 }  // namespace caravan::gpu

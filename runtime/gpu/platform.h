@@ -105,9 +105,30 @@ inline hipError_t hipStreamCreateWithPriority(hipStream_t* stream, unsigned flag
 inline hipError_t hipDeviceGetStreamPriorityRange(int* least, int* greatest) {
   return cudaDeviceGetStreamPriorityRange(least, greatest);
 }
+using hipFuncAttributes = cudaFuncAttributes;
+// Also loads the kernel's module if it was not loaded yet (lazy loading).
+inline hipError_t hipFuncGetAttributes(hipFuncAttributes* attributes, const void* func) {
+  return cudaFuncGetAttributes(attributes, func);
+}
 inline hipError_t hipFuncSetAttributeMaxDynamicShared(const void* func, int bytes) {
   return cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
+
+// Graphs: a stream's work captured once and replayed with one launch.
+using hipGraph_t = cudaGraph_t;
+using hipGraphExec_t = cudaGraphExec_t;
+using hipStreamCaptureMode = cudaStreamCaptureMode;
+inline constexpr hipStreamCaptureMode hipStreamCaptureModeThreadLocal = cudaStreamCaptureModeThreadLocal;
+inline hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode mode) {
+  return cudaStreamBeginCapture(stream, mode);
+}
+inline hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t* graph) { return cudaStreamEndCapture(stream, graph); }
+inline hipError_t hipGraphInstantiate(hipGraphExec_t* exec, hipGraph_t graph, void*, void*, std::size_t) {
+  return cudaGraphInstantiate(exec, graph, 0);
+}
+inline hipError_t hipGraphLaunch(hipGraphExec_t exec, hipStream_t stream) { return cudaGraphLaunch(exec, stream); }
+inline hipError_t hipGraphExecDestroy(hipGraphExec_t exec) { return cudaGraphExecDestroy(exec); }
+inline hipError_t hipGraphDestroy(hipGraph_t graph) { return cudaGraphDestroy(graph); }
 
 // Stream memory operations (HIP: hipStreamWaitValue64 / hipStreamWriteValue64): a stream waits
 // until a 64-bit word in device memory (local or a peer's) reaches a value, or writes one, in

@@ -1,0 +1,355 @@
+// The GPU symmetric heap, device-side flags and the overlapped operations (kernels/gpu), on the
+// GPUs of this machine: one thread per GPU, as one process per GPU would drive them. Every
+// output is poisoned before the run and compared with a float32 reference on fresh random data.
+// Tests that need GPUs skip with the reason where there are fewer than two.
+#include "kernels/gpu/overlap.h"
+#include "tests/gpu/flag_handoff.h"
+
+#include <caravan/error.h>
+#include <caravan/platform.h>
+
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace caravan::gpu {
+namespace {
+
+#define CARAVAN_REQUIRE_GPUS(n)                                                                          \
+  do {                                                                                                   \
+    GpuProbe probe_ = probe_gpus();                                                                      \
+    if (probe_.device_count < (n))                                                                       \
+      GTEST_SKIP() << "needs " << (n) << " GPUs; "                                                       \
+                   << (probe_.device_count == 0 ? probe_.reason                                          \
+                                                : "this machine has " + std::to_string(probe_.device_count)); \
+  } while (0)
+
+// Streams waiting on flags block their hardware queue: give streams more queues (CUDA reads this
+// at its first call, so it is set during static initialisation).
+const bool g_connections_set = [] { return ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
+
+int team_size() { return std::min(probe_gpus().device_count, 4); }
+std::vector<int> first_devices(int n) {
+  std::vector<int> d(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) d[static_cast<std::size_t>(i)] = i;
+  return d;
+}
+
+// Waits for everything enqueued on `stream`, failing (not hanging) after `limit`.
+void finish(hipStream_t stream, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  hipEvent_t done;
+  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&done, hipEventDisableTiming));
+  CARAVAN_HIP_CHECK(hipEventRecord(done, stream));
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  hipError_t status;
+  while ((status = hipEventQuery(done)) == hipErrorNotReady) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      (void)hipEventDestroy(done);
+      throw Error(Errc::timeout, "GPU work did not finish (a flag never raised?)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  (void)hipEventDestroy(done);
+  CARAVAN_HIP_CHECK(status);
+}
+
+template <class T>
+T* device_alloc(std::size_t count) {
+  void* p = nullptr;
+  CARAVAN_HIP_CHECK(hipMalloc(&p, count * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+// Runs body(rank, stream) on one thread per rank and rethrows the first failure.
+void run_ranks(GpuTeam& team, const std::function<void(int, hipStream_t, std::barrier<>&)>& body) {
+  std::barrier<> barrier(team.world());
+  std::mutex mutex;
+  std::string failure;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < team.world(); ++r)
+    threads.emplace_back([&, r] {
+      hipStream_t stream = nullptr;
+      try {
+        team.use(r);
+        CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
+        body(r, stream, barrier);
+        finish(stream);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        if (failure.empty()) failure = "rank " + std::to_string(r) + ": " + e.what();
+      }
+      if (stream) (void)hipStreamDestroy(stream);
+    });
+  for (auto& t : threads) t.join();
+  if (!failure.empty()) FAIL() << failure;
+}
+
+void trace(int rank, const char* what) {
+  if (std::getenv("CARAVAN_TEST_VERBOSE")) std::fprintf(stderr, "rank %d: %s\n", rank, what);
+}
+
+// One ErrorSums per thread (allocated once: hipFree would synchronise the whole device).
+ErrorSums* thread_sums() {
+  thread_local ErrorSums* sums = device_alloc<ErrorSums>(1);
+  return sums;
+}
+
+double relative_error(const bf16* out, long rows, long cols, const float* ref, hipStream_t stream) {
+  ErrorSums* sums = thread_sums();
+  compare(out, rows, cols, cols, ref, cols, sums, stream);
+  finish(stream);  // bounded: a flag never raised fails here instead of hanging in the copy below
+  ErrorSums host;
+  CARAVAN_HIP_CHECK(hipMemcpy(&host, sums, sizeof(host), hipMemcpyDeviceToHost));
+  if (host.nonfinite > 0) return INFINITY;
+  return host.ref2 > 0 ? std::sqrt(host.diff2 / host.ref2) : 0.0;
+}
+
+void poison(bf16* p, std::size_t count, hipStream_t stream) {
+  CARAVAN_HIP_CHECK(hipMemsetAsync(p, 0xFF, count * sizeof(bf16), stream));
+}
+
+std::uint64_t fresh_seed() {
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull;
+}
+
+TEST(GpuSymmetricHeap, RejectsBadDeviceLists) {
+  // Checked before any GPU call: runs everywhere.
+  EXPECT_THROW(GpuSymmetricHeap({}, 1 << 20), Error);
+  EXPECT_THROW(GpuSymmetricHeap({0, 0}, 1 << 20), Error);
+  EXPECT_THROW(GpuSymmetricHeap(std::vector<int>(9, 0), 1 << 20), Error);
+}
+
+TEST(GpuSymmetricHeap, AllocatesAtTheSameOffsetAndRejectsOverflow) {
+  CARAVAN_REQUIRE_GPUS(2);
+  GpuSymmetricHeap heap(first_devices(2), 1 << 20);
+  const SymmetricRegion a = heap.allocate(1000);
+  const SymmetricRegion b = heap.allocate(64, 4096);
+  EXPECT_EQ(b.offset % 4096, 0u);
+  EXPECT_GE(b.offset, a.offset + a.bytes);
+  EXPECT_EQ(heap.at(b, 1) - heap.at(a, 1), heap.at(b, 0) - heap.at(a, 0));
+  try {
+    heap.allocate(2 << 20);
+    FAIL() << "an allocation larger than the heap was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("do not fit"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(heap.allocate(8, 3), Error);
+  const std::uint64_t mark = heap.mark();
+  heap.allocate(4096);
+  heap.release_to(mark);
+  EXPECT_EQ(heap.used(), mark);
+}
+
+TEST(GpuFlags, MillionHandOffsNeitherLostNorDuplicated) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const int world = team_size() / 2 * 2;
+  GpuSymmetricHeap heap(first_devices(world), 1 << 20);
+  const SymmetricRegion slots = heap.allocate(16);
+  constexpr std::uint64_t kRounds = 1'000'000;
+  std::vector<std::thread> threads;
+  std::vector<test::HandoffResult> results(static_cast<std::size_t>(world));
+  std::vector<std::string> failures(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CARAVAN_HIP_CHECK(hipSetDevice(heap.device(r)));
+        hipStream_t stream;
+        CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
+        auto* result = device_alloc<test::HandoffResult>(1);
+        const int peer = r ^ 1;  // pairs (0,1), (2,3)
+        test::launch_handoff(heap.view(r), heap.at<std::uint64_t>(slots, r), peer, r % 2 == 0, kRounds, result, stream);
+        finish(stream, std::chrono::seconds(120));
+        CARAVAN_HIP_CHECK(hipMemcpy(&results[static_cast<std::size_t>(r)], result, sizeof(test::HandoffResult),
+                                    hipMemcpyDeviceToHost));
+        (void)hipFree(result);
+        (void)hipStreamDestroy(stream);
+      } catch (const std::exception& e) {
+        failures[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(failures[static_cast<std::size_t>(r)], "") << "rank " << r;
+    EXPECT_EQ(results[static_cast<std::size_t>(r)].wrong_payload, 0u) << "rank " << r;
+    EXPECT_EQ(results[static_cast<std::size_t>(r)].flag_skips, 0u) << "rank " << r;
+  }
+}
+
+TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 64 << 20);
+  const long m = 128L * world, k = 192, n = 320;
+  AllGatherGemm op(team, m, k, n, 2);
+  struct Run {
+    AgGemmVariant variant;
+    int lanes;
+  };
+  const std::vector<Run> runs = {{AgGemmVariant::ce_pull, 1},      {AgGemmVariant::ce_push, 2},
+                                 {AgGemmVariant::ce_bulk, 1},      {AgGemmVariant::ce_push_runs, 1},
+                                 {AgGemmVariant::ce_push, 1},      {AgGemmVariant::ce_pull_runs, 2},
+                                 {AgGemmVariant::ce_pull, 2},      {AgGemmVariant::ce_pull, 1}};
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+    trace(r, "alloc");
+    bf16* b = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
+    bf16* c = device_alloc<bf16>(static_cast<std::size_t>(m) * n);
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * k), *b32 = device_alloc<float>(static_cast<std::size_t>(k) * n),
+          *ref = device_alloc<float>(static_cast<std::size_t>(m) * n);
+    const long rows = m / world;
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      // Fresh inputs every call; the shard is rewritten only once the peers finished reading it.
+      const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 1 + r;
+      trace(r, "wait_shard_free");
+      op.wait_shard_free(r, stream);
+      trace(r, "fill");
+      fill_random(op.shard(r), rows, k, k, sa, r * rows, 0, 1.0f, stream);
+      fill_random(b, k, n, n, sb, 0, 0, 1.0f, stream);
+      poison(c, static_cast<std::size_t>(m) * n, stream);
+      trace(r, "run");
+      op.run(r, b, c, runs[call].variant, stream, runs[call].lanes);
+      trace(r, "finish");
+      try {
+        finish(stream);  // a hang is reported with the variant that caused it
+      } catch (const Error& e) {
+        throw Error(e.code(), std::string(to_string(runs[call].variant)) + " lanes " + std::to_string(runs[call].lanes) +
+                                  " call " + std::to_string(call) + ": " + e.what());
+      }
+      if (std::getenv("CARAVAN_TEST_VERBOSE"))
+        std::fprintf(stderr, "rank %d call %zu %s lanes %d done\n", r, call, std::string(to_string(runs[call].variant)).c_str(),
+                     runs[call].lanes);
+      fill_random(a32, m, k, k, sa, 0, 0, 1.0f, stream);
+      fill_random(b32, k, n, n, sb, 0, 0, 1.0f, stream);
+      team.blas(r).gemm_reference(stream, m, n, k, a32, k, b32, n, ref, n);
+      const double err = relative_error(c, m, n, ref, stream);
+      if (!(err < 1e-2))
+        throw Error(Errc::internal, std::string(to_string(runs[call].variant)) + " lanes " + std::to_string(runs[call].lanes) +
+                                        " call " + std::to_string(call) + ": relative error " + std::to_string(err));
+    }
+    for (void* p : {static_cast<void*>(b), static_cast<void*>(c), static_cast<void*>(a32), static_cast<void*>(b32),
+                    static_cast<void*>(ref)})
+      (void)hipFree(p);
+  });
+}
+
+TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 64 << 20);
+  const long m = 64L * world, k = 160, n = 256;
+  GemmReduceScatter op(team, m, k, n, 2);
+  const std::vector<std::pair<GemmRsVariant, int>> runs = {
+      {GemmRsVariant::ce_push, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::ce_push, 2}, {GemmRsVariant::ce_push, 1}};
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+    const long rows = m / world, kk = k * world;
+    bf16 *a = device_alloc<bf16>(static_cast<std::size_t>(m) * k), *b = device_alloc<bf16>(static_cast<std::size_t>(k) * n),
+         *out = device_alloc<bf16>(static_cast<std::size_t>(rows) * n);
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(rows) * kk),
+          *b32 = device_alloc<float>(static_cast<std::size_t>(kk) * n), *ref = device_alloc<float>(static_cast<std::size_t>(rows) * n);
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 50;
+      fill_random(a, m, k, k, sa + r, 0, 0, 1.0f, stream);
+      fill_random(b, k, n, n, sb + r, 0, 0, 1.0f, stream);
+      poison(out, static_cast<std::size_t>(rows) * n, stream);
+      op.run(r, a, b, out, runs[call].first, stream, runs[call].second);
+      finish(stream);
+      for (int q = 0; q < world; ++q) {
+        fill_random(a32 + q * k, rows, k, kk, sa + q, r * rows, 0, 1.0f, stream);
+        fill_random(b32 + q * k * n, k, n, n, sb + q, 0, 0, 1.0f, stream);
+      }
+      team.blas(r).gemm_reference(stream, rows, n, kk, a32, kk, b32, n, ref, n);
+      const double err = relative_error(out, rows, n, ref, stream);
+      if (!(err < 1e-2))
+        throw Error(Errc::internal, std::string(to_string(runs[call].first)) + " call " + std::to_string(call) +
+                                        ": relative error " + std::to_string(err));
+    }
+    for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(out), static_cast<void*>(a32),
+                    static_cast<void*>(b32), static_cast<void*>(ref)})
+      (void)hipFree(p);
+  });
+}
+
+TEST(Overlap, GemmAllScatterMatchesReferenceCallAfterCall) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 64 << 20);
+  const long m = 256, k = 128, n = 96L * world, block = n / world;
+  GemmAllScatter op(team, m, k, n, 4);
+  const std::vector<std::pair<GemmAsVariant, int>> runs = {
+      {GemmAsVariant::ce_push, 1}, {GemmAsVariant::ce_push, 2}, {GemmAsVariant::ce_bulk, 1}, {GemmAsVariant::ce_push, 1}};
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+    bf16 *a = device_alloc<bf16>(static_cast<std::size_t>(m) * k), *b = device_alloc<bf16>(static_cast<std::size_t>(k) * block);
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * k), *b32 = device_alloc<float>(static_cast<std::size_t>(k) * n),
+          *ref = device_alloc<float>(static_cast<std::size_t>(m) * n);
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 50;
+      fill_random(a, m, k, k, sa, 0, 0, 1.0f, stream);
+      fill_random(b, k, block, block, sb + r, 0, 0, 1.0f, stream);
+      poison(op.output(r), static_cast<std::size_t>(m) * n, stream);
+      op.run(r, a, b, runs[call].first, stream, runs[call].second);
+      finish(stream);
+      fill_random(a32, m, k, k, sa, 0, 0, 1.0f, stream);
+      for (int q = 0; q < world; ++q) fill_random(b32 + q * block, k, block, n, sb + q, 0, 0, 1.0f, stream);
+      team.blas(r).gemm_reference(stream, m, n, k, a32, k, b32, n, ref, n);
+      const double err = relative_error(op.output(r), m, n, ref, stream);
+      if (!(err < 1e-2))
+        throw Error(Errc::internal, std::string(to_string(runs[call].first)) + " call " + std::to_string(call) +
+                                        ": relative error " + std::to_string(err));
+    }
+    for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(a32), static_cast<void*>(b32),
+                    static_cast<void*>(ref)})
+      (void)hipFree(p);
+  });
+}
+
+TEST(Overlap, LowLatencyAllGatherIsExactOnEveryCall) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 16 << 20);
+  constexpr std::size_t kBytes = 24 << 10;
+  constexpr long kElems = kBytes / sizeof(bf16);
+  LowLatencyAllGather op(team, kBytes);
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+    bf16 *in = device_alloc<bf16>(kElems), *out = device_alloc<bf16>(static_cast<std::size_t>(kElems) * world);
+    float* ref = device_alloc<float>(static_cast<std::size_t>(kElems) * world);
+    for (int call = 0; call < 500; ++call) {
+      // Different data every call, so a line left from an earlier call is caught.
+      fill_random(in, 1, kElems, kElems, seed + 1000 * call + r, 0, 0, 1.0f, stream);
+      poison(out, static_cast<std::size_t>(kElems) * world, stream);
+      op.run(r, in, out, stream);
+      for (int q = 0; q < world; ++q) fill_random(ref + q * kElems, 1, kElems, kElems, seed + 1000 * call + q, 0, 0, 1.0f, stream);
+      const double err = relative_error(out, world, kElems, ref, stream);
+      if (err != 0) throw Error(Errc::internal, "call " + std::to_string(call) + ": gathered data differ, error " + std::to_string(err));
+    }
+    (void)hipFree(in);
+    (void)hipFree(out);
+    (void)hipFree(ref);
+  });
+}
+
+TEST(Overlap, RejectsShapesThatDoNotDivide) {
+  CARAVAN_REQUIRE_GPUS(2);
+  GpuTeam team(first_devices(2), 16 << 20);
+  EXPECT_THROW(AllGatherGemm(team, 101, 64, 64), Error);
+  EXPECT_THROW(AllGatherGemm(team, 128, 64, 64, 0), Error);
+  EXPECT_THROW(GemmReduceScatter(team, 3, 64, 64), Error);
+  EXPECT_THROW(GemmAllScatter(team, 64, 64, 63, 2), Error);
+  EXPECT_THROW(LowLatencyAllGather(team, 12), Error);
+  EXPECT_THROW(LowLatencyAllGather(team, kLlMaxBytes + 8), Error);
+}
+
+}  // namespace
+}  // namespace caravan::gpu
