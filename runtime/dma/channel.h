@@ -11,6 +11,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace caravan::dma {
 
@@ -41,5 +42,10 @@ class Channel {
 // `stream_bytes` bytes (0: never) are copied with non-temporal stores (see memcpy_channel.cpp).
 void copy_host_ops(std::span<const TransferOp> ops, const std::byte* src, std::byte* dst,
                    std::uint64_t stream_bytes = 0);
+// The stores copy_host_ops streams with on this CPU ("avx512", "avx2", "sse2"), for reports.
+const char* stream_copy_isa();
+// Test seam: copies with the named stores ("avx512", "avx2", "sse2"); false (nothing copied)
+// when this CPU or build lacks them.
+bool stream_copy_using(std::string_view isa, std::byte* dst, const std::byte* src, std::size_t n);
 
 }  // namespace caravan::dma

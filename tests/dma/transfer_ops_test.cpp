@@ -112,13 +112,15 @@ TEST(TransferOps, TilesCoverTheSpaceOnce) {
 namespace caravan::dma {
 namespace {
 
-// The streaming path for long runs must copy exactly what memcpy copies, at any alignment.
+// The streaming path for long runs must copy exactly what memcpy copies, at any alignment and
+// length: the head before the first aligned line, whole groups of interleaved pages (32 KiB),
+// the lines after the last group and the tail.
 TEST(HostOps, StreamedRunsMatchMemcpyAtAnyAlignment) {
-  std::vector<std::byte> src(1 << 16), dst(1 << 16), expected(1 << 16);
+  std::vector<std::byte> src(1 << 18), dst(1 << 18), expected(1 << 18);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>((i * 131 + 7) & 0xff);
   for (std::uint64_t src_off : {0u, 1u, 15u, 64u}) {
     for (std::uint64_t dst_off : {0u, 3u, 16u, 33u}) {
-      for (std::uint64_t length : {0u, 1u, 63u, 64u, 200u, 4097u, 30000u}) {
+      for (std::uint64_t length : {0u, 1u, 63u, 64u, 200u, 4097u, 30000u, 32768u, 32768u + 4097u, 3u * 32768u + 100u, 200000u}) {
         std::fill(dst.begin(), dst.end(), std::byte{0xEE});
         expected = dst;
         std::memcpy(expected.data() + dst_off, src.data() + src_off, length);
@@ -128,6 +130,27 @@ TEST(HostOps, StreamedRunsMatchMemcpyAtAnyAlignment) {
       }
     }
   }
+}
+
+// Every store width this CPU has copies the same bytes (the run-time choice takes the widest).
+TEST(HostOps, EveryStreamingStoreWidthMatchesMemcpy) {
+  std::vector<std::byte> src(300000), dst(src.size()), expected(src.size());
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>((i * 37 + 11) & 0xff);
+  int ran = 0;
+  for (const char* isa : {"sse2", "avx2", "avx512"}) {
+    for (std::uint64_t offset : {0u, 5u, 64u}) {
+      for (std::uint64_t length : {100u, 32768u + 130u, 250000u}) {
+        std::fill(dst.begin(), dst.end(), std::byte{0x11});
+        expected = dst;
+        std::memcpy(expected.data() + offset, src.data() + 3, length);
+        if (!stream_copy_using(isa, dst.data() + offset, src.data() + 3, length)) continue;
+        ++ran;
+        ASSERT_EQ(dst, expected) << isa << " dst+" << offset << " length " << length;
+      }
+    }
+  }
+  EXPECT_GE(ran, 9) << "SSE2 is always there on x86-64";
+  EXPECT_TRUE(std::string_view(stream_copy_isa()).size() > 0);
 }
 
 }  // namespace
