@@ -68,6 +68,8 @@ const Definition kTable[] = {
    "Tile slots per intermediate buffer (ring depth of the pipeline between two hops)", 2, 64},
   {"CARAVAN_DMA_POOL_BYTES", Kind::bytes, "1G",
    "Intermediate-buffer bytes all copies together may hold in one memory", 1, kInf},
+  {"CARAVAN_DMA_IDLE_BUFFER_BYTES", Kind::bytes, "64M",
+   "Intermediate-buffer bytes per host memory kept allocated after copies finish, for the next copies to reuse", 0, kInf},
   {"CARAVAN_DMA_STALL_S", Kind::real, "10",
    "A copy that makes no progress for this many seconds is reported in the log", 0.01, kInf},
   {"CARAVAN_MEMCPY_THREADS", Kind::integer, "1",

@@ -75,6 +75,32 @@ class Instance {
 
 enum class PlannerChoice : std::uint8_t { automatic, simple, full };
 
+// One request a hop sent to its channel; times in microseconds since the copy started running
+// (its buffers reserved and its hops handed to their DMA workers).
+struct RequestSpan {
+  std::uint64_t tile = 0;
+  std::uint64_t bytes = 0;
+  double start_us = 0;  // when the worker handed it to the channel
+  double end_us = 0;    // when the channel completed it
+};
+
+// Where one hop's time went, from the copy's start to the end of the hop's last request. The
+// hop is busy while one of its requests runs; every idle stretch before the first request of a
+// tile is charged to what the tile waited for (the previous hop finishing it, or the next hop
+// draining the slot it goes to), and whatever remains, or lies between requests of one tile, to
+// scheduling: the worker had what it needed but did not issue yet (wake-up latency, cutting the
+// tile into ops, or the channel running other copies' requests).
+struct HopTimeline {
+  std::string channel;                 // its worker, e.g. "file node0/rank0/dsk->node0/rank0/sys"
+  std::vector<RequestSpan> requests;   // in issue order
+  std::vector<double> tile_done_us;    // when each tile was finished, by tile
+  double busy_us = 0;                  // time with at least one request running
+  double waiting_input_us = 0;         // idle: the previous hop had not finished the next tile
+  double waiting_output_us = 0;        // idle: the next hop had not drained the next tile's slot
+  double scheduling_us = 0;            // idle although the next request could have been issued
+  double end_us = 0;                   // the end of the hop's last request
+};
+
 // What a finished copy did, for inspection and tests. Filled in before the copy's event triggers.
 struct CopyReport {
   std::string route;                          // the planned path, e.g. "node0/rank0/dsk -[file]-> ..."
@@ -85,6 +111,11 @@ struct CopyReport {
   // Requests of other copies that the channel of each hop ran between this copy's first and last
   // request on it: 0 means this copy had the channel to itself once it started.
   std::vector<std::uint64_t> hop_interleaved;
+  std::uint64_t slots = 0;                    // tile slots per intermediate buffer
+  double setup_us = 0;                        // from the copy() call to its start (planning, precondition, buffers)
+  double elapsed_us = 0;                      // from the copy's start to its last request's end
+  double teardown_us = 0;                     // from there until the event is about to trigger
+  std::vector<HopTimeline> timeline;          // one per hop (see HopTimeline); none of a copy across ranks
 };
 
 struct CopyOptions {

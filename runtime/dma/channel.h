@@ -8,6 +8,7 @@
 #include <caravan/error.h>
 #include <caravan/machine.h>
 
+#include <atomic>
 #include <functional>
 #include <span>
 #include <string>
@@ -21,6 +22,11 @@ struct Request {
   std::uint64_t bytes = 0;
   const Storage* src = nullptr;
   const Storage* dst = nullptr;
+  // Set once the copy is cancelled or has failed. A channel that can give up on a request part
+  // way (one that waits for a peer, say) may check it and complete the request early, with any
+  // failure: the copy is poisoned already. memcpy, file and the GPU channels run their requests
+  // to the end; a request stuck in them ends the copy only when it returns.
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 class Channel {

@@ -28,6 +28,8 @@ std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double us_since(std::int64_t start_ns) { return static_cast<double>(now_ns() - start_ns) / 1e3; }
+
 // Cuts ops longer than `limit` bytes so that every request stays near the batch size (the
 // granularity at which a higher-priority copy can take the channel).
 void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
@@ -146,6 +148,25 @@ bool DmaWorker::can_issue(const Xd& xd) const {
   return true;
 }
 
+std::string DmaWorker::describe(const Xd& xd) {
+  std::lock_guard lock(mutex_);
+  const CopyOperation& op = *xd.op;
+  if (xd.in_flight > 0)
+    return fmt::format("{} request(s) in flight, the latest issued {:.1f} s ago (the channel has not completed it)",
+                       xd.in_flight, static_cast<double>(now_ns() - xd.last_issue_ns) / 1e9);
+  if (xd.generating) return "cutting a tile into requests";
+  if (!xd.active.empty() && xd.active.back().next_op < xd.active.back().ops.size())
+    return fmt::format("ready to issue, waiting for the channel ({} request(s) of other copies in flight)", in_flight_);
+  const std::uint64_t t = xd.next_tile;
+  if (t >= op.grid.count()) return "all tiles issued";
+  if (xd.hop > 0 && op.xds[xd.hop - 1]->tiles_done.load(std::memory_order_acquire) <= t)
+    return fmt::format("waiting for hop {} to finish tile {}", xd.hop - 1, t);
+  if (xd.hop + 1 < op.xds.size() &&
+      op.xds[xd.hop + 1]->tiles_done.load(std::memory_order_acquire) + static_cast<std::uint64_t>(op.slots) <= t)
+    return fmt::format("waiting for hop {} to drain the slot of tile {}", xd.hop + 1, t);
+  return fmt::format("ready to issue tile {}, waiting for the channel ({} request(s) in flight)", t, in_flight_);
+}
+
 void DmaWorker::loop() {
   std::unique_lock lock(mutex_);
   bool spun_out = false;  // this idle period already polled for spin_ns_: sleep now
@@ -247,6 +268,8 @@ void DmaWorker::loop() {
     request.src = chosen->hop == 0 ? (op.pattern ? op.pattern.get() : op.src_storage.get())
                                    : op.buffers[chosen->hop - 1].storage.get();
     request.dst = chosen->hop == last ? op.dst_storage.get() : op.buffers[chosen->hop].storage.get();
+    request.cancelled = &op.cancelled;
+    chosen->last_issue_ns = now_ns();
     ++tile.outstanding;
     ++chosen->in_flight;
     ++in_flight_;
@@ -254,15 +277,20 @@ void DmaWorker::loop() {
     if (chosen->requests++ == 0) chosen->first_seq = seq;
     chosen->last_seq = seq;
     std::uint64_t tile_index = tile.index;
+    std::size_t span = kNoSpan;
+    if (chosen->record) {
+      span = chosen->spans.size();
+      chosen->spans.push_back({tile_index, bytes, us_since(op.started_ns), 0});
+    }
     lock.unlock();
-    channel_->submit(request, [this, chosen, tile_index](const FailureCause& failure) {
-      complete(chosen, tile_index, failure);
+    channel_->submit(request, [this, chosen, tile_index, span](const FailureCause& failure) {
+      complete(chosen, tile_index, span, failure);
     });
     lock.lock();
   }
 }
 
-void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, const FailureCause& failure) {
+void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, std::size_t span, const FailureCause& failure) {
   // The request counts as in flight until the end: an XD with a request in flight does not
   // retire, so its copy (and `xd`) stay alive while this runs. That matters for asynchronous
   // channels, whose completions run on their own threads: the worker could otherwise retire the
@@ -271,6 +299,7 @@ void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, const FailureCause& f
   CopyOperation& op = *xd->op;
   {
     std::lock_guard lock(mutex_);
+    if (span != kNoSpan) xd->spans[span].end_us = us_since(op.started_ns);
     for (auto& tile : xd->active) {
       if (tile.index == tile_index) {
         --tile.outstanding;
@@ -281,6 +310,7 @@ void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, const FailureCause& f
     while (!xd->active.empty() && xd->active.front().outstanding == 0 &&
            xd->active.front().next_op == xd->active.front().ops.size()) {
       xd->active.pop_front();
+      if (xd->record) xd->tile_done_us.push_back(us_since(op.started_ns));
       xd->tiles_done.fetch_add(1, std::memory_order_acq_rel);
       finished_tile = true;
     }
@@ -288,13 +318,58 @@ void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, const FailureCause& f
   op.touch();
   if (failure) op.fail(failure);
   if (finished_tile) engine_.tile_finished(xd);
-  {
-    std::lock_guard lock(mutex_);
-    --in_flight_;
-    --xd->in_flight;
-    signals_.fetch_add(1, std::memory_order_release);
-  }
+  // Notify under the lock: once it is released the worker may retire the XD, finish the copy,
+  // and the engine (with this worker) may be shut down and destroyed, so an asynchronous
+  // channel's completion thread must not touch the worker after that.
+  std::lock_guard lock(mutex_);
+  --in_flight_;
+  --xd->in_flight;
+  signals_.fetch_add(1, std::memory_order_release);
   cv_.notify_one();
+}
+
+// ------------------------------------------------------------------------------------ Timeline
+
+// Splits each hop's time into busy, waiting for input, waiting for a free output slot and
+// scheduling (see HopTimeline). Runs after every XD has retired, so their records are final.
+std::vector<HopTimeline> hop_timelines(const CopyOperation& op) {
+  std::vector<HopTimeline> out;
+  const std::size_t last = op.xds.size() - 1;
+  const auto slots = static_cast<std::uint64_t>(op.slots);
+  for (const auto& xd : op.xds) {
+    HopTimeline h;
+    // Copies across ranks record no timeline (yet): their hops on other ranks are mirrors here.
+    h.channel = xd->worker ? xd->worker->name() : "another rank";
+    h.requests = xd->spans;
+    h.tile_done_us = xd->tile_done_us;
+    auto done_at = [&](std::size_t hop, std::uint64_t tile) {
+      // A tile is only issued once its input is finished and its slot drained, so both are known.
+      const auto& done = op.xds[hop]->tile_done_us;
+      return tile < done.size() ? done[tile] : 0.0;
+    };
+    double covered = 0;  // requests run up to here (window > 1: they overlap)
+    std::uint64_t previous_tile = ~std::uint64_t{0};
+    for (const RequestSpan& r : h.requests) {
+      const double end = std::max(r.end_us, r.start_us);
+      if (r.start_us > covered) {
+        const double gap = r.start_us - covered;
+        double input_ready = 0, output_ready = 0;
+        if (r.tile != previous_tile) {
+          if (xd->hop > 0) input_ready = done_at(xd->hop - 1, r.tile);
+          if (xd->hop < last && r.tile >= slots) output_ready = done_at(xd->hop + 1, r.tile - slots);
+        }
+        const double blocked = std::clamp(std::max(input_ready, output_ready) - covered, 0.0, gap);
+        (input_ready >= output_ready ? h.waiting_input_us : h.waiting_output_us) += blocked;
+        h.scheduling_us += gap - blocked;
+      }
+      h.busy_us += std::max(0.0, end - std::max(r.start_us, covered));
+      covered = std::max(covered, end);
+      previous_tile = r.tile;
+    }
+    h.end_us = covered;
+    out.push_back(std::move(h));
+  }
+  return out;
 }
 
 // ------------------------------------------------------------------------------------ Engine
@@ -304,7 +379,8 @@ void PreconditionWaiter::event_triggered(const FailureCause& failure) {
   delete this;
 }
 
-Engine::Engine(RuntimeImpl& runtime) : runtime_(runtime) {
+Engine::Engine(RuntimeImpl& runtime)
+    : runtime_(runtime), buffer_cache_(settings::get_bytes("CARAVAN_DMA_IDLE_BUFFER_BYTES")) {
   request_floor_bytes_ = settings::get_bytes("CARAVAN_DMA_REQUEST_BYTES");
   tile_bytes_ = settings::get_bytes("CARAVAN_DMA_TILE_BYTES");
   pool_bytes_ = settings::get_bytes("CARAVAN_DMA_POOL_BYTES");
@@ -528,8 +604,10 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
   if (options.priority < kMinPriority || options.priority > kMaxPriority)
     throw Error(Errc::invalid_argument, fmt::format("copy: priority {} is outside [{}, {}]", options.priority,
                                                     kMinPriority, kMaxPriority));
+  const std::int64_t called_ns = now_ns();
   std::shared_ptr<const planner::Plan> plan = this->plan(src, dst, options.planner);
   auto op = std::make_shared<CopyOperation>();
+  op->called_ns = called_ns;
   op->engine = this;
   op->priority = options.priority;
   op->report = options.report;
@@ -578,6 +656,7 @@ Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const 
   if (!channel)
     throw Error(Errc::invalid_argument, fmt::format("fill: no channel writes {} from host memory", dst.memory().to_string()));
   auto op = std::make_shared<CopyOperation>();
+  op->called_ns = now_ns();
   op->engine = this;
   op->priority = options.priority;
   op->report = options.report;
@@ -665,7 +744,11 @@ void Engine::start(const std::shared_ptr<CopyOperation>& op) {
     return;
   }
   try {
-    for (auto& b : op->buffers) b.storage = allocate_buffer(b.memory, b.slot_bytes * static_cast<std::uint64_t>(op->slots));
+    for (auto& b : op->buffers) {
+      const std::uint64_t bytes = b.slot_bytes * static_cast<std::uint64_t>(op->slots);
+      b.storage = buffer_cache_.take(b.memory, bytes);
+      if (!b.storage) b.storage = allocate_buffer(b.memory, bytes);
+    }
   } catch (const Error& e) {
     op->fail(std::make_shared<const Error>(e));
     {
@@ -676,8 +759,12 @@ void Engine::start(const std::shared_ptr<CopyOperation>& op) {
     return;
   }
   op->touch();
+  op->started_ns = now_ns();
   op->live_xds.store(static_cast<int>(op->xds.size()));
-  for (auto& xd : op->xds) xd->worker->add(xd.get());
+  for (auto& xd : op->xds) {
+    xd->record = op->report != nullptr;  // read by the worker after add() (under its lock)
+    xd->worker->add(xd.get());
+  }
 }
 
 void Engine::tile_finished(Xd* xd) {
@@ -744,8 +831,18 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
       r.hop_requests.push_back(xd->requests);
       r.hop_interleaved.push_back(xd->requests ? xd->last_seq - xd->first_seq + 1 - xd->requests : 0);
     }
+    r.slots = static_cast<std::uint64_t>(op->slots);
+    r.timeline = hop_timelines(*op);
+    r.elapsed_us = 0;
+    for (const auto& hop : r.timeline) r.elapsed_us = std::max(r.elapsed_us, hop.end_us);
+    r.setup_us = op->started_ns ? static_cast<double>(op->started_ns - op->called_ns) / 1e3 : 0;
   }
-  for (auto& b : op->buffers) release_buffer(std::move(b.storage));
+  // No request is in flight any more (every XD retired): the buffers may serve the next copy.
+  for (auto& b : op->buffers) {
+    if (BufferCache::keeps(b.memory)) buffer_cache_.give(std::move(b.storage));
+    else release_buffer(std::move(b.storage));
+  }
+  if (op->report && op->started_ns) op->report->teardown_us = us_since(op->started_ns) - op->report->elapsed_us;
   if (op->dist) {
     std::lock_guard lock(dist_mutex_);
     dist_ops_.erase(op->dist->id);
@@ -817,11 +914,28 @@ void Engine::shutdown() {
   dist_close();
 }
 
+void Engine::replace_channel_for_testing(const std::string& worker_name, std::unique_ptr<Channel> channel) {
+  std::lock_guard lock(mutex_);
+  if (!active_.empty())
+    throw Error(Errc::invalid_argument, fmt::format("replace_channel_for_testing('{}'): {} copies are active; "
+                                                    "channels are replaced only while none is", worker_name, active_.size()));
+  for (auto& worker : workers_) {
+    if (!worker || worker->name() != worker_name) continue;
+    worker->stop();
+    worker = std::make_unique<DmaWorker>(*this, std::move(channel), worker_name);
+    return;
+  }
+  throw Error(Errc::not_found, fmt::format("replace_channel_for_testing: no channel worker named '{}'", worker_name));
+}
+
 EngineStats Engine::stats() {
   std::lock_guard lock(mutex_);
   EngineStats s;
   s.active_copies = active_.size();
-  for (const auto& [memory, pool] : pools_) s.pool_in_use[memory] = pool.used;
+  for (const auto& [memory, pool] : pools_) {
+    s.pool_in_use[memory] = pool.used;
+    if (std::uint64_t idle = buffer_cache_.idle_bytes(memory)) s.idle_buffers[memory] = idle;
+  }
   return s;
 }
 
@@ -838,6 +952,8 @@ void Engine::watchdog_main() {
       std::int64_t idle = now - op->last_progress_ns.load(std::memory_order_relaxed);
       if (idle < stall_ns_ || now - op->last_warned_ns < stall_ns_) continue;
       op->last_warned_ns = now;
+      // Each XD's own state, under its worker's lock (engine lock, then a worker's: the order
+      // used everywhere; workers never take the engine lock while holding theirs).
       std::string where;
       for (auto& xd : op->xds) {
         if (!xd->worker) {
@@ -845,8 +961,8 @@ void Engine::watchdog_main() {
                                xd->tiles_done.load(), op->grid.count());
           continue;
         }
-        where += fmt::format("; hop {} on '{}': {}/{} tiles done", xd->hop, xd->worker->name(),
-                             xd->tiles_done.load(), op->grid.count());
+        where += fmt::format("; hop {} on '{}': {}/{} tiles done, {}", xd->hop, xd->worker->name(),
+                             xd->tiles_done.load(), op->grid.count(), xd->worker->describe(*xd));
       }
       log::get("dma")->warn("copy {} ({}) made no progress for {:.1f} s{}", event.to_string(), op->route,
                             static_cast<double>(idle) / 1e9, where);

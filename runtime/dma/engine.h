@@ -16,6 +16,7 @@
 // landed in your buffer", "slot s drained"), so the handshake above works unchanged.
 #pragma once
 
+#include "runtime/dma/buffer_cache.h"
 #include "runtime/dma/channel.h"
 #include "runtime/dma/transfer_ops.h"
 #include "runtime/event_table.h"
@@ -72,9 +73,16 @@ struct Xd {
   int in_flight = 0;
   bool retired = false;
   std::uint64_t requests = 0, first_seq = 0, last_seq = 0;
+  std::int64_t last_issue_ns = 0;  // when its latest request was handed to the channel
 
   // Tiles finished in order; read by the neighbouring XDs' workers.
   std::atomic<std::uint64_t> tiles_done{0};
+
+  // The copy's timeline, recorded when it asked for a report (guarded by worker->mutex_; read
+  // once the XD has retired). Microseconds since the copy started.
+  bool record = false;
+  std::vector<RequestSpan> spans;
+  std::vector<double> tile_done_us;
 };
 
 class DmaWorker {
@@ -86,11 +94,14 @@ class DmaWorker {
   void stop();
   Channel& channel() { return *channel_; }
   const std::string& name() const { return name_; }
+  // What `xd` is doing or waiting for, for the stall report (e.g. "1 request in flight for 12.0 s").
+  std::string describe(const Xd& xd);
 
  private:
   void loop();
   bool can_issue(const Xd& xd) const;
-  void complete(Xd* xd, std::uint64_t tile, const FailureCause& failure);
+  static constexpr std::size_t kNoSpan = ~std::size_t{0};
+  void complete(Xd* xd, std::uint64_t tile, std::size_t span, const FailureCause& failure);
 
   Engine& engine_;
   std::unique_ptr<Channel> channel_;
@@ -181,6 +192,8 @@ struct CopyOperation {
   FailureCause failure;  // the first failure
   std::atomic<int> live_xds{0};
   std::atomic<std::int64_t> last_progress_ns{0};
+  std::int64_t called_ns = 0;   // when copy() or fill() was called
+  std::int64_t started_ns = 0;  // when its XDs were handed to their workers (set before that)
   std::int64_t last_warned_ns = 0;
 
   std::unique_ptr<DistributedState> dist;  // null: every hop and instance on this rank
@@ -192,7 +205,11 @@ struct CopyOperation {
 struct EngineStats {
   std::size_t active_copies = 0;
   std::map<MemoryId, std::uint64_t> pool_in_use;  // bytes reserved for intermediate buffers
+  std::map<MemoryId, std::uint64_t> idle_buffers; // bytes of finished copies' buffers kept for reuse
 };
+
+// The per-hop timeline of a finished copy that recorded one (CopyReport::timeline).
+std::vector<HopTimeline> hop_timelines(const CopyOperation& op);
 
 class Engine final : public RuntimeService {
  public:
@@ -209,6 +226,12 @@ class Engine final : public RuntimeService {
   bool stop_copy(Event copy_event, const FailureCause& cause);
   std::shared_ptr<const planner::Plan> plan(const Instance& src, const Instance& dst, PlannerChoice choice);
   void shutdown() override;
+
+  // Test seam: runs the transfer-graph channel named `worker_name` (as in stall reports, e.g.
+  // "memcpy node0/rank0/sys->node0/rank0/sys") on `channel` from now on, with a new worker.
+  // Tests use it to make a channel hang. Only while no copy is active: Error(invalid_argument)
+  // otherwise, and Error(not_found) for an unknown name.
+  void replace_channel_for_testing(const std::string& worker_name, std::unique_ptr<Channel> channel);
 
   EngineStats stats();
   // Instances of other ranks (remote_copy.cpp): what Instance::descriptor and from_descriptor do.
@@ -324,6 +347,7 @@ class Engine final : public RuntimeService {
   std::deque<std::function<void()>> control_queue_;
   bool control_stop_ = false;
   std::thread control_;
+  BufferCache buffer_cache_;  // host buffers of finished copies, for reuse
 };
 
 }  // namespace caravan::dma

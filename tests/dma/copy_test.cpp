@@ -57,6 +57,42 @@ TEST_F(CopyTest, FileBackedInstancesBothWays) {
   copy_and_verify(Rect::from_extents({311, 97}), kFields, "F,x,y", "y,x,F", dsk_memory(), sys_memory(), 22);
 }
 
+// A report's timeline accounts for every request and tile, keeps the pipeline's order (a hop
+// starts a tile only after the previous hop finished it), and splits each hop's time exactly
+// into busy, waiting and scheduling.
+void expect_consistent_timeline(const CopyReport& report) {
+  ASSERT_EQ(report.timeline.size(), report.hop_requests.size());
+  for (std::size_t h = 0; h < report.timeline.size(); ++h) {
+    const HopTimeline& hop = report.timeline[h];
+    EXPECT_FALSE(hop.channel.empty());
+    EXPECT_EQ(hop.requests.size(), report.hop_requests[h]) << hop.channel;
+    ASSERT_EQ(hop.tile_done_us.size(), report.tiles) << hop.channel;
+    EXPECT_TRUE(std::is_sorted(hop.tile_done_us.begin(), hop.tile_done_us.end())) << hop.channel;
+    for (const RequestSpan& r : hop.requests) {
+      EXPECT_GE(r.start_us, 0.0);
+      EXPECT_GE(r.end_us, r.start_us) << hop.channel;
+      EXPECT_LE(r.end_us, hop.end_us + 1e-6) << hop.channel;
+      EXPECT_LE(r.end_us, hop.tile_done_us[r.tile] + 1e-6) << "a tile finishes after its requests";
+      if (h > 0) {
+        EXPECT_GE(r.start_us, report.timeline[h - 1].tile_done_us[r.tile]) << "tile " << r.tile << " started early";
+      }
+    }
+    const double accounted = hop.busy_us + hop.waiting_input_us + hop.waiting_output_us + hop.scheduling_us;
+    EXPECT_NEAR(accounted, hop.end_us, 1e-3 * hop.end_us + 1) << hop.channel;
+    EXPECT_GT(hop.busy_us, 0.0) << hop.channel;
+    if (h == 0) {
+      EXPECT_EQ(hop.waiting_input_us, 0.0) << "the first hop reads the source: no input to wait for";
+    }
+    if (h + 1 == report.timeline.size()) {
+      EXPECT_EQ(hop.waiting_output_us, 0.0) << "the last hop writes the destination";
+    }
+    EXPECT_LE(hop.end_us, report.elapsed_us + 1e-6);
+  }
+  EXPECT_EQ(report.slots, static_cast<std::uint64_t>(settings::get_int("CARAVAN_DMA_SLOTS")));
+  EXPECT_GE(report.setup_us, 0.0);
+  EXPECT_GE(report.teardown_us, 0.0);
+}
+
 TEST(CopyMultiHop, FileToFileThroughBoundedBuffersWithALayoutChange) {
   // dsk -> dsk has no direct channel: the planner must go through host memory, and with
   // TH = 1/16 of the instance the DMA engine must pipeline it through small buffers.
@@ -76,6 +112,7 @@ TEST(CopyMultiHop, FileToFileThroughBoundedBuffersWithALayoutChange) {
   ASSERT_FALSE(report.buffer_bytes.empty()) << report.route;
   for (std::uint64_t b : report.buffer_bytes) EXPECT_LE(b, instance_bytes / 16) << report.route;
   EXPECT_GE(report.tiles, 16u) << "the copy must be pipelined in pieces";
+  expect_consistent_timeline(report);
 }
 
 TEST_F(CopyTest, ThousandConcurrentCopiesWithRandomShapesAndPriorities) {
