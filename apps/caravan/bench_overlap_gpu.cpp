@@ -385,6 +385,9 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
                      [&] { pulled.run(r, b.get(), c.get(), variant, ctx.stream, 2); }, poison_c, check_c);
     runner.measure(ctx, "ce-push x2 chunks 2 lanes",
                    [&] { split.run(r, b.get(), c.get(), gpu::AgGemmVariant::ce_push, ctx.stream, 2); }, poison_c, check_c);
+    if (pulled.low_latency())
+      runner.measure(ctx, "ll-bulk", [&] { pulled.run(r, b.get(), c.get(), gpu::AgGemmVariant::ll_bulk, ctx.stream); },
+                     poison_c, check_c);
     for (int lanes : {1, 2})
       for (auto variant : {gpu::AgGemmVariant::ce_pull_runs, gpu::AgGemmVariant::ce_push_runs})
         runner.measure(ctx, std::string(gpu::to_string(variant)) + (lanes == 2 ? " 2 lanes" : ""),
@@ -611,7 +614,8 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     const auto is_graph = [](const std::string& v) { return v.size() > 6 && v.compare(v.size() - 6, 6, " graph") == 0; };
     for (const auto& [variant, result] : rec.variants) {
       const Summary& st = summary.at(variant);
-      const bool caravan = variant.rfind("ce-", 0) == 0 || variant.rfind("caravan", 0) == 0;
+      const bool caravan =
+          variant.rfind("ce-", 0) == 0 || variant.rfind("ll-", 0) == 0 || variant.rfind("caravan", 0) == 0;
       std::string& slot = is_graph(variant) ? best_graph : best;
       if (caravan && result.ok && (slot.empty() || st.median < summary.at(slot).median)) slot = variant;
       all_ok &= result.ok;

@@ -189,6 +189,7 @@ std::string_view to_string(AgGemmVariant v) {
     case AgGemmVariant::ce_push: return "ce-push";
     case AgGemmVariant::ce_pull_runs: return "ce-pull runs";
     case AgGemmVariant::ce_push_runs: return "ce-push runs";
+    case AgGemmVariant::ll_bulk: return "ll-bulk";
     default: return "ce-bulk";
   }
 }
@@ -207,6 +208,11 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
           fmt::format("AllGatherGemm: m = {} must be a multiple of world x splits = {} x {}", m, world, splits));
   gathered_ = team.heap().allocate(static_cast<std::uint64_t>(m) * k * sizeof(bf16));
   flags_ = team.heap().allocate(ag_groups * static_cast<std::uint64_t>(world) * splits * kFlagBytes);
+  const std::size_t shard_bytes = static_cast<std::size_t>(m / world) * k * sizeof(bf16);
+  if (shard_bytes <= kLlMaxBytes && shard_bytes % 8 == 0) {
+    ll_lines_ = team.heap().allocate(ll_buffer_bytes(world, shard_bytes));
+    ll_state_ = team.heap().allocate(sizeof(LlState));
+  }
   sync_ = make_sync(team, 0);
   const long shard_rows = m / world;
   std::vector<GemmShape> shapes = {{m, n, k, n}, {shard_rows, n, k, n}, {shard_rows / splits, n, k, n}};
@@ -241,6 +247,20 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   bf16* mine = team_.heap().at<bf16>(gathered_, rank);
   const FlagArrays my = flags(rank);
 
+  if (variant == AgGemmVariant::ll_bulk) {
+    require(low_latency(), fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}",
+                                       kLlMaxBytes, static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16)));
+    // The lines land in the peers' line buffers; each rank unpacks into its own gathered buffer,
+    // so no peer's buffer is written: raise done/freed for the copy-engine variants' protocol.
+    ll_allgather(team_.heap().view(rank), rows_of(rank, mine), static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16),
+                 team_.heap().at(ll_lines_, rank), mine, team_.heap().at<LlState>(ll_state_, rank), stream);
+    blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
+    for (int step = 1; step < world; ++step) {
+      write_flag(stream, flags((rank + step) % world).at(ag_done, rank), e);
+      write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
+    }
+    return;
+  }
   // The communication stream starts after everything the caller enqueued so far: the shard is
   // written, and this rank's earlier GEMMs no longer read the gathered buffer.
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
@@ -428,7 +448,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
 std::string_view to_string(GemmAsVariant v) { return v == GemmAsVariant::ce_push ? "ce-push" : "ce-bulk"; }
 
 // Flags of GemmAllScatter, per rank: arrived[p * chunks + c] (p's chunk c of its column block
-// is in my C), released[p] (p's caller is done with the C of the previous epoch).
+// is in my C), released[p] (p entered this epoch: its caller is done with p's C).
 GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks)
     : team_(team), m_(m), k_(k), n_(n), chunks_(chunks) {
   const int world = team.world();
@@ -461,12 +481,13 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   };
   bf16* mine = output(rank);
 
-  // Everything the caller enqueued before this call (its use of the previous C) is done on
-  // this rank: tell the peers they may overwrite this rank's C.
-  for (int step = 1; step < world; ++step) write_flag(stream, released((rank + step) % world, rank), e - 1);
+  // Everything the caller enqueued before this call (its use of the previous C, or anything it
+  // wrote into C) is done on this rank: tell the peers they may write this epoch's blocks. The
+  // flag carries this epoch, so even the first call waits for every peer to get here.
+  for (int step = 1; step < world; ++step) write_flag(stream, released((rank + step) % world, rank), e);
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
-  for (int step = 1; step < world; ++step) wait_flag(comm, released(rank, (rank + step) % world), e - 1);
+  for (int step = 1; step < world; ++step) wait_flag(comm, released(rank, (rank + step) % world), e);
 
   const int gemms = variant == GemmAsVariant::ce_push ? chunks_ : 1;
   const long gemm_rows = m_ / gemms;

@@ -68,6 +68,8 @@ enum class AgGemmVariant {
   ce_bulk,  // copy-engine AllGather (pull), then one GEMM over all rows: Caravan without overlap
   ce_pull_runs,  // as ce_pull, but the peers' shards in at most two GEMMs over contiguous rows
   ce_push_runs,  // as ce_push, likewise
+  ll_bulk,       // low-latency AllGather (SM-driven, flags inside the data), then one GEMM: for
+                 // small shards (at most kLlMaxBytes), where copy-engine and NCCL latency dominate
 };
 std::string_view to_string(AgGemmVariant v);
 
@@ -87,6 +89,8 @@ class AllGatherGemm {
   // Enqueues on `stream` a wait until the peers have finished reading the shard of the last
   // call: call it before overwriting shard(rank) when calls run back to back.
   void wait_shard_free(int rank, hipStream_t stream);
+  // Whether the ll_bulk variant is available (a shard of at most kLlMaxBytes).
+  bool low_latency() const { return ll_lines_.bytes > 0; }
   // The gathered A on `rank` after run().
   const bf16* gathered(int rank) const;
   // Enqueues the operation on `stream` (on rank's device): C = gathered A x b. b and c are
@@ -100,6 +104,7 @@ class AllGatherGemm {
   long m_, k_, n_;
   int splits_;
   SymmetricRegion gathered_, flags_;
+  SymmetricRegion ll_lines_, ll_state_;  // only when a shard fits the low-latency protocol
   std::vector<std::unique_ptr<RankSync>> sync_;
 };
 

@@ -191,6 +191,7 @@ TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
   GpuTeam team(first_devices(world), 64 << 20);
   const long m = 128L * world, k = 192, n = 320;
   AllGatherGemm op(team, m, k, n, 2);
+  ASSERT_TRUE(op.low_latency()) << "the test's shard should fit the low-latency protocol";
   struct Run {
     AgGemmVariant variant;
     int lanes;
@@ -198,7 +199,9 @@ TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
   const std::vector<Run> runs = {{AgGemmVariant::ce_pull, 1},      {AgGemmVariant::ce_push, 2},
                                  {AgGemmVariant::ce_bulk, 1},      {AgGemmVariant::ce_push_runs, 1},
                                  {AgGemmVariant::ce_push, 1},      {AgGemmVariant::ce_pull_runs, 2},
-                                 {AgGemmVariant::ce_pull, 2},      {AgGemmVariant::ce_pull, 1}};
+                                 {AgGemmVariant::ce_pull, 2},      {AgGemmVariant::ll_bulk, 1},
+                                 {AgGemmVariant::ce_push, 2},      {AgGemmVariant::ll_bulk, 1},
+                                 {AgGemmVariant::ce_pull, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
     trace(r, "alloc");
