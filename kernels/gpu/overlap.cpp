@@ -16,6 +16,15 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw Error(Errc::invalid_argument, what);
 }
 
+// The checks every operation makes of its shape: positive sizes, `splits` >= 1, and m divisible
+// into world x splits row blocks.
+void require_shape(const char* op, long m, long k, long n, int world, int splits) {
+  require(m > 0 && k > 0 && n > 0, fmt::format("{}: m, k, n must be positive, got {}, {}, {}", op, m, k, n));
+  require(splits >= 1, fmt::format("{}: splits must be >= 1, got {}", op, splits));
+  require(m % (static_cast<long>(world) * splits) == 0,
+          fmt::format("{}: m = {} must be a multiple of world x splits = {} x {}", op, m, world, splits));
+}
+
 // The flag words of an operation: `groups` arrays of `count` 64-bit flags per rank.
 struct FlagArrays {
   std::uint64_t* base;
@@ -202,10 +211,7 @@ enum AgFlags { ag_ready, ag_done, ag_landed, ag_freed, ag_groups };
 AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
     : team_(team), m_(m), k_(k), n_(n), splits_(splits) {
   const int world = team.world();
-  require(m > 0 && k > 0 && n > 0, fmt::format("AllGatherGemm: m, k, n must be positive, got {}, {}, {}", m, k, n));
-  require(splits >= 1, fmt::format("AllGatherGemm: splits must be >= 1, got {}", splits));
-  require(m % (static_cast<long>(world) * splits) == 0,
-          fmt::format("AllGatherGemm: m = {} must be a multiple of world x splits = {} x {}", m, world, splits));
+  require_shape("AllGatherGemm", m, k, n, world, splits);
   gathered_ = team.heap().allocate(static_cast<std::uint64_t>(m) * k * sizeof(bf16));
   flags_ = team.heap().allocate(ag_groups * static_cast<std::uint64_t>(world) * splits * kFlagBytes);
   const std::size_t shard_bytes = static_cast<std::size_t>(m / world) * k * sizeof(bf16);
@@ -356,10 +362,7 @@ enum RsFlags { rs_arrived, rs_freed, rs_groups };
 GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int splits)
     : team_(team), m_(m), k_(k), n_(n), splits_(splits) {
   const int world = team.world();
-  require(m > 0 && k > 0 && n > 0, fmt::format("GemmReduceScatter: m, k, n must be positive, got {}, {}, {}", m, k, n));
-  require(splits >= 1, fmt::format("GemmReduceScatter: splits must be >= 1, got {}", splits));
-  require(m % (static_cast<long>(world) * splits) == 0,
-          fmt::format("GemmReduceScatter: m = {} must be a multiple of world x splits = {} x {}", m, world, splits));
+  require_shape("GemmReduceScatter", m, k, n, world, splits);
   require((m / world) * n % 8 == 0, "GemmReduceScatter: (m / world) x n must be a multiple of 8 (16-byte vectors)");
   received_ = team.heap().allocate(static_cast<std::uint64_t>(m) * n * sizeof(bf16));
   flags_ = team.heap().allocate(rs_groups * static_cast<std::uint64_t>(world) * kFlagBytes);
