@@ -11,11 +11,9 @@
 // file. Under `caravan run -n W caravan bench overlap` the ranks measure directly and rank 0
 // prints. The GPU backend (kernels/gpu) is reached through run_bench_overlap_gpu().
 #include "apps/caravan/bench_overlap.h"
+#include "apps/caravan/bench_ranks.h"
 #include "apps/caravan/bench_report.h"
 #include "apps/caravan/commands.h"
-#include "apps/caravan/launcher.h"
-#include "runtime/net/network.h"
-#include "runtime/runtime_impl.h"
 
 #include <caravan/caravan.h>
 #include <caravan/kernels/overlap.h>
@@ -24,8 +22,6 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -62,15 +58,6 @@ CpuOptions g_rank_cpu;
 std::vector<long> default_tokens(const std::string& op) {
   if (op == "ll_allgather") return {8, 64};
   return {16, 128, 512};
-}
-
-double load_average() {
-  double load = -1;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
-    std::fclose(f);
-  }
-  return load;
 }
 
 std::vector<Bf16> random_bf16(std::int64_t count, std::uint64_t seed) {
@@ -243,37 +230,12 @@ std::vector<Candidate> make_candidates(const std::string& op, const ShapeInfo& s
   return out;
 }
 
-// Every rank's doubles, by rank (a collective; one rank alone: its own).
-std::vector<std::vector<double>> gather_doubles(Runtime& rt, const std::vector<double>& mine) {
-  net::Network* network = rt.impl().network();
-  if (!network) return {mine};
-  auto parts = network->allgather(std::as_bytes(std::span<const double>(mine)), std::chrono::seconds(120), "bench overlap");
-  std::vector<std::vector<double>> out;
-  for (const auto& part : parts) {
-    std::vector<double> values(part.size() / sizeof(double));
-    std::memcpy(values.data(), part.data(), values.size() * sizeof(double));
-    out.push_back(std::move(values));
-  }
-  return out;
-}
-
 // Runs every operation and shape on this rank; rank 0 returns the figures (others: null).
 nlohmann::json run_ranks_side(const BenchOverlapArgs& args, const CpuOptions& cpu) {
   Runtime rt(RuntimeOptions{.cpu_workers = 1});
   const int w = rt.world_size();
   validate(args, cpu, w);
-  SymmetricHeap heap = SymmetricHeap::current();
-  // The start line of every timed launch: each rank adds 1 to a word on every rank and spins
-  // until its own word has all W adds. Spinning on the heap releases the ranks within a few
-  // microseconds of each other; the network barrier (a message through rank 0 and a thread
-  // wake-up) let them start up to ~100 us apart, which the launch times then included.
-  const SymmetricRegion start_line = heap.allocate_signals(1);
-  std::uint64_t starts = 0;
-  auto line_up = [&] {
-    ++starts;
-    for (int p = 0; p < w; ++p) heap.signal(start_line, 0, SignalOp::add, 1, p, MemoryOrder::release);
-    heap.wait_until(start_line, 0, SignalCompare::ge, starts * static_cast<std::uint64_t>(w), std::chrono::seconds(60));
-  };
+  StartLine start_line(rt);  // see bench_ranks.h
   nlohmann::json results = nlohmann::json::array();
   const double load_before = load_average();
   for (const auto& op : operations_of(args)) {
@@ -288,7 +250,7 @@ nlohmann::json run_ranks_side(const BenchOverlapArgs& args, const CpuOptions& cp
       std::vector<std::vector<double>> seconds(candidates.size());
       for (int it = 0; it < args.warmup + args.iterations; ++it)
         for (std::size_t c = 0; c < candidates.size(); ++c) {
-          line_up();
+          start_line.wait();
           const auto start = Clock::now();
           candidates[c].run();
           const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -434,27 +396,14 @@ BenchReport run_cpu(const BenchOverlapArgs& args, const CpuOptions& cpu) {
   const int world = args.world != 0 ? args.world : std::clamp(cores, 2, 4);
   if (world < 1 || world > 64) throw Error(Errc::invalid_argument, fmt::format("--world {}: must be in [1, 64]", world));
   validate(args, cpu, world);
-  char self[4096] = {};
-  ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (length <= 0) throw Error(Errc::internal, "bench overlap: cannot find this program (/proc/self/exe)");
-  const std::string out = fmt::format("/tmp/caravan-bench-overlap-{}.json", getpid());
-  RunSpec spec;
-  spec.ranks = world;
-  spec.nodes = cpu.nodes;
-  spec.command = {std::string(self, static_cast<std::size_t>(length)), "bench", "overlap-rank", "--out", out};
-  for (auto& a : rank_arguments(args, cpu)) spec.command.push_back(a);
   // The heap is allocated once per rank at start-up: size it for the whole run.
+  std::vector<std::pair<std::string, std::string>> environment;
   const std::uint64_t need = heap_bytes_needed(args, cpu, world);
   if (settings::get_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES") < need)
-    spec.environment.push_back({"CARAVAN_SYMMETRIC_HEAP_BYTES", std::to_string(need)});
-  spec.quiet = true;
-  const int status = run_ranks(spec);
-  if (status != 0) {
-    std::remove(out.c_str());
-    throw Error(Errc::transport, fmt::format("bench overlap: the ranks failed (status {}; their messages are above)", status));
-  }
-  nlohmann::json run = nlohmann::json::parse(std::ifstream(out));
-  std::remove(out.c_str());
+    environment.push_back({"CARAVAN_SYMMETRIC_HEAP_BYTES", std::to_string(need)});
+  std::vector<std::string> rank_args = {"bench", "overlap-rank"};
+  for (auto& a : rank_arguments(args, cpu)) rank_args.push_back(a);
+  nlohmann::json run = run_self_as_ranks(world, cpu.nodes, rank_args, environment, "bench-overlap");
   return make_report(run, args);
 }
 

@@ -22,5 +22,7 @@ void add_run_command(CLI::App& app);
 void add_bench_nic(CLI::App& bench);
 // `caravan bench overlap` (bench_overlap.cpp: CPU backend; GPU backend through bench_overlap.h).
 void add_bench_overlap(CLI::App& bench);
+// `caravan bench llm` (bench_llm.cpp: a tensor-parallel transformer layer, CPU backend).
+void add_bench_llm(CLI::App& bench);
 
 }  // namespace caravan::app

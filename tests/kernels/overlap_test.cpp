@@ -49,6 +49,11 @@ TEST_F(JobTest, OverlapGemmAllScatterEveryVariant) {
   for (OverlapVariant v : kAllVariants) test::check_gemm_all_scatter(v, kLaunches);
 }
 
+TEST_F(JobTest, OverlapTensorParallelLayerEveryVariant) {
+  CARAVAN_SKIP_CROSS_NODE_UNDER_TSAN();
+  for (OverlapVariant v : kAllVariants) test::check_tp_layer(v, 2);
+}
+
 // Many launches of small gathers: every launch hands 16 chunks (one row each, own flag each)
 // from every rank to every other, the data put before the flag is raised to the launch's epoch;
 // launches alternate between the push AllGather and the LL AllGather (whose 8-byte words are

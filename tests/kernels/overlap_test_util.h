@@ -32,6 +32,7 @@ inline std::vector<Bf16> rows_of(const std::vector<Bf16>& m, std::int64_t cols, 
 }  // namespace caravan::kernels::test
 
 #include <caravan/kernels/overlap.h>
+#include <caravan/kernels/tp_layer.h>
 #include <caravan/runtime.h>
 
 #include <gtest/gtest.h>
@@ -187,6 +188,29 @@ inline void check_collectives(int iterations) {
     for (int s = 0; s < w; ++s)
       EXPECT_EQ(std::memcmp(ll_out.data() + static_cast<std::size_t>(s) * ll_bytes, bytes_of(s).data(), ll_bytes), 0)
           << "LowLatencyAllGather: rank " << s << " launch " << it;
+  }
+}
+
+// The tensor-parallel layer against the single-process reference (bf16 at the same points).
+inline void check_tp_layer(OverlapVariant variant, int iterations) {
+  Runtime& rt = Runtime::current();
+  const int w = rt.world_size(), r = rt.rank();
+  TpLayerShape shape{.tokens = 24 * w, .hidden = 128, .heads = 4, .ffn = 192};
+  TensorParallelLayer layer(SymmetricHeap::current(), shape, variant, test_options());
+  const std::int64_t rows = shape.tokens / w;
+  std::vector<Bf16> y(static_cast<std::size_t>(rows * shape.hidden));
+  for (int it = 0; it < iterations; ++it) {
+    auto weights = random_layer_weights(shape, seed_of(it, 0, 9));
+    auto x = random_matrix(shape.tokens, shape.hidden, seed_of(it, 0, 10));  // all ranks' rows
+    layer.set_weights(weights);
+    std::fill(y.begin(), y.end(), kPoison);
+    LayerTimes times{};
+    layer.run(x.data() + r * rows * shape.hidden, y.data(), &times);
+    auto ref = reference_layer(shape, weights, x, w);
+    EXPECT_LT(relative_error(y.data(), shape.hidden, ref.data() + r * rows * shape.hidden, shape.hidden, rows, shape.hidden),
+              1e-2)
+        << "TensorParallelLayer " << to_string(variant) << " launch " << it << " rank " << r;
+    for (double t : times) EXPECT_GE(t, 0.0);
   }
 }
 

@@ -20,6 +20,10 @@ TEST_F(SingleRankOverlapTest, EveryOperationAndVariantMatchesTheReference) {
   test::check_collectives(2);
 }
 
+TEST_F(SingleRankOverlapTest, TensorParallelLayerMatchesTheReference) {
+  for (OverlapVariant v : {OverlapVariant::bulk_synchronous, OverlapVariant::fused_sequential}) test::check_tp_layer(v, 2);
+}
+
 TEST_F(SingleRankOverlapTest, VariantNamesParse) {
   for (OverlapVariant v : kAllVariants) EXPECT_EQ(parse_variant(to_string(v)), v);
   EXPECT_EQ(parse_variant("bulk"), OverlapVariant::bulk_synchronous);

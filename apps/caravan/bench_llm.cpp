@@ -1,0 +1,324 @@
+// `caravan bench llm`, CPU backend: one tensor-parallel transformer layer (kernels/tp_layer.h:
+// RMSNorm, QKV projection, causal attention, output projection, RMSNorm, up/gate, SwiGLU, down
+// projection; sequence-parallel, so each projection is an AllGather+GEMM or a
+// GEMM+ReduceScatter) on W ranks of this host, with every communication bulk-synchronous (the
+// baseline) or overlapped, launches interleaved in one run. It prints per-step and total times
+// (slowest rank), the speedup over the baseline and the best variant, and writes JSON and an
+// SVG plot on request. A small configuration by default, sized for a 2-core machine; the GPU
+// shapes of issue 7 (Llama-3 8B/70B, 4k-16k tokens) need the GPU backend, which has no layer yet.
+#include "apps/caravan/bench_ranks.h"
+#include "apps/caravan/bench_report.h"
+#include "apps/caravan/commands.h"
+
+#include <caravan/caravan.h>
+#include <caravan/kernels/tp_layer.h>
+#include <caravan/settings.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <thread>
+
+namespace caravan::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace kernels;
+
+struct LlmOptions {
+  std::string backend = "auto";
+  long tokens = 256, hidden = 1024, heads = 8, ffn = 2816;
+  int world = 0, nodes = 1, iterations = 10, warmup = 2;
+  std::vector<std::string> variants;  // empty: all four
+  bool check = true;
+  std::string json_path, plot_path, out;
+};
+LlmOptions g_llm, g_llm_rank;
+
+constexpr std::size_t kSteps = static_cast<std::size_t>(LayerStep::count);
+
+std::vector<OverlapVariant> variants_of(const LlmOptions& o) {
+  std::vector<OverlapVariant> out;
+  for (const auto& name : o.variants) out.push_back(parse_variant(name));
+  if (out.empty()) out.assign(std::begin(kAllVariants), std::end(kAllVariants));
+  if (std::find(out.begin(), out.end(), OverlapVariant::bulk_synchronous) == out.end())
+    out.insert(out.begin(), OverlapVariant::bulk_synchronous);  // the baseline is always measured
+  return out;
+}
+
+TpLayerShape shape_of(const LlmOptions& o) { return {o.tokens, o.hidden, o.heads, o.ffn}; }
+
+void validate(const LlmOptions& o, int world) {
+  if (o.iterations < 1) throw Error(Errc::invalid_argument, fmt::format("--iterations {}: must be at least 1", o.iterations));
+  if (o.warmup < 0) throw Error(Errc::invalid_argument, fmt::format("--warmup {}: must be at least 0", o.warmup));
+  if (o.nodes < 1 || o.nodes > world)
+    throw Error(Errc::invalid_argument, fmt::format("--nodes {}: must be in [1, --world {}]", o.nodes, world));
+  if (o.tokens < 1 || o.tokens % world != 0)
+    throw Error(Errc::invalid_argument, fmt::format("--tokens {}: must be a positive multiple of the world size {}", o.tokens, world));
+  if (o.heads < 1 || o.heads % world != 0 || o.hidden % o.heads != 0)
+    throw Error(Errc::invalid_argument, fmt::format("--heads {}: must divide --hidden {} and be a multiple of the world size {}",
+                                                    o.heads, o.hidden, world));
+  if (o.ffn < 1 || o.ffn % world != 0)
+    throw Error(Errc::invalid_argument, fmt::format("--ffn {}: must be a positive multiple of the world size {}", o.ffn, world));
+  variants_of(o);  // names
+}
+
+// --- the ranks' side ---
+
+nlohmann::json run_layer_ranks(const LlmOptions& o) {
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  const int w = rt.world_size(), r = rt.rank();
+  validate(o, w);
+  const TpLayerShape shape = shape_of(o);
+  const auto variants = variants_of(o);
+  const double load_before = load_average();
+  const TpLayerWeights weights = random_layer_weights(shape, 1);
+  const std::int64_t rows = shape.tokens / w;
+  std::vector<Bf16> x(static_cast<std::size_t>(shape.tokens * shape.hidden));
+  {
+    std::mt19937_64 rng(3);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (auto& v : x) v = Bf16::from_float(dist(rng));
+  }
+  const Bf16* mine = x.data() + r * rows * shape.hidden;
+  std::vector<std::unique_ptr<TensorParallelLayer>> layers;
+  for (OverlapVariant v : variants) {
+    layers.push_back(std::make_unique<TensorParallelLayer>(SymmetricHeap::current(), shape, v));
+    layers.back()->set_weights(weights);
+  }
+  std::vector<Bf16> y(static_cast<std::size_t>(rows * shape.hidden));
+  std::vector<double> errors(variants.size(), -1);
+  if (o.check) {
+    auto ref = reference_layer(shape, weights, x, w);
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      std::fill(y.begin(), y.end(), Bf16{0x7FC0});
+      layers[v]->run(mine, y.data());
+      errors[v] = relative_error(y.data(), shape.hidden, ref.data() + r * rows * shape.hidden, shape.hidden, rows, shape.hidden);
+    }
+  }
+  // Per variant and timed launch: the total, then each step (this rank's times).
+  StartLine start_line(rt);
+  std::vector<std::vector<double>> samples(variants.size());
+  for (int it = 0; it < o.warmup + o.iterations; ++it)
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      LayerTimes times{};
+      start_line.wait();
+      const auto start = Clock::now();
+      layers[v]->run(mine, y.data(), &times);
+      const double total = std::chrono::duration<double>(Clock::now() - start).count();
+      if (it < o.warmup) continue;
+      samples[v].push_back(total);
+      samples[v].insert(samples[v].end(), times.begin(), times.end());
+    }
+  std::vector<double> flat(errors);
+  for (const auto& s : samples) flat.insert(flat.end(), s.begin(), s.end());
+  auto all = gather_doubles(rt, flat);
+  if (r != 0) return nullptr;
+  nlohmann::json results = nlohmann::json::array();
+  const std::size_t per_launch = 1 + kSteps, per_variant = per_launch * static_cast<std::size_t>(o.iterations);
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    double error = -1;
+    std::vector<double> total(static_cast<std::size_t>(o.iterations), 0.0);
+    std::vector<std::vector<double>> steps(kSteps, std::vector<double>(static_cast<std::size_t>(o.iterations), 0.0));
+    for (const auto& part : all) {
+      error = std::max(error, part[v]);
+      const double* base = part.data() + variants.size() + v * per_variant;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(o.iterations); ++i) {
+        total[i] = std::max(total[i], base[i * per_launch]);
+        for (std::size_t s = 0; s < kSteps; ++s) steps[s][i] = std::max(steps[s][i], base[i * per_launch + 1 + s]);
+      }
+    }
+    results.push_back({{"variant", std::string(to_string(variants[v]))}, {"error", error}, {"total", total}, {"steps", steps}});
+  }
+  int threads = static_cast<int>(settings::get_int("CARAVAN_OVERLAP_THREADS"));
+  if (threads == 0)
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / static_cast<int>(rt.ranks_on_node(rt.node()).size()));
+  return {{"world", w}, {"nodes", rt.node_count()}, {"threads", threads}, {"load_before", load_before},
+          {"load_after", load_average()}, {"results", results}};
+}
+
+// --- the report ---
+
+void write_plot(const std::string& path, const std::vector<std::string>& steps, const std::vector<double>& bulk_ms,
+                const std::vector<double>& best_ms, const std::string& best, const std::string& title) {
+  // Grouped horizontal bars: each step's median, baseline above the best variant.
+  const double top = std::max(*std::max_element(bulk_ms.begin(), bulk_ms.end()), *std::max_element(best_ms.begin(), best_ms.end()));
+  const int width = 900, label = 330, bar = 14, row = 2 * bar + 12, height = 60 + row * static_cast<int>(steps.size()) + 40;
+  std::string svg = fmt::format(
+      "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='12'>\n"
+      "<text x='10' y='20' font-size='14'>{}</text>\n"
+      "<rect x='{}' y='32' width='12' height='10' fill='#888'/><text x='{}' y='42'>bulk_synchronous</text>\n"
+      "<rect x='{}' y='32' width='12' height='10' fill='#2a7'/><text x='{}' y='42'>{}</text>\n",
+      width, height, title, label, label + 16, label + 160, label + 176, best);
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    const int y = 60 + row * static_cast<int>(s);
+    const double scale = (width - label - 90) / std::max(top, 1e-9);
+    svg += fmt::format("<text x='10' y='{}'>{}</text>\n", y + bar + 4, steps[s]);
+    svg += fmt::format("<rect x='{}' y='{}' width='{:.1f}' height='{}' fill='#888'/><text x='{:.1f}' y='{}'>{:.3f} ms</text>\n",
+                       label, y, bulk_ms[s] * scale, bar, label + bulk_ms[s] * scale + 4, y + bar - 3, bulk_ms[s]);
+    svg += fmt::format("<rect x='{}' y='{}' width='{:.1f}' height='{}' fill='#2a7'/><text x='{:.1f}' y='{}'>{:.3f} ms</text>\n",
+                       label, y + bar, best_ms[s] * scale, bar, label + best_ms[s] * scale + 4, y + 2 * bar - 3, best_ms[s]);
+  }
+  svg += "</svg>\n";
+  std::ofstream out(path);
+  out << svg;
+  if (!out) throw Error(Errc::invalid_argument, fmt::format("bench llm --plot: cannot write '{}'", path));
+}
+
+BenchReport make_report(const nlohmann::json& run, const LlmOptions& o) {
+  BenchReport report;
+  const auto& results = run["results"];
+  double baseline = 0;
+  for (const auto& v : results)
+    if (v["variant"] == "bulk_synchronous") baseline = summarize(v["total"].get<std::vector<double>>()).median;
+  BenchTable totals{fmt::format("layer M={} H={} heads={} F={}, TP {}: time per layer, ms (slowest rank; median of {} "
+                                "launches after {} warm-up)",
+                                o.tokens, o.hidden, o.heads, o.ffn, run["world"].get<int>(), o.iterations, o.warmup),
+                    {"variant", "median", "p10..p90", "speedup vs bulk", "check"},
+                    {}};
+  std::string best;
+  double best_median = INFINITY;
+  bool all_correct = true;
+  nlohmann::json variants = nlohmann::json::array();
+  for (const auto& v : results) {
+    Summary s = summarize(v["total"].get<std::vector<double>>());
+    const double error = v["error"].get<double>();
+    const bool checked = error >= 0, correct = !checked || error < 1e-2;
+    all_correct = all_correct && correct;
+    const std::string name = v["variant"];
+    if (correct && s.median < best_median) best_median = s.median, best = name;
+    totals.rows.push_back({name + (name == "bulk_synchronous" ? " (baseline)" : ""), fmt::format("{:.2f}", s.median * 1e3),
+                           fmt::format("{:.2f}..{:.2f}", s.p10 * 1e3, s.p90 * 1e3), fmt::format("{:.2f}x", baseline / s.median),
+                           !checked ? "off" : correct ? fmt::format("ok ({:.1e})", error) : fmt::format("FAIL ({:.1e})", error)});
+    nlohmann::json steps = nlohmann::json::object();
+    for (std::size_t st = 0; st < kSteps; ++st)
+      steps[std::string(to_string(static_cast<LayerStep>(st)))] = summarize(v["steps"][st].get<std::vector<double>>()).median * 1e3;
+    variants.push_back({{"variant", name}, {"median_ms", s.median * 1e3}, {"p10_ms", s.p10 * 1e3}, {"p90_ms", s.p90 * 1e3},
+                        {"speedup", baseline / s.median}, {"relative_error", checked ? nlohmann::json(error) : nlohmann::json()},
+                        {"steps_median_ms", steps}});
+  }
+  report.tables.push_back(totals);
+  BenchTable steps{fmt::format("per step, ms (median of the slowest rank): bulk_synchronous vs {}", best),
+                   {"step", "bulk", best, "speedup"},
+                   {}};
+  std::vector<std::string> step_names;
+  std::vector<double> bulk_ms, best_ms;
+  for (std::size_t st = 0; st < kSteps; ++st) {
+    const std::string name(to_string(static_cast<LayerStep>(st)));
+    double b = 0, o_ms = 0;
+    for (const auto& v : variants) {
+      if (v["variant"] == "bulk_synchronous") b = v["steps_median_ms"][name];
+      if (v["variant"] == best) o_ms = v["steps_median_ms"][name];
+    }
+    step_names.push_back(name);
+    bulk_ms.push_back(b);
+    best_ms.push_back(o_ms);
+    steps.rows.push_back({name, fmt::format("{:.3f}", b), fmt::format("{:.3f}", o_ms), fmt::format("{:.2f}x", b / o_ms)});
+  }
+  report.tables.push_back(steps);
+  report.headlines.push_back(fmt::format("layer M={} H={} TP {}: best {} {:.2f}x over bulk ({:.2f} ms vs {:.2f} ms)", o.tokens,
+                                         o.hidden, run["world"].get<int>(), best, baseline / best_median, best_median * 1e3,
+                                         baseline * 1e3));
+  report.headlines.push_back(o.check ? (all_correct ? "check: every variant matches the float32 reference layer (relative error < 1e-2)"
+                                                    : "check: FAILED (see the check column)")
+                                     : "check: off (--no-check)");
+  report.notes.push_back(fmt::format("CPU backend: {} ranks in {} logical node(s), {} compute thread(s) per rank; weights and "
+                                     "activations bf16, fp32 arithmetic; attention, norms and SwiGLU on one thread per rank",
+                                     run["world"].get<int>(), run["nodes"].get<int>(), run["threads"].get<int>()));
+  report.notes.push_back(fmt::format("load average {:.2f} before, {:.2f} after: the build machine is shared and noisy",
+                                     run["load_before"].get<double>(), run["load_after"].get<double>()));
+  report.figures = {{"backend", "cpu"}, {"world", run["world"]}, {"nodes", run["nodes"]}, {"threads", run["threads"]},
+                    {"shape", {{"tokens", o.tokens}, {"hidden", o.hidden}, {"heads", o.heads}, {"ffn", o.ffn}}},
+                    {"iterations", o.iterations}, {"warmup", o.warmup}, {"load_before", run["load_before"]},
+                    {"load_after", run["load_after"]}, {"variants", variants}, {"best", best},
+                    {"best_speedup", baseline / best_median}, {"correct", all_correct}};
+  if (!o.json_path.empty()) {
+    std::ofstream out(o.json_path);
+    nlohmann::json file = report.figures;
+    file["bench"] = "llm";
+    file["machine"] = describe_machine();
+    out << file.dump(2) << "\n";
+    if (!out) throw Error(Errc::invalid_argument, fmt::format("bench llm --json: cannot write '{}'", o.json_path));
+  }
+  if (!o.plot_path.empty())
+    write_plot(o.plot_path, step_names, bulk_ms, best_ms, best,
+               fmt::format("caravan bench llm (CPU): layer M={} H={} TP {}, median ms per step", o.tokens, o.hidden,
+                           run["world"].get<int>()));
+  if (o.check && !all_correct) report.failure = "bench llm: a variant does not match the float32 reference layer";
+  return report;
+}
+
+std::uint64_t heap_bytes_needed(const LlmOptions& o) {
+  // Per layer: two AllGather exchanges (M x H) and two ReduceScatter exchanges (M x H), bf16.
+  const std::uint64_t per_layer = 4 * static_cast<std::uint64_t>(o.tokens) * static_cast<std::uint64_t>(o.hidden) * 2 + (1 << 20);
+  return (per_layer * variants_of(o).size() + (4 << 20)) * 5 / 4;
+}
+
+BenchReport run_llm_bench(const LlmOptions& o) {
+  if (o.backend == "gpu")
+    throw Error(Errc::invalid_argument, "bench llm --backend gpu: the GPU backend has no transformer layer yet; use --backend cpu");
+  if (o.backend != "auto" && o.backend != "cpu")
+    throw Error(Errc::invalid_argument, fmt::format("--backend {}: expected auto or cpu", o.backend));
+  if (const char* world_size = std::getenv("WORLD_SIZE")) {
+    if (o.world != 0 && std::to_string(o.world) != world_size)
+      throw Error(Errc::invalid_argument, fmt::format("--world {}: this job has WORLD_SIZE={}", o.world, world_size));
+    nlohmann::json run = run_layer_ranks(o);
+    if (run.is_null()) {
+      BenchReport silent;
+      silent.printed = true;  // rank 0 prints the job's report
+      return silent;
+    }
+    return make_report(run, o);
+  }
+  const int world = o.world != 0 ? o.world : 2;
+  if (world < 1 || world > 64) throw Error(Errc::invalid_argument, fmt::format("--world {}: must be in [1, 64]", world));
+  validate(o, world);
+  std::vector<std::string> args = {"bench", "llm-rank", "--tokens", std::to_string(o.tokens), "--hidden", std::to_string(o.hidden),
+                                   "--heads", std::to_string(o.heads), "--ffn", std::to_string(o.ffn), "--iterations",
+                                   std::to_string(o.iterations), "--warmup", std::to_string(o.warmup)};
+  for (const auto& v : o.variants) args.insert(args.end(), {"--variant", v});
+  if (!o.check) args.push_back("--no-check");
+  std::vector<std::pair<std::string, std::string>> environment;
+  if (settings::get_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES") < heap_bytes_needed(o))
+    environment.push_back({"CARAVAN_SYMMETRIC_HEAP_BYTES", std::to_string(heap_bytes_needed(o))});
+  return make_report(run_self_as_ranks(world, o.nodes, args, environment, "bench-llm"), o);
+}
+
+void add_shape_options(CLI::App& sub, LlmOptions& o) {
+  sub.add_option("--tokens", o.tokens, "Tokens M of the prefill (all ranks together)")->capture_default_str();
+  sub.add_option("--hidden", o.hidden, "Hidden size H")->capture_default_str();
+  sub.add_option("--heads", o.heads, "Attention heads (split over the ranks)")->capture_default_str();
+  sub.add_option("--ffn", o.ffn, "MLP width F")->capture_default_str();
+  sub.add_option("--variant", o.variants, "Overlap variants to measure (default: all; the bulk baseline always)");
+  sub.add_option("--iterations", o.iterations, "Timed layers per variant")->capture_default_str();
+  sub.add_option("--warmup", o.warmup, "Untimed layers per variant first")->capture_default_str();
+  sub.add_flag("--no-check", [&o](std::int64_t) { o.check = false; }, "Skip the float32 reference check");
+}
+
+}  // namespace
+
+void add_bench_llm(CLI::App& bench) {
+  CLI::App& sub = add_bench_case(bench, "llm",
+                                 "A tensor-parallel transformer layer with bulk vs overlapped communication (CPU backend)",
+                                 [] { return run_llm_bench(g_llm); });
+  sub.add_option("--backend", g_llm.backend, "auto or cpu (the GPU backend has no layer yet)")->capture_default_str();
+  sub.add_option("--world", g_llm.world, "Ranks (tensor-parallel degree); 0: 2")->capture_default_str();
+  sub.add_option("--nodes", g_llm.nodes, "Logical nodes the ranks are split into (2+: UCX between them)")->capture_default_str();
+  sub.add_option("--json", g_llm.json_path, "Also write the figures as JSON to this file");
+  sub.add_option("--plot", g_llm.plot_path, "Also write an SVG plot of the per-step times to this file");
+  add_shape_options(sub, g_llm);
+  CLI::App* rank = bench.add_subcommand("llm-rank", "One rank of `bench llm` (internal)");
+  rank->group("");
+  add_shape_options(*rank, g_llm_rank);
+  rank->add_option("--out", g_llm_rank.out)->required();
+  rank->callback([] {
+    nlohmann::json run = run_layer_ranks(g_llm_rank);
+    if (!run.is_null()) std::ofstream(g_llm_rank.out) << run.dump();
+  });
+}
+
+}  // namespace caravan::app
