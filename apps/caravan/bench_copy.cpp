@@ -8,6 +8,7 @@
 //             its time alone and against the same load without priorities (FIFO).
 #include "apps/caravan/bench_report.h"
 #include "apps/caravan/commands.h"
+#include "runtime/dma/channel.h"
 
 #include <caravan/caravan.h>
 #include <caravan/copy.h>
@@ -17,6 +18,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 namespace caravan::app {
@@ -27,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 struct CopyBenchOptions {
   std::uint64_t mib = 256;
   int repetitions = 5;
+  bool timeline = false;  // print where each pipelined run's hops spent their time
 };
 CopyBenchOptions g_copy;
 
@@ -56,6 +59,40 @@ double timed_copy(const Instance& src, const Instance& dst, const CopyOptions& o
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// The 1-, 5- and 15-minute load averages: the build machine is shared, and its load moves
+// every figure.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  double one = 0, five = 0, fifteen = 0;
+  if (!(in >> one >> five >> fifteen)) return "unknown";
+  return fmt::format("{:.2f} {:.2f} {:.2f}", one, five, fifteen);
+}
+
+// One row per hop of a copy's timeline (CopyReport::timeline), in milliseconds.
+void add_timeline_rows(BenchTable& table, const std::string& run, const CopyReport& report, double wall_s) {
+  for (std::size_t h = 0; h < report.timeline.size(); ++h) {
+    const HopTimeline& hop = report.timeline[h];
+    table.rows.push_back({run, fmt::format("{} {}", h, hop.channel), std::to_string(hop.requests.size()),
+                          fmt::format("{:.1f}", hop.busy_us / 1e3), fmt::format("{:.1f}", hop.waiting_input_us / 1e3),
+                          fmt::format("{:.1f}", hop.waiting_output_us / 1e3), fmt::format("{:.1f}", hop.scheduling_us / 1e3),
+                          fmt::format("{:.1f}", report.setup_us / 1e3), fmt::format("{:.1f}", report.elapsed_us / 1e3),
+                          fmt::format("{:.1f}", report.teardown_us / 1e3), fmt::format("{:.1f}", wall_s * 1e3)});
+  }
+}
+
+nlohmann::json timeline_json(const CopyReport& report) {
+  nlohmann::json hops = nlohmann::json::array();
+  for (const HopTimeline& hop : report.timeline) {
+    nlohmann::json requests = nlohmann::json::array();
+    for (const RequestSpan& r : hop.requests) requests.push_back({r.tile, r.bytes, r.start_us, r.end_us});
+    hops.push_back({{"channel", hop.channel}, {"busy_us", hop.busy_us}, {"waiting_input_us", hop.waiting_input_us},
+                    {"waiting_output_us", hop.waiting_output_us}, {"scheduling_us", hop.scheduling_us},
+                    {"tile_done_us", hop.tile_done_us}, {"requests_tile_bytes_start_end_us", requests}});
+  }
+  return {{"setup_us", report.setup_us}, {"elapsed_us", report.elapsed_us}, {"teardown_us", report.teardown_us},
+          {"slots", report.slots}, {"hops", hops}};
+}
+
 double gbps(std::uint64_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
 
 std::vector<std::string> gbps_row(const std::string& name, const Summary& s) {
@@ -71,6 +108,7 @@ BenchReport run_copy_bench() {
   if (g_copy.mib == 0) throw Error(Errc::invalid_argument, "--mib 0: must be at least 1");
   if (g_copy.repetitions <= 0) throw Error(Errc::invalid_argument, fmt::format("--reps {}: must be at least 1", g_copy.repetitions));
   Runtime rt;
+  const std::string load_before = load_average();
   const std::uint64_t bytes = g_copy.mib << 20;
   const Rect space = space_of(bytes);
   const std::uint64_t moved = space.volume() * bench_fields().total_size();
@@ -82,20 +120,40 @@ BenchReport run_copy_bench() {
   Instance fb = Instance::create(dsk(), space, bench_fields(), aos);
   Instance staging = Instance::create(sys(), space, bench_fields(), aos);
   copy(a, fa).wait();  // give the source file its contents
+  // Every case then writes destinations that were written before: a file's first write
+  // allocates its blocks (0.75 s for 256 MiB here, against 45 ms for a rewrite), which only the
+  // first pipelined run would otherwise pay, and sys instances are zeroed when created.
+  copy(a, fb).wait();
 
   std::vector<double> direct, plain, pipelined, staged, read_hop, write_hop;
-  CopyReport report;
+  CopyReport report, direct_report;
+  BenchTable timeline{"Where the time of each run went, ms (see HopTimeline): busy = a request running; waiting = "
+                      "for the previous hop's tile (input) or a free slot (output); scheduling = idle while ready",
+                      {"run", "hop", "requests", "busy", "wait input", "wait output", "scheduling", "setup", "copy", "teardown", "wall"}, {}};
+  nlohmann::json timelines = nlohmann::json::array();
   for (int r = 0; r < g_copy.repetitions; ++r) {
-    direct.push_back(gbps(moved, timed_copy(a, b)));
+    const double direct_s = timed_copy(a, b, {.report = &direct_report});
+    direct.push_back(gbps(moved, direct_s));
     auto start = Clock::now();
     std::memcpy(b.data(), a.data(), moved);
     plain.push_back(gbps(moved, std::chrono::duration<double>(Clock::now() - start).count()));
-    pipelined.push_back(gbps(moved, timed_copy(fa, fb, {.report = &report})));
-    double t_read = timed_copy(fa, staging);
-    double t_write = timed_copy(staging, fb);
+    const double pipelined_s = timed_copy(fa, fb, {.report = &report});
+    pipelined.push_back(gbps(moved, pipelined_s));
+    if (g_copy.timeline) {
+      add_timeline_rows(timeline, fmt::format("direct {}", r), direct_report, direct_s);
+      add_timeline_rows(timeline, fmt::format("pipelined {} ({:.2f} GB/s)", r, pipelined.back()), report, pipelined_s);
+      timelines.push_back({{"direct", timeline_json(direct_report)}, {"pipelined", timeline_json(report)}});
+    }
+    CopyReport read_report, write_report;
+    double t_read = timed_copy(fa, staging, {.report = &read_report});
+    double t_write = timed_copy(staging, fb, {.report = &write_report});
     staged.push_back(gbps(moved, t_read + t_write));
     read_hop.push_back(gbps(moved, t_read));
     write_hop.push_back(gbps(moved, t_write));
+    if (g_copy.timeline) {
+      add_timeline_rows(timeline, fmt::format("hop alone {}", r), read_report, t_read);
+      add_timeline_rows(timeline, fmt::format("hop alone {}", r), write_report, t_write);
+    }
   }
   Summary s_direct = summarize(direct), s_plain = summarize(plain), s_pipe = summarize(pipelined),
           s_staged = summarize(staged), s_read = summarize(read_hop), s_write = summarize(write_hop);
@@ -111,8 +169,12 @@ BenchReport run_copy_bench() {
   t.rows.push_back(gbps_row("hop dsk->sys alone", s_read));
   t.rows.push_back(gbps_row("hop sys->dsk alone", s_write));
   out.tables.push_back(t);
-  out.notes.push_back(fmt::format("pipelined route: {}", report.route));
+  if (g_copy.timeline) out.tables.push_back(timeline);
+  out.notes.push_back(fmt::format("pipelined route: {} ({} tiles, {} slots per buffer)", report.route, report.tiles, report.slots));
+  out.notes.push_back(fmt::format("load average (1, 5, 15 min): {} before, {} after; the machine is shared, so figures move with it",
+                                  load_before, load_average()));
   out.notes.push_back("dsk is file-backed storage in CARAVAN_DSK_DIR; the host hops share this machine's cores and memory bandwidth");
+  out.notes.push_back(fmt::format("memcpy channel streaming stores: {}", dma::stream_copy_isa()));
   out.headlines.push_back(fmt::format("direct copy / plain memcpy: {:.2f}x (goal >= 0.95)", s_direct.median / s_plain.median));
   out.headlines.push_back(fmt::format("pipelined / staged: {:.2f}x", s_pipe.median / s_staged.median));
   out.headlines.push_back(fmt::format("pipelined / slowest hop alone: {:.2f} (goal >= 0.90)", s_pipe.median / slowest));
@@ -123,7 +185,9 @@ BenchReport run_copy_bench() {
                  {"direct_over_memcpy", s_direct.median / s_plain.median},
                  {"pipelined_over_staged", s_pipe.median / s_staged.median},
                  {"pipelined_over_slowest_hop", s_pipe.median / slowest},
-                 {"route", report.route}};
+                 {"route", report.route},
+                 {"load_average_before", load_before}};
+  if (g_copy.timeline) out.figures["timelines"] = timelines;
   return out;
 }
 
@@ -132,6 +196,7 @@ BenchReport run_priority_bench() {
   if (o.low_copies <= 0 || o.low_mib == 0 || o.high_mib == 0 || o.repetitions <= 0)
     throw Error(Errc::invalid_argument, "--low-copies, --low-mib, --high-mib and --reps must be at least 1");
   Runtime rt;
+  const std::string load_before = load_average();
   Layout aos = Layout::parse("F,x");
   Rect low_space = space_of(o.low_mib << 20), high_space = space_of(o.high_mib << 20);
   std::vector<Instance> low_src, low_dst;
@@ -170,6 +235,8 @@ BenchReport run_priority_bench() {
   t.rows.push_back(row("under load, high priority", s_prio));
   t.rows.push_back(row("under load, no priorities (FIFO)", s_fifo));
   out.tables.push_back(t);
+  out.notes.push_back(fmt::format("load average (1, 5, 15 min): {} before, {} after; the machine is shared, so figures move with it",
+                                  load_before, load_average()));
   out.headlines.push_back(fmt::format("high priority under load / alone: {:.2f}x (goal <= 1.5)", s_prio.median / s_alone.median));
   out.headlines.push_back(fmt::format("completion time cut by priorities vs FIFO: {:.0f}%", 100.0 * (1 - s_prio.median / s_fifo.median)));
   out.figures = {{"ms", {{"alone", summary_json(s_alone)}, {"prioritized", summary_json(s_prio)}, {"fifo", summary_json(s_fifo)}}},
@@ -184,6 +251,7 @@ void add_bench_copy(CLI::App& bench) {
   CLI::App& c = add_bench_case(bench, "copy", "Direct and pipelined multi-hop copies vs memcpy and staged hops", run_copy_bench);
   c.add_option("--mib", g_copy.mib, "MiB per copy")->capture_default_str();
   c.add_option("--reps", g_copy.repetitions, "Runs of each case")->capture_default_str();
+  c.add_flag("--timeline", g_copy.timeline, "Also show where each run's hops spent their time (with --json: every request)");
   CLI::App& p = add_bench_case(bench, "priority", "A high-priority copy under load vs alone and vs FIFO", run_priority_bench);
   p.add_option("--low-copies", g_priority.low_copies, "Low-priority copies in the load")->capture_default_str();
   p.add_option("--low-mib", g_priority.low_mib, "MiB per low-priority copy")->capture_default_str();
