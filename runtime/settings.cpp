@@ -110,7 +110,7 @@ const Definition kTable[] = {
   // --- overlap kernels (kernels/, docs/overlap.md) ---
   {"CARAVAN_OVERLAP_THREADS", Kind::integer, "0",
    "Compute threads per rank of the CPU overlapped GEMMs (AllGather+GEMM, GEMM+ReduceScatter, GEMM+All-Scatter); "
-   "0: the cores divided by the ranks of this node (at least 1)", 0, 256},
+   "0: the cores divided by the ranks of the job on this host (at least 1)", 0, 256},
   {"CARAVAN_OVERLAP_COMM_THREADS", Kind::integer, "1",
    "Threads of the workgroup_specialized variant that only communicate (the others compute)", 1, 64},
   {"CARAVAN_OVERLAP_TILE_M", Kind::integer, "64",

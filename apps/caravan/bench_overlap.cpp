@@ -279,10 +279,7 @@ nlohmann::json run_ranks_side(const BenchOverlapArgs& args, const CpuOptions& cp
     }
   }
   if (rt.rank() != 0) return nullptr;
-  int threads = static_cast<int>(settings::get_int("CARAVAN_OVERLAP_THREADS"));
-  if (threads == 0)
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                              static_cast<int>(rt.ranks_on_node(rt.node()).size()));
+  const int threads = default_compute_threads();
   return {{"world", w}, {"nodes", rt.node_count()}, {"threads", threads}, {"load_before", load_before},
           {"load_after", load_average()}, {"results", results}};
 }

@@ -37,6 +37,16 @@ std::string_view to_string(OverlapVariant variant) {
   return "?";
 }
 
+int default_compute_threads() {
+  const std::int64_t setting = settings::get_int("CARAVAN_OVERLAP_THREADS");
+  if (setting > 0) return static_cast<int>(setting);
+  Runtime& rt = Runtime::current();
+  const std::string& host = rt.rank_info(rt.rank()).host;
+  int on_host = 0;
+  for (int r = 0; r < rt.world_size(); ++r) on_host += rt.rank_info(r).host == host;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, on_host));
+}
+
 OverlapVariant parse_variant(std::string_view name) {
   if (name == "bulk") return OverlapVariant::bulk_synchronous;
   for (OverlapVariant v : kAllVariants)
@@ -69,11 +79,9 @@ struct Config {
   std::chrono::nanoseconds timeout{};
 };
 
-Config resolve(const OverlapOptions& options, int ranks_on_node, std::string_view op) {
+Config resolve(const OverlapOptions& options, std::string_view op) {
   Config c;
-  std::int64_t threads = options.threads ? options.threads : settings::get_int("CARAVAN_OVERLAP_THREADS");
-  if (threads == 0)
-    threads = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::thread::hardware_concurrency()) / std::max(1, ranks_on_node));
+  const std::int64_t threads = options.threads ? options.threads : default_compute_threads();
   if (threads < 1 || threads > 256)
     throw Error(Errc::invalid_argument, fmt::format("{}: threads = {}: must be in [1, 256]", op, threads));
   c.threads = static_cast<int>(threads);
@@ -121,7 +129,7 @@ struct OpState {
     Runtime& rt = Runtime::current();
     rank = rt.rank();
     world = rt.world_size();
-    config = resolve(options, static_cast<int>(rt.ranks_on_node(rt.node()).size()), name);
+    config = resolve(options, name);
     // Large enough for every variant: producer_consumer needs threads + 1 members,
     // workgroup_specialized at least comm_threads + 1.
     team = std::make_unique<ThreadTeam>(with_team ? std::max(config.threads, config.comm_threads) + 1 : 1);

@@ -52,6 +52,11 @@ OverlapVariant parse_variant(std::string_view name);
 
 enum class GatherMode { push, pull };
 
+// Compute threads per rank when OverlapOptions::threads is 0: CARAVAN_OVERLAP_THREADS, or when
+// that is 0 the host's cores divided by the job's ranks on this host (logical nodes of one host
+// share its cores), at least 1. Needs a running Runtime.
+int default_compute_threads();
+
 struct OverlapOptions {
   int threads = 0;                // compute threads of this rank; 0: CARAVAN_OVERLAP_THREADS
   int comm_threads = 0;           // workgroup_specialized's communication threads; 0: CARAVAN_OVERLAP_COMM_THREADS
