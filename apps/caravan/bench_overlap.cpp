@@ -407,7 +407,8 @@ BenchReport run_cpu(const BenchOverlapArgs& args, const CpuOptions& cpu) {
 BenchReport run_overlap_bench(const BenchOverlapArgs& args, const CpuOptions& cpu) {
   if (args.backend != "auto" && args.backend != "cpu" && args.backend != "gpu")
     throw Error(Errc::invalid_argument, fmt::format("--backend {}: expected auto, cpu or gpu", args.backend));
-  const bool gpu_present = args.backend != "cpu" && probe_gpus().device_count > 0;
+  // The GPU backend needs at least two GPUs (it measures collectives between them).
+  const bool gpu_present = args.backend != "cpu" && probe_gpus().device_count > 1;
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
   if (args.backend == "gpu" || (args.backend == "auto" && gpu_present)) {
     const int status = run_bench_overlap_gpu(args);
@@ -446,7 +447,7 @@ void add_bench_overlap(CLI::App& bench) {
                                  "Overlapped collectives + GEMMs (AllGather+GEMM, GEMM+ReduceScatter, GEMM+All-Scatter, LL "
                                  "AllGather) vs the bulk-synchronous baseline",
                                  [] { return run_overlap_bench(g_args, g_cpu); });
-  sub.add_option("--backend", g_args.backend, "auto (gpu when a device and the GPU backend are there), cpu or gpu")
+  sub.add_option("--backend", g_args.backend, "auto (gpu when 2+ GPUs and the GPU backend are there), cpu or gpu")
       ->capture_default_str();
   sub.add_option("--world", g_args.world, "Ranks (GPUs); 0: CPU: the cores, clamped to [2, 4]; GPU: all")
       ->capture_default_str();
