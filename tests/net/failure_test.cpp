@@ -151,8 +151,9 @@ TEST_F(JobTest, KilledInTheMiddleOfATransfer) {
   EXPECT_LT(noticed, 10s) << "the failure took " << std::chrono::duration<double>(noticed).count() << " s to notice";
   // Operations still in flight to the victim were failed with the same cause, not left hanging.
   EXPECT_EQ(rma.pending_count(), 0u);
-  if (failures.count.load() > 0)
+  if (failures.count.load() > 0) {
     EXPECT_NE(failures.first.find(fmt::format("rank {}", victim)), std::string::npos) << failures.first;
+  }
 }
 
 }  // namespace
