@@ -15,17 +15,31 @@ void check(cublasStatus_t status, const char* call) {
                                   cublasGetStatusString(status) + ")");
 }
 
+constexpr std::size_t kWorkspace = 32u << 20;
+
 }  // namespace
 
 struct Blas::Impl {
   cublasHandle_t handle = nullptr;
   void* workspace = nullptr;
+  hipStream_t stream = nullptr;
+  bool stream_set = false;
+
+  // cublasSetStream resets the handle's workspace to cuBLAS's default pool: set ours again
+  // whenever the stream changes.
+  void use(hipStream_t s) {
+    if (stream_set && s == stream) return;
+    check(cublasSetStream(handle, s), "cublasSetStream");
+    check(cublasSetWorkspace(handle, workspace, kWorkspace), "cublasSetWorkspace");
+    stream = s;
+    stream_set = true;
+  }
 };
 
 Blas::Blas() : impl_(std::make_unique<Impl>()) {
   check(cublasCreate(&impl_->handle), "cublasCreate");
-  // A workspace of its own lets cuBLAS pick its fastest kernels whatever stream it runs on.
-  constexpr std::size_t kWorkspace = 32u << 20;
+  // A workspace of its own (per handle, so two lanes never share one) lets cuBLAS pick its
+  // fastest kernels whatever stream it runs on.
   CARAVAN_HIP_CHECK(hipMalloc(&impl_->workspace, kWorkspace));
   check(cublasSetWorkspace(impl_->handle, impl_->workspace, kWorkspace), "cublasSetWorkspace");
 }
@@ -39,7 +53,7 @@ Blas::~Blas() {
 void Blas::gemm(hipStream_t stream, long m, long n, long k, const bf16* a, long lda, const bf16* b, long ldb, bf16* c,
                 long ldc, float beta) {
   const float alpha = 1.0f;
-  check(cublasSetStream(impl_->handle, stream), "cublasSetStream");
+  impl_->use(stream);
   check(cublasGemmEx(impl_->handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                      static_cast<int>(k), &alpha, b, CUDA_R_16BF, static_cast<int>(ldb), a, CUDA_R_16BF,
                      static_cast<int>(lda), &beta, c, CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
@@ -50,7 +64,7 @@ void Blas::gemm(hipStream_t stream, long m, long n, long k, const bf16* a, long 
 void Blas::gemm_reference(hipStream_t stream, long m, long n, long k, const float* a, long lda, const float* b, long ldb,
                           float* c, long ldc) {
   const float alpha = 1.0f, beta = 0.0f;
-  check(cublasSetStream(impl_->handle, stream), "cublasSetStream");
+  impl_->use(stream);
   check(cublasSetMathMode(impl_->handle, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode(pedantic)");
   cublasStatus_t status = cublasSgemm(impl_->handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                                       static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a, static_cast<int>(lda),

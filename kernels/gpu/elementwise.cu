@@ -112,6 +112,11 @@ __device__ inline uint4 load_line(const uint4* src) {
   return v;
 }
 
+// Progress: block i of one rank waits only for block i of each peer, so with blocks dispatched
+// in index order (what the hardware does, not a documented promise) the rank with the fewest
+// resident blocks always completes them; the grid is capped at kLlMaxBytes to stay small.
+// Calls of one rank must run in order (LowLatencyAllGather::run keeps them so): they share
+// the device-side epoch and block counter.
 __global__ void ll_allgather_kernel(HeapView heap, const uint2* in, std::size_t pairs, uint4* lines, uint2* out,
                                     LlState* state) {
   // The epoch lives on the device, so that a captured graph replays with fresh epochs: every
@@ -205,7 +210,7 @@ void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void*
   if (bytes == 0 || bytes % 8 != 0 || bytes > kLlMaxBytes)
     throw Error(Errc::invalid_argument,
                 "ll_allgather: bytes per rank must be a positive multiple of 8 up to " + std::to_string(kLlMaxBytes) +
-                    " (every line's block must be resident at once; use the copy-engine AllGather above that), got " +
+                    " (twice the bytes travel as lines; use the copy-engine AllGather above that), got " +
                     std::to_string(bytes));
   if (heap.world < 1 || heap.world > kMaxHeapRanks)
     throw Error(Errc::invalid_argument, "ll_allgather: heap view has no valid world size");

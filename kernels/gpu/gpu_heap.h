@@ -18,6 +18,9 @@
 
 namespace caravan::gpu {
 
+// Remote atomics (atomic_add/exchange/cas and notify with add in symmetric.cuh) need native
+// peer atomics, which NVLink/xGMI links have and PCIe peer links do not; loads, stores,
+// notify(set) and stream flag operations work over either.
 class GpuSymmetricHeap {
  public:
   // Allocates `bytes_per_rank` on each of `devices` (one rank each, in that order) and enables

@@ -20,9 +20,17 @@ void require(bool ok, const std::string& what) {
 // into world x splits row blocks.
 void require_shape(const char* op, long m, long k, long n, int world, int splits) {
   require(m > 0 && k > 0 && n > 0, fmt::format("{}: m, k, n must be positive, got {}, {}, {}", op, m, k, n));
+  require(k % 8 == 0 && n % 8 == 0,
+          fmt::format("{}: k = {} and n = {} must be multiples of 8 (16-byte rows, so chunks stay aligned)", op, k, n));
   require(splits >= 1, fmt::format("{}: splits must be >= 1, got {}", op, splits));
   require(m % (static_cast<long>(world) * splits) == 0,
           fmt::format("{}: m = {} must be a multiple of world x splits = {} x {}", op, m, world, splits));
+}
+
+// Checks a call's arguments before it takes an epoch (see overlap.h).
+void require_call(const char* op, int rank, int world, int lanes) {
+  require(rank >= 0 && rank < world, fmt::format("{}::run: rank {} outside 0..{}", op, rank, world - 1));
+  require(lanes == 1 || lanes == 2, fmt::format("{}::run: lanes must be 1 or 2, got {}", op, lanes));
 }
 
 // The flag words of an operation: `groups` arrays of `count` 64-bit flags per rank.
@@ -103,11 +111,25 @@ RankSync::RankSync(int chunk_events) {
   CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&start, hipEventDisableTiming));
   CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&comm_done, hipEventDisableTiming));
   CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&lane_done, hipEventDisableTiming));
+  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&call_done_, hipEventDisableTiming));
   chunk.resize(static_cast<std::size_t>(chunk_events));
   for (auto& e : chunk) CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&e, hipEventDisableTiming));
 }
 
+std::uint64_t RankSync::enter(hipStream_t stream) {
+  if (epoch > 0 && stream != last_stream_) CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, call_done_, 0));
+  last_stream_ = stream;
+  return ++epoch;
+}
+
+void RankSync::leave(hipStream_t stream) { CARAVAN_HIP_CHECK(hipEventRecord(call_done_, stream)); }
+
+void RankSync::after_last_call(hipStream_t stream) const {
+  if (epoch > 0) CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, call_done_, 0));
+}
+
 RankSync::~RankSync() {
+  (void)hipEventDestroy(call_done_);
   (void)hipEventDestroy(start);
   (void)hipEventDestroy(comm_done);
   (void)hipEventDestroy(lane_done);
@@ -117,7 +139,6 @@ RankSync::~RankSync() {
 namespace {
 Lanes::Lanes(GpuTeam& team, int rank, RankSync& sync, hipStream_t stream, int lanes)
     : sync_(sync), count_(lanes), streams_{stream, team.lane_stream(rank)}, blas_{&team.blas(rank, 0), &team.blas(rank, 1)} {
-  require(lanes == 1 || lanes == 2, fmt::format("lanes must be 1 or 2, got {}", lanes));
   // Lane 1 starts with everything enqueued on the caller's stream so far (the caller records
   // sync.start first).
   if (count_ == 2) CARAVAN_HIP_CHECK(hipStreamWaitEvent(streams_[1], sync_.start, 0));
@@ -205,7 +226,7 @@ std::string_view to_string(AgGemmVariant v) {
 
 // Flags of AllGatherGemm, per rank: ready[p] (p's shard is in its slot for this epoch),
 // done[p] (p finished pulling my slot), landed[chunk] (that chunk of A is in my gathered
-// buffer), freed[p] (p's GEMM finished reading the slot I pushed to it).
+// buffer), freed[p] (p entered this epoch: its gathered buffer may receive this epoch's pushes).
 enum AgFlags { ag_ready, ag_done, ag_landed, ag_freed, ag_groups };
 
 AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
@@ -234,7 +255,11 @@ bf16* AllGatherGemm::shard(int rank) const {
 const bf16* AllGatherGemm::gathered(int rank) const { return team_.heap().at<bf16>(gathered_, rank); }
 
 void AllGatherGemm::wait_shard_free(int rank, hipStream_t stream) {
-  const std::uint64_t last = sync_[static_cast<std::size_t>(rank)]->epoch;
+  require_call("AllGatherGemm", rank, team_.world(), 1);
+  const RankSync& s = *sync_[static_cast<std::size_t>(rank)];
+  const std::uint64_t last = s.epoch;
+  // This rank's own last call (its GEMM on the shard, its pushes of it) is done.
+  s.after_last_call(stream);
   const FlagArrays my{team_.heap().at<std::uint64_t>(flags_, rank), static_cast<long>(team_.world()) * splits_};
   for (int step = 1; step < team_.world(); ++step) wait_flag(stream, my.at(ag_done, (rank + step) % team_.world()), last);
 }
@@ -244,8 +269,12 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   const long count = static_cast<long>(world) * splits_;
   const long shard_rows = m_ / world, chunk_rows = shard_rows / splits_;
   const std::size_t chunk_bytes = static_cast<std::size_t>(chunk_rows) * k_ * sizeof(bf16);
+  require_call("AllGatherGemm", rank, world, lanes);
+  require(variant != AgGemmVariant::ll_bulk || low_latency(),
+          fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}", kLlMaxBytes,
+                      static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16)));
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
-  const std::uint64_t e = ++s.epoch;
+  const std::uint64_t e = s.enter(stream);
   hipStream_t comm = team_.comm_stream(rank);
   Blas& blas = team_.blas(rank);
   auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), count}; };
@@ -253,18 +282,18 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   bf16* mine = team_.heap().at<bf16>(gathered_, rank);
   const FlagArrays my = flags(rank);
 
+  // Entering epoch e: everything the caller enqueued before (its use of the gathered buffer,
+  // this rank's earlier GEMMs) is done, so peers may push this epoch's shards into it.
+  for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
+
   if (variant == AgGemmVariant::ll_bulk) {
-    require(low_latency(), fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}",
-                                       kLlMaxBytes, static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16)));
-    // The lines land in the peers' line buffers; each rank unpacks into its own gathered buffer,
-    // so no peer's buffer is written: raise done/freed for the copy-engine variants' protocol.
+    // The lines land in the peers' line buffers and each rank unpacks into its own gathered
+    // buffer: no peer's slot is read, so the peers may rewrite their shards at once.
+    for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_done, rank), e);
     ll_allgather(team_.heap().view(rank), rows_of(rank, mine), static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16),
                  team_.heap().at(ll_lines_, rank), mine, team_.heap().at<LlState>(ll_state_, rank), stream);
     blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
-    for (int step = 1; step < world; ++step) {
-      write_flag(stream, flags((rank + step) % world).at(ag_done, rank), e);
-      write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
-    }
+    s.leave(stream);
     return;
   }
   // The communication stream starts after everything the caller enqueued so far: the shard is
@@ -279,7 +308,7 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
     for (int step = 1; step < world; ++step) write_flag(comm, flags((rank + step) % world).at(ag_done, rank), e);
     for (int step = 1; step < world; ++step) {
       const int peer = (rank + step) % world;
-      wait_flag(comm, my.at(ag_freed, peer), e - 1);
+      wait_flag(comm, my.at(ag_freed, peer), e);  // the peer entered epoch e: its slot is free
       bf16* theirs = team_.heap().at<bf16>(gathered_, peer);
       for (int sp = 0; sp < splits_; ++sp) {
         const long offset = static_cast<long>(sp) * chunk_rows * k_;
@@ -312,7 +341,6 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
       for (int sp = 0; sp < splits_; ++sp)
         wait_flag(stream, my.at(ag_landed, static_cast<long>((rank + step) % world) * splits_ + sp), e);
     blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
-    for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
   } else if (variant == AgGemmVariant::ce_pull_runs || variant == AgGemmVariant::ce_push_runs) {
     // Own shard first; then the peers' shards as at most two GEMMs over contiguous rows (shards
     // below this rank's, and above it), each once all of its shards landed: fewer, larger GEMMs
@@ -346,10 +374,8 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
     }
   }
   lane.finish();
-  // This rank's GEMMs no longer read the peers' slots: they may push their next shards.
-  if (variant != AgGemmVariant::ce_bulk)
-    for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+  s.leave(stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -386,12 +412,14 @@ GemmReduceScatter::~GemmReduceScatter() {
 
 void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant,
                             hipStream_t stream, int lanes) {
+  require(reinterpret_cast<std::uintptr_t>(out) % 16 == 0, "GemmReduceScatter::run: out must be 16-byte aligned");
   const int world = team_.world();
   const long rows = m_ / world, part_rows = rows / splits_;
   const std::size_t chunk_elems = static_cast<std::size_t>(rows) * n_;
   const std::size_t part_elems = static_cast<std::size_t>(part_rows) * n_;
+  require_call("GemmReduceScatter", rank, world, lanes);
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
-  const std::uint64_t e = ++s.epoch;
+  const std::uint64_t e = s.enter(stream);
   hipStream_t comm = team_.comm_stream(rank);
   bf16* partial = partial_[static_cast<std::size_t>(rank)];
   auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), world}; };
@@ -445,6 +473,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   reduce_sum(out, inputs, chunk_elems, stream);
   for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+  s.leave(stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,6 +486,8 @@ GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks
   const int world = team.world();
   require(m > 0 && k > 0 && n > 0, fmt::format("GemmAllScatter: m, k, n must be positive, got {}, {}, {}", m, k, n));
   require(n % world == 0, fmt::format("GemmAllScatter: n = {} must be a multiple of world = {}", n, world));
+  require(k % 8 == 0 && (n / world) % 8 == 0,
+          fmt::format("GemmAllScatter: k = {} and n / world = {} must be multiples of 8 (16-byte rows)", k, n / world));
   require(chunks >= 1 && m % chunks == 0,
           fmt::format("GemmAllScatter: chunks = {} must be >= 1 and divide m = {}", chunks, m));
   c_ = team.heap().allocate(static_cast<std::uint64_t>(m) * n * sizeof(bf16));
@@ -473,8 +504,9 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
                          int lanes) {
   const int world = team_.world();
   const long block = n_ / world, rows = m_ / chunks_;
+  require_call("GemmAllScatter", rank, world, lanes);
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
-  const std::uint64_t e = ++s.epoch;
+  const std::uint64_t e = s.enter(stream);
   hipStream_t comm = team_.comm_stream(rank);
   auto arrived = [&](int owner, int from, int chunk) {
     return team_.heap().at<std::uint64_t>(flags_, owner) + static_cast<long>(from) * chunks_ + chunk;
@@ -517,6 +549,7 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   for (int step = 1; step < world; ++step)
     for (int c = 0; c < chunks_; ++c) wait_flag(stream, arrived(rank, (rank + world - step) % world, c), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+  s.leave(stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -530,11 +563,21 @@ LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_ra
     team.use(r);
     preload_kernels();
   }
+  sync_ = make_sync(team, 0);
 }
 
+LowLatencyAllGather::~LowLatencyAllGather() = default;
+
 void LowLatencyAllGather::run(int rank, const void* in, void* out, hipStream_t stream) {
+  require_call("LowLatencyAllGather", rank, team_.world(), 1);
+  require(reinterpret_cast<std::uintptr_t>(in) % 8 == 0 && reinterpret_cast<std::uintptr_t>(out) % 8 == 0,
+          "LowLatencyAllGather::run: in and out must be 8-byte aligned");
+  // The device-side epoch and block counter are shared by the rank's calls: keep them in order.
+  RankSync& s = *sync_[static_cast<std::size_t>(rank)];
+  s.enter(stream);
   ll_allgather(team_.heap().view(rank), in, bytes_, team_.heap().at(lines_, rank), out,
                team_.heap().at<LlState>(state_, rank), stream);
+  s.leave(stream);
 }
 
 }  // namespace caravan::gpu

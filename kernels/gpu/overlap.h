@@ -9,6 +9,10 @@
 //
 // Flags hold epochs: every call of an operation on a rank increases the rank's epoch by one,
 // and every rank calls an operation the same number of times, so a flag never needs resetting.
+// Arguments are checked before a call takes its epoch: a call that throws leaves every rank's
+// sequence intact. Calls of one object on one rank run in order even on different streams.
+// Shapes: k and n multiples of 8 (16-byte rows), so every chunk starts 16-byte aligned and
+// uses the GEMM kernels warmed up at construction.
 // Each operation also signals when a peer may overwrite a buffer it read ("freed"/"done"
 // flags), so back-to-back calls are safe without a barrier.
 #pragma once
@@ -60,6 +64,19 @@ class RankSync {
   hipEvent_t start = nullptr, comm_done = nullptr, lane_done = nullptr;
   std::vector<hipEvent_t> chunk;
   std::uint64_t epoch = 0;
+
+  // Starts a call on `stream`: the next epoch. A call on another stream than the previous one
+  // first waits for the previous call, so the calls of one rank stay in order whatever streams
+  // the caller uses.
+  std::uint64_t enter(hipStream_t stream);
+  // Ends a call on `stream` (what the next call on another stream waits for).
+  void leave(hipStream_t stream);
+  // Makes `stream` wait until the last call of this rank has finished.
+  void after_last_call(hipStream_t stream) const;
+
+ private:
+  hipEvent_t call_done_ = nullptr;
+  hipStream_t last_stream_ = nullptr;
 };
 
 enum class AgGemmVariant {
@@ -86,12 +103,12 @@ class AllGatherGemm {
   // Where rank `rank` writes its m/world x k shard before run() (in place in symmetric memory,
   // as a producer kernel would).
   bf16* shard(int rank) const;
-  // Enqueues on `stream` a wait until the peers have finished reading the shard of the last
-  // call: call it before overwriting shard(rank) when calls run back to back.
+  // Enqueues on `stream` a wait until the last call on this rank and the peers' reads of its
+  // shard are done: call it before overwriting shard(rank) when calls run back to back.
   void wait_shard_free(int rank, hipStream_t stream);
   // Whether the ll_bulk variant is available (a shard of at most kLlMaxBytes).
   bool low_latency() const { return ll_lines_.bytes > 0; }
-  // The gathered A on `rank` after run().
+  // The gathered A on `rank` after run(), until the next run() on that rank (in stream order).
   const bf16* gathered(int rank) const;
   // Enqueues the operation on `stream` (on rank's device): C = gathered A x b. b and c are
   // row-major with leading dimension n. Call from the thread driving `rank`; every rank calls
@@ -161,6 +178,7 @@ class GemmAllScatter {
 // line buffer and device-side epochs (graph-capturable).
 class LowLatencyAllGather {
  public:
+  ~LowLatencyAllGather();
   LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank);
   // in: this rank's bytes; out: world x bytes.
   void run(int rank, const void* in, void* out, hipStream_t stream);
@@ -169,6 +187,7 @@ class LowLatencyAllGather {
   GpuTeam& team_;
   std::size_t bytes_;
   SymmetricRegion lines_, state_;
+  std::vector<std::unique_ptr<RankSync>> sync_;
 };
 
 }  // namespace caravan::gpu

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -245,6 +246,65 @@ TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
   });
 }
 
+// Ranks queue many calls without waiting (each rank sleeping at random between them, on two
+// streams in turn), mixing variants, after every rank had one call rejected: the epochs must
+// stay in step and no peer may overwrite a buffer still in use. Every call has its own inputs
+// and output; all are checked at the end.
+TEST(Overlap, AllGatherGemmRanksRunAheadThroughMixedVariants) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 64 << 20);
+  const long m = 64L * world, k = 128, n = 192, rows = m / world;
+  AllGatherGemm op(team, m, k, n);
+  ASSERT_TRUE(op.low_latency());
+  const std::vector<std::pair<AgGemmVariant, int>> runs = {
+      {AgGemmVariant::ce_push, 1}, {AgGemmVariant::ce_pull, 2},      {AgGemmVariant::ll_bulk, 1},
+      {AgGemmVariant::ce_push, 2}, {AgGemmVariant::ce_bulk, 1},      {AgGemmVariant::ce_push_runs, 1},
+      {AgGemmVariant::ce_pull, 1}, {AgGemmVariant::ce_pull_runs, 2}, {AgGemmVariant::ce_push, 1},
+      {AgGemmVariant::ll_bulk, 1}, {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::ce_push, 2}};
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+    hipStream_t other;
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&other, hipStreamNonBlocking));
+    // A rejected call takes no epoch (the next calls would wait forever if it did).
+    EXPECT_THROW(op.run(r, nullptr, nullptr, AgGemmVariant::ce_push, stream, 3), Error);
+    std::vector<bf16*> b(runs.size()), c(runs.size());
+    std::mt19937 rng(static_cast<unsigned>(seed) + static_cast<unsigned>(r));
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      hipStream_t on = call % 2 == 0 ? stream : other;
+      b[call] = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
+      c[call] = device_alloc<bf16>(static_cast<std::size_t>(m) * n);
+      op.wait_shard_free(r, on);
+      fill_random(op.shard(r), rows, k, k, seed + 100 * call, r * rows, 0, 1.0f, on);
+      fill_random(b[call], k, n, n, seed + 100 * call + 1 + r, 0, 0, 1.0f, on);
+      poison(c[call], static_cast<std::size_t>(m) * n, on);
+      op.run(r, b[call], c[call], runs[call].first, on, runs[call].second);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    }
+    finish(other);
+    finish(stream);
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * k), *b32 = device_alloc<float>(static_cast<std::size_t>(k) * n),
+          *ref = device_alloc<float>(static_cast<std::size_t>(m) * n);
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      fill_random(a32, m, k, k, seed + 100 * call, 0, 0, 1.0f, stream);
+      fill_random(b32, k, n, n, seed + 100 * call + 1 + r, 0, 0, 1.0f, stream);
+      team.blas(r).gemm_reference(stream, m, n, k, a32, k, b32, n, ref, n);
+      const double err = relative_error(c[call], m, n, ref, stream);
+      if (!(err < 1e-2))
+        throw Error(Errc::internal, std::string(to_string(runs[call].first)) + " call " + std::to_string(call) +
+                                        ": relative error " + std::to_string(err));
+    }
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      (void)hipFree(b[call]);
+      (void)hipFree(c[call]);
+    }
+    (void)hipFree(a32);
+    (void)hipFree(b32);
+    (void)hipFree(ref);
+    (void)hipStreamDestroy(other);
+  });
+}
+
 TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   CARAVAN_REQUIRE_GPUS(2);
   const int world = team_size();
@@ -352,6 +412,8 @@ TEST(Overlap, RejectsShapesThatDoNotDivide) {
   EXPECT_THROW(GemmAllScatter(team, 64, 64, 63, 2), Error);
   EXPECT_THROW(LowLatencyAllGather(team, 12), Error);
   EXPECT_THROW(LowLatencyAllGather(team, kLlMaxBytes + 8), Error);
+  EXPECT_THROW(AllGatherGemm(team, 128, 60, 64), Error);  // k not a multiple of 8
+  EXPECT_THROW(GemmReduceScatter(team, 128, 64, 36), Error);  // n not a multiple of 8
 }
 
 }  // namespace
