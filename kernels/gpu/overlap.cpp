@@ -66,10 +66,19 @@ class Lanes {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// Owns its streams and handles, so a constructor that fails half-way leaks nothing.
 struct GpuTeam::Rank {
   int device = 0;
   hipStream_t comm = nullptr, lane = nullptr;
   std::unique_ptr<Blas> blas, lane_blas;
+
+  ~Rank() {
+    (void)hipSetDevice(device);
+    blas.reset();
+    lane_blas.reset();
+    if (comm) (void)hipStreamDestroy(comm);
+    if (lane) (void)hipStreamDestroy(lane);
+  }
 };
 
 GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank) : heap_(std::move(devices), heap_bytes_per_rank) {
@@ -89,15 +98,7 @@ GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank) : 
   }
 }
 
-GpuTeam::~GpuTeam() {
-  for (auto& rank : ranks_) {
-    (void)hipSetDevice(rank->device);
-    rank->blas.reset();
-    rank->lane_blas.reset();
-    if (rank->comm) (void)hipStreamDestroy(rank->comm);
-    if (rank->lane) (void)hipStreamDestroy(rank->lane);
-  }
-}
+GpuTeam::~GpuTeam() = default;
 
 hipStream_t GpuTeam::comm_stream(int rank) const { return ranks_.at(static_cast<std::size_t>(rank))->comm; }
 hipStream_t GpuTeam::lane_stream(int rank) const { return ranks_.at(static_cast<std::size_t>(rank))->lane; }
@@ -108,12 +109,18 @@ Blas& GpuTeam::blas(int rank, int lane) {
 void GpuTeam::use(int rank) const { CARAVAN_HIP_CHECK(hipSetDevice(device(rank))); }
 
 RankSync::RankSync(int chunk_events) {
-  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&start, hipEventDisableTiming));
-  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&comm_done, hipEventDisableTiming));
-  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&lane_done, hipEventDisableTiming));
-  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&call_done_, hipEventDisableTiming));
   chunk.resize(static_cast<std::size_t>(chunk_events));
-  for (auto& e : chunk) CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&e, hipEventDisableTiming));
+  try {
+    for (hipEvent_t* e : {&start, &comm_done, &lane_done, &call_done_})
+      CARAVAN_HIP_CHECK(hipEventCreateWithFlags(e, hipEventDisableTiming));
+    for (auto& e : chunk) CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&e, hipEventDisableTiming));
+  } catch (...) {
+    for (hipEvent_t e : {start, comm_done, lane_done, call_done_})
+      if (e) (void)hipEventDestroy(e);
+    for (hipEvent_t e : chunk)
+      if (e) (void)hipEventDestroy(e);
+    throw;
+  }
 }
 
 std::uint64_t RankSync::enter(hipStream_t stream) {
@@ -392,23 +399,31 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   require((m / world) * n % 8 == 0, "GemmReduceScatter: (m / world) x n must be a multiple of 8 (16-byte vectors)");
   received_ = team.heap().allocate(static_cast<std::uint64_t>(m) * n * sizeof(bf16));
   flags_ = team.heap().allocate(rs_groups * static_cast<std::uint64_t>(world) * kFlagBytes);
-  for (int r = 0; r < world; ++r) {
-    team.use(r);
-    void* p = nullptr;
-    CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(m) * n * sizeof(bf16)));
-    partial_.push_back(static_cast<bf16*>(p));
+  try {
+    for (int r = 0; r < world; ++r) {
+      team.use(r);
+      void* p = nullptr;
+      CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(m) * n * sizeof(bf16)));
+      partial_.push_back(static_cast<bf16*>(p));
+    }
+    sync_ = make_sync(team, world * splits);
+    warm_up(team, {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}},
+            static_cast<std::size_t>(m / world) * n);
+  } catch (...) {
+    free_partials();
+    throw;
   }
-  sync_ = make_sync(team, world * splits);
-  warm_up(team, {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}},
-          static_cast<std::size_t>(m / world) * n);
 }
 
-GemmReduceScatter::~GemmReduceScatter() {
-  for (int r = 0; r < team_.world(); ++r) {
-    (void)hipSetDevice(team_.device(r));
-    (void)hipFree(partial_[static_cast<std::size_t>(r)]);
+void GemmReduceScatter::free_partials() {
+  for (std::size_t r = 0; r < partial_.size(); ++r) {
+    (void)hipSetDevice(team_.device(static_cast<int>(r)));
+    (void)hipFree(partial_[r]);
   }
+  partial_.clear();
 }
+
+GemmReduceScatter::~GemmReduceScatter() { free_partials(); }
 
 void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant,
                             hipStream_t stream, int lanes) {

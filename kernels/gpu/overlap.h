@@ -142,6 +142,8 @@ class GemmReduceScatter {
 
  private:
   GpuTeam& team_;
+  void free_partials();
+
   long m_, k_, n_;
   int splits_;
   SymmetricRegion received_, flags_;
