@@ -11,6 +11,7 @@
 #include "kernels/gpu/overlap.h"
 
 #include <caravan/error.h>
+#include <caravan/platform.h>
 
 #include <fmt/format.h>
 #include <nccl.h>
@@ -547,8 +548,13 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
   // Streams waiting on flags block their hardware queue: give streams more queues (read by CUDA
   // at its first call: main() sets it early; this covers other entry points).
   ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-  int devices = 0;
-  CARAVAN_HIP_CHECK(hipGetDeviceCount(&devices));
+  const GpuProbe probe = probe_gpus();
+  if (probe.device_count < 2)
+    throw Error(Errc::invalid_argument,
+                fmt::format("bench overlap --backend gpu: needs 2 or more GPUs; {}",
+                            probe.device_count == 0 ? probe.reason
+                                                    : fmt::format("this machine has {}", probe.device_count)));
+  const int devices = probe.device_count;
   const int world = args.world > 0 ? args.world : std::min(devices, gpu::kMaxHeapRanks);
   if (world < 2 || world > devices || world > gpu::kMaxHeapRanks)
     throw Error(Errc::invalid_argument, fmt::format("bench overlap --world: needs 2 to {} GPUs of the {} present, got {}",
