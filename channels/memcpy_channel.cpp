@@ -64,7 +64,7 @@ void stream_lines(std::byte* dst, const std::byte* src, std::size_t n) {
     for (std::size_t line = 0; line < kPage; line += kLine) {
       for (std::size_t page = 0; page < kInterleavedPages; ++page) {
         const std::byte* s = src + page * kPage + line;
-        _mm_prefetch(reinterpret_cast<const char*>(s + group), _MM_HINT_T0);
+        if (n >= 2 * group) _mm_prefetch(reinterpret_cast<const char*>(s + group), _MM_HINT_T0);  // next group, if any
         Line::copy(dst + page * kPage + line, s);
       }
     }

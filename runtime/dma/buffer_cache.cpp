@@ -14,7 +14,9 @@ std::shared_ptr<Storage> BufferCache::take(MemoryId memory, std::uint64_t bytes)
   auto best = idle.oldest_first.end();
   for (auto b = idle.oldest_first.begin(); b != idle.oldest_first.end(); ++b) {
     const std::uint64_t size = (*b)->bytes();
-    if (size < bytes || size / 2 > bytes) continue;
+    // At most a quarter larger than asked: the pool charges the size asked for, so a larger
+    // buffer holds memory the pool does not count.
+    if (size < bytes || size - bytes > bytes / 4) continue;
     if (best == idle.oldest_first.end() || size < (*best)->bytes()) best = b;
   }
   if (best == idle.oldest_first.end()) return nullptr;
@@ -28,6 +30,10 @@ void BufferCache::give(std::shared_ptr<Storage> storage) {
   if (!storage || !keeps(storage->memory()) || storage->bytes() > limit_) return;
   std::vector<std::shared_ptr<Storage>> freed;  // destroyed after the lock is released
   std::lock_guard lock(mutex_);
+  if (closed_) {
+    freed.push_back(std::move(storage));  // the engine is shutting down: keep nothing
+    return;
+  }
   Idle& idle = idle_[storage->memory()];
   while (idle.total + storage->bytes() > limit_) {
     idle.total -= idle.oldest_first.front()->bytes();
@@ -36,6 +42,13 @@ void BufferCache::give(std::shared_ptr<Storage> storage) {
   }
   idle.total += storage->bytes();
   idle.oldest_first.push_back(std::move(storage));
+}
+
+void BufferCache::close() {
+  std::map<MemoryId, Idle> freed;  // destroyed after the lock is released
+  std::lock_guard lock(mutex_);
+  closed_ = true;
+  freed.swap(idle_);
 }
 
 std::uint64_t BufferCache::idle_bytes(MemoryId memory) {

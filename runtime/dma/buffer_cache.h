@@ -4,7 +4,8 @@
 // faulting in (and zeroing) new pages each time, which on the build machine (a VM) cost 10-14 ms
 // per 12 MiB: a quarter of a 256 MiB dsk -> sys -> dsk copy. Finished copies give their host
 // buffers back here instead, and the next copy that needs as much takes one. What is kept is
-// bounded per memory (CARAVAN_DMA_IDLE_BUFFER_BYTES); beyond it, the oldest are freed.
+// bounded per memory (CARAVAN_DMA_IDLE_BUFFER_BYTES, on top of the pools' bounds, which count
+// buffers in use); beyond it, the oldest are freed.
 #pragma once
 
 #include "runtime/dma/storage.h"
@@ -28,14 +29,17 @@ class BufferCache {
   // the distributed runtime) are allocated per copy for now.
   static bool keeps(MemoryId memory);
 
-  // An idle buffer of `memory` holding at least `bytes` and at most twice that (a bigger one
-  // would hold memory a smaller copy does not need), or null. Its contents are stale.
+  // An idle buffer of `memory` holding at least `bytes` and at most a quarter more (a bigger
+  // one would hold memory the pool, which charges `bytes`, does not count), or null. Its
+  // contents are stale.
   std::shared_ptr<Storage> take(MemoryId memory, std::uint64_t bytes);
   // Keeps `storage` for reuse when its memory is kept and it fits under the limit (freeing
   // the oldest idle buffers of that memory to make room); otherwise it is freed.
   void give(std::shared_ptr<Storage> storage);
 
   std::uint64_t idle_bytes(MemoryId memory);
+  // Frees every idle buffer; later give() calls free theirs at once (engine shutdown).
+  void close();
 
  private:
   struct Idle {
@@ -45,6 +49,7 @@ class BufferCache {
   std::uint64_t limit_;
   std::mutex mutex_;
   std::map<MemoryId, Idle> idle_;
+  bool closed_ = false;
 };
 
 }  // namespace caravan::dma

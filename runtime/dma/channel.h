@@ -24,8 +24,10 @@ struct Request {
   const Storage* dst = nullptr;
   // Set once the copy is cancelled or has failed. A channel that can give up on a request part
   // way (one that waits for a peer, say) may check it and complete the request early, with any
-  // failure: the copy is poisoned already. memcpy, file and the GPU channels run their requests
-  // to the end; a request stuck in them ends the copy only when it returns.
+  // failure: the copy is poisoned already. It may complete it only once nothing it started can
+  // still touch src or dst (no DMA or put in flight): the buffers go to the next copy as soon
+  // as the request is done. memcpy, file and the GPU channels run their requests to the end; a
+  // request stuck in them ends the copy only when it returns.
   const std::atomic<bool>* cancelled = nullptr;
 };
 

@@ -97,7 +97,12 @@ DmaWorker::DmaWorker(Engine& engine, std::unique_ptr<Channel> channel, std::stri
                    : 0),
       thread_([this] { loop(); }) {}
 
-DmaWorker::~DmaWorker() { stop(); }
+DmaWorker::~DmaWorker() {
+  stop();
+  // The channel goes first, while the worker's mutex and condition variable still exist: a
+  // channel that completes outstanding requests as it is destroyed calls back into them.
+  channel_.reset();
+}
 
 void DmaWorker::stop() {
   {
@@ -155,6 +160,7 @@ std::string DmaWorker::describe(const Xd& xd) {
     return fmt::format("{} request(s) in flight, the latest issued {:.1f} s ago (the channel has not completed it)",
                        xd.in_flight, static_cast<double>(now_ns() - xd.last_issue_ns) / 1e9);
   if (xd.generating) return "cutting a tile into requests";
+  if (op.cancelled.load(std::memory_order_acquire)) return "cancelled, retiring";
   if (!xd.active.empty() && xd.active.back().next_op < xd.active.back().ops.size())
     return fmt::format("ready to issue, waiting for the channel ({} request(s) of other copies in flight)", in_flight_);
   const std::uint64_t t = xd.next_tile;
@@ -832,7 +838,9 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
       r.hop_interleaved.push_back(xd->requests ? xd->last_seq - xd->first_seq + 1 - xd->requests : 0);
     }
     r.slots = static_cast<std::uint64_t>(op->slots);
-    r.timeline = hop_timelines(*op);
+    // Copies across ranks record no timeline yet (their hops run on several ranks).
+    if (!op->dist) r.timeline = hop_timelines(*op);
+    else r.timeline.clear();
     r.elapsed_us = 0;
     for (const auto& hop : r.timeline) r.elapsed_us = std::max(r.elapsed_us, hop.end_us);
     r.setup_us = op->started_ns ? static_cast<double>(op->started_ns - op->called_ns) / 1e3 : 0;
@@ -912,20 +920,29 @@ void Engine::shutdown() {
   for (auto& w : workers_)
     if (w) w->stop();
   dist_close();
+  buffer_cache_.close();
 }
 
 void Engine::replace_channel_for_testing(const std::string& worker_name, std::unique_ptr<Channel> channel) {
-  std::lock_guard lock(mutex_);
-  if (!active_.empty())
-    throw Error(Errc::invalid_argument, fmt::format("replace_channel_for_testing('{}'): {} copies are active; "
-                                                    "channels are replaced only while none is", worker_name, active_.size()));
-  for (auto& worker : workers_) {
-    if (!worker || worker->name() != worker_name) continue;
-    worker->stop();
-    worker = std::make_unique<DmaWorker>(*this, std::move(channel), worker_name);
-    return;
+  // The old worker is stopped outside the engine lock: a worker thread that has just retired
+  // a copy may still be on its way into the lock (finish() notifies idle_cv_ under it), and
+  // joining it while holding the lock would wait on it forever. Not for concurrent copy() calls.
+  std::unique_ptr<DmaWorker> old;
+  {
+    std::lock_guard lock(mutex_);
+    if (!active_.empty())
+      throw Error(Errc::invalid_argument, fmt::format("replace_channel_for_testing('{}'): {} copies are active; "
+                                                      "channels are replaced only while none is",
+                                                      worker_name, active_.size()));
+    for (auto& worker : workers_) {
+      if (!worker || worker->name() != worker_name) continue;
+      old = std::move(worker);
+      worker = std::make_unique<DmaWorker>(*this, std::move(channel), worker_name);
+      break;
+    }
   }
-  throw Error(Errc::not_found, fmt::format("replace_channel_for_testing: no channel worker named '{}'", worker_name));
+  if (!old) throw Error(Errc::not_found, fmt::format("replace_channel_for_testing: no channel worker named '{}'", worker_name));
+  old->stop();
 }
 
 EngineStats Engine::stats() {

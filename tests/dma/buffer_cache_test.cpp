@@ -15,7 +15,7 @@ using namespace std::chrono_literals;
 using test::dsk_memory;
 using test::sys_memory;
 
-TEST(BufferCache, TakesTheSmallestIdleBufferThatFitsWithinTwiceTheSize) {
+TEST(BufferCache, TakesTheSmallestIdleBufferThatFitsWithinAQuarterMore) {
   dma::BufferCache cache(1 << 20);
   const MemoryId sys = sys_memory();
   EXPECT_EQ(cache.take(sys, 100), nullptr) << "nothing kept yet";
@@ -28,9 +28,27 @@ TEST(BufferCache, TakesTheSmallestIdleBufferThatFitsWithinTwiceTheSize) {
   EXPECT_EQ(cache.idle_bytes(sys), 5120u);
   EXPECT_EQ(cache.take(sys, 5000), nullptr) << "none is large enough";
   EXPECT_EQ(cache.take(sys, 1000).get(), small_raw) << "the smallest that fits";
-  EXPECT_EQ(cache.take(sys, 1000), nullptr) << "4096 bytes is more than twice 1000: not wasted on it";
-  EXPECT_EQ(cache.take(sys, 3000).get(), big_raw);
+  EXPECT_EQ(cache.take(sys, 1000), nullptr) << "4096 bytes is far more than 1000: not wasted on it";
+  EXPECT_EQ(cache.take(sys, 3000), nullptr) << "4096 is more than a quarter above 3000 (the pool would not count it)";
+  EXPECT_EQ(cache.take(sys, 3500).get(), big_raw);
   EXPECT_EQ(cache.idle_bytes(sys), 0u);
+}
+
+TEST(BufferCache, CloseFreesWhatIsKeptAndKeepsNothingAfter) {
+  dma::BufferCache cache(1 << 20);
+  const MemoryId sys = sys_memory();
+  auto kept = dma::Storage::allocate_host(sys, 4096);
+  std::weak_ptr<dma::Storage> kept_alive = kept;
+  cache.give(std::move(kept));
+  EXPECT_EQ(cache.idle_bytes(sys), 4096u);
+  cache.close();
+  EXPECT_EQ(cache.idle_bytes(sys), 0u);
+  EXPECT_TRUE(kept_alive.expired()) << "close() frees the idle buffers";
+  auto late = dma::Storage::allocate_host(sys, 4096);
+  std::weak_ptr<dma::Storage> late_alive = late;
+  cache.give(std::move(late));
+  EXPECT_TRUE(late_alive.expired()) << "a buffer given after close() is freed at once";
+  EXPECT_EQ(cache.take(sys, 4096), nullptr);
 }
 
 TEST(BufferCache, KeepsAtMostItsLimitPerMemoryFreeingTheOldestAndOnlyHostMemory) {
