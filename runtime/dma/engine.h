@@ -291,6 +291,7 @@ class Engine final : public RuntimeService {
   void dist_go(const std::shared_ptr<CopyOperation>& op);
   void dist_segment_retired(const std::shared_ptr<CopyOperation>& op);
   void dist_segment_done(const std::shared_ptr<CopyOperation>& op);
+  void dist_peer_lost_for(const std::shared_ptr<CopyOperation>& op, int rank, const FailureCause& cause);
   void dist_check_complete(const std::shared_ptr<CopyOperation>& op);
   void dist_fail(const std::shared_ptr<CopyOperation>& op, const FailureCause& cause);
   void dist_abort_here(const std::shared_ptr<CopyOperation>& op, const FailureCause& cause);

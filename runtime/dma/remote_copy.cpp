@@ -395,13 +395,26 @@ void Engine::dist_prepare(CopyOperation& op) {
 
 void Engine::dist_begin(const std::shared_ptr<CopyOperation>& op) {
   {
+    // Registered under the engine lock (then dist_mutex_, the order on_setup uses), so that a
+    // cancel() cannot finish the copy between the state change and the registration and leave
+    // it registered for ever.
     std::lock_guard lock(mutex_);
     if (op->state != CopyOperation::State::waiting_precondition) return;  // stopped meanwhile
     op->state = CopyOperation::State::waiting_buffers;
-  }
-  {
-    std::lock_guard lock(dist_mutex_);
+    std::lock_guard dist_lock(dist_mutex_);
     dist_ops_[op->dist->id] = op;
+  }
+  // A participant lost between copy() and now was reported while the copy was not registered:
+  // look again, now that a later loss reaches it through dist_peer_lost.
+  const int me = runtime_.rank();
+  for (int p : op->dist->participants) {
+    if (p == me) continue;
+    try {
+      network_->require_alive(p, "copy");
+    } catch (const Error& e) {
+      dist_peer_lost_for(op, p, std::make_shared<const Error>(e.code(), e.what()));
+      return;
+    }
   }
   dist_advance(op);
 }
@@ -625,8 +638,9 @@ void Engine::on_setup(int source, const std::vector<std::byte>& body) {
   }
   bool admitted = false;
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     if (stopping_) {
+      lock.unlock();  // no UCX call under the engine lock (the progress thread may want it)
       send(source, kReady, failure_body(id, make_failure(Errc::shut_down, fmt::format("rank {} is shutting down", me))));
       return;
     }
@@ -758,10 +772,12 @@ void Engine::dist_go(const std::shared_ptr<CopyOperation>& op) {
       }
       if (!remote) {
         remote = network_->rma().import(static_cast<int>(out_memory.rank), targets[j]);
-        std::lock_guard lock(mutex_);
         // Keys of buffers and instances long gone are dropped in bulk (their descriptors never
-        // come again: a new registration packs a new key).
-        if (remote_keys_.size() >= 256) remote_keys_.clear();
+        // come again: a new registration packs a new key); destroyed after the unlock, since
+        // destroying a key calls into UCX.
+        decltype(remote_keys_) dropped;
+        std::lock_guard lock(mutex_);
+        if (remote_keys_.size() >= 256) dropped.swap(remote_keys_);
         remote_keys_.emplace(std::move(key), remote);
       }
       const std::uint64_t bytes = j < last ? op->buffers[j].slot_bytes * static_cast<std::uint64_t>(op->slots)
@@ -890,7 +906,19 @@ void Engine::on_abort(int source, const std::vector<std::byte>& body) {
 void Engine::on_finished(int source, const std::vector<std::byte>& body) {
   net::WireReader in(body, fmt::format("copy finished from rank {}", source));
   auto op = dist_find(in.get<std::uint64_t>());
-  if (op && op->dist->initiator == source) dist_finish_local(op);
+  if (!op || op->dist->initiator != source) return;
+  bool running = false;
+  {
+    std::lock_guard lock(mutex_);
+    // The initiator may finish without waiting (at its shutdown): this rank's XDs may still
+    // have requests in flight on these buffers. Stop them and finish when they have retired.
+    if (!op->dist->segment_done) {
+      op->dist->orphaned = true;
+      running = true;
+    }
+  }
+  if (running) dist_abort_here(op, make_failure(Errc::cancelled, fmt::format("rank {} finished the copy", source)));
+  else dist_finish_local(op);
 }
 
 void Engine::dist_readmit(std::vector<std::shared_ptr<CopyOperation>>& retry) {
@@ -968,11 +996,17 @@ void Engine::dist_peer_lost(int rank, const FailureCause& cause) {
     std::lock_guard lock(dist_mutex_);
     for (auto& [id, op] : dist_ops_) ops.push_back(op);
   }
+  for (auto& op : ops) dist_peer_lost_for(op, rank, cause);
+}
+
+// What losing `rank` does to one copy of this rank's: the initiator fails it and counts the
+// lost rank's part as done; a participant whose initiator is lost finishes alone.
+void Engine::dist_peer_lost_for(const std::shared_ptr<CopyOperation>& op, int rank, const FailureCause& cause) {
   const int me = runtime_.rank();
-  for (auto& op : ops) {
+  {
     DistributedState& d = *op->dist;
     const bool involved = d.initiator == rank || std::find(d.participants.begin(), d.participants.end(), rank) != d.participants.end();
-    if (!involved) continue;
+    if (!involved) return;
     if (d.initiator == me) {
       {
         std::lock_guard lock(mutex_);
@@ -981,7 +1015,7 @@ void Engine::dist_peer_lost(int rank, const FailureCause& cause) {
       }
       dist_fail(op, cause);
       dist_check_complete(op);
-      continue;
+      return;
     }
     bool finish_now = false;
     if (d.initiator == rank) {
