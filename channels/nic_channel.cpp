@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <string>
 
 namespace caravan::channels {
 namespace {
@@ -80,6 +81,11 @@ void NicChannel::submit(const dma::Request& request, Completion done) {
     // Refused at submission (the peer is lost, the runtime shuts down): the put that threw was
     // counted but will never complete.
     batch->fail(std::make_shared<const Error>(e));
+    batch->release();
+  } catch (const std::exception& e) {
+    // Anything else (out of memory in UCX's request path, say) fails the request the same way,
+    // rather than leaving it in flight for ever.
+    batch->fail(std::make_shared<const Error>(Errc::transport, std::string("nic put: ") + e.what()));
     batch->release();
   }
   batch->release();

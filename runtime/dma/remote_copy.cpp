@@ -631,9 +631,12 @@ void Engine::on_setup(int source, const std::vector<std::byte>& body) {
     }
     build_pipeline(*op, d.hops, d.tile_points, slot_bytes, request_bytes,
                    [&](std::size_t i) { return d.hop_rank[i] == me; });
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
+    // Any failure (not only Error) is answered: the initiator waits for this rank's `ready`.
+    const auto* error = dynamic_cast<const Error*>(&e);
     log::get("dma")->warn("copy {:x} from rank {}: cannot take part: {}", id, source, e.what());
-    send(source, kReady, failure_body(id, std::make_shared<const Error>(e.code(), fmt::format("rank {}: {}", me, e.what()))));
+    send(source, kReady, failure_body(id, std::make_shared<const Error>(error ? error->code() : Errc::internal,
+                                                                        fmt::format("rank {}: {}", me, e.what()))));
     return;
   }
   bool admitted = false;
