@@ -88,19 +88,6 @@ std::vector<std::byte> failure_body(std::uint64_t id, const FailureCause& failur
   return out.take();
 }
 
-// A flush whose completion tells another rank that tiles landed in its buffer.
-struct LandedFlush {
-  net::Network* network;
-  int rank;
-  std::vector<std::byte> body;
-  static void done(void* user, const FailureCause& failure) {
-    auto* self = static_cast<LandedFlush*>(user);
-    // A failed flush means the peer is lost: the peer-lost listener fails the copy.
-    if (!failure) self->network->send(self->rank, kTiles, self->body);
-    delete self;
-  }
-};
-
 }  // namespace
 
 struct Engine::Hook {
@@ -108,18 +95,49 @@ struct Engine::Hook {
   Engine* engine = nullptr;  // null once the engine has shut down
 };
 
+namespace {
+
+// Records `failure` as the copy's cause without touching its workers (they may be gone when a
+// flush completes late): the part's `done` carries it to the initiator, which stops the copy.
+void record_failure(CopyOperation& op, const FailureCause& failure) {
+  std::lock_guard lock(op.failure_mutex);
+  if (!op.failure) op.failure = failure;
+}
+
+// A flush whose completion tells another rank that tiles landed in its buffer. A failed flush
+// (the peer lost, or the transport failing) fails the copy: the tiles are not known to be there.
+struct LandedFlush {
+  std::function<void(const FailureCause&)> on_failure;
+  net::Network* network;
+  int rank;
+  std::vector<std::byte> body;
+  static void done(void* user, const FailureCause& failure);
+};
+
+}  // namespace
+
 // A flush at the end of a rank's part: the copy may report `done` once every put has landed.
 namespace {
 struct SegmentFlush {
   std::shared_ptr<void> hook;  // Engine::Hook, type-erased: the struct is private to Engine
+  std::shared_ptr<CopyOperation> op;
   std::function<void()> on_last;
   std::shared_ptr<std::atomic<int>> left;
-  static void done(void* user, const FailureCause&) {
+  static void done(void* user, const FailureCause& failure) {
     auto* self = static_cast<SegmentFlush*>(user);
+    // The puts are not known to have landed: the part's `done` reports the failure.
+    if (failure) record_failure(*self->op, failure);
     if (self->left->fetch_sub(1, std::memory_order_acq_rel) == 1) self->on_last();
     delete self;
   }
 };
+
+void LandedFlush::done(void* user, const FailureCause& failure) {
+  auto* self = static_cast<LandedFlush*>(user);
+  if (!failure) self->network->send(self->rank, kTiles, self->body);
+  else self->on_failure(failure);
+  delete self;
+}
 }  // namespace
 
 // ------------------------------------------------------------------------ set-up and teardown
@@ -823,7 +841,7 @@ void Engine::dist_segment_retired(const std::shared_ptr<CopyOperation>& op) {
     if (Engine* engine = hook->engine) engine->post_control([engine, op] { engine->dist_segment_done(op); });
   };
   for (int rank : written) {
-    auto* flush = new SegmentFlush{hook, on_last, left};
+    auto* flush = new SegmentFlush{hook, op, on_last, left};
     try {
       if (network_->rma().flush(rank, {&SegmentFlush::done, flush}) == net::RmaStatus::done) SegmentFlush::done(flush, nullptr);
     } catch (const Error&) {
@@ -951,7 +969,14 @@ void Engine::dist_tile_progress(Xd* xd) {
   out.put(d.id).put(static_cast<std::uint32_t>(xd->hop)).put(xd->tiles_done.load(std::memory_order_acquire));
   if (xd->hop + 1 < n && !op.xds[xd->hop + 1]->worker) {
     const int rank = d.hop_rank[xd->hop + 1];
-    auto* flush = new LandedFlush{network_, rank, std::vector<std::byte>(out.bytes().begin(), out.bytes().end())};
+    // A failed flush fails the copy, if the engine (and so the copy's workers) still exists.
+    auto on_failure = [hook = hook_, id = d.id](const FailureCause& failure) {
+      std::lock_guard lock(hook->mutex);
+      if (Engine* engine = hook->engine)
+        if (auto failed = engine->dist_find(id)) failed->fail(failure);
+    };
+    auto* flush = new LandedFlush{std::move(on_failure), network_, rank,
+                                  std::vector<std::byte>(out.bytes().begin(), out.bytes().end())};
     try {
       if (network_->rma().flush(rank, {&LandedFlush::done, flush}) == net::RmaStatus::done) LandedFlush::done(flush, nullptr);
     } catch (const Error&) {
