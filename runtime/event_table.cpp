@@ -1,5 +1,6 @@
 #include "runtime/event_table.h"
 
+#include "runtime/cpu_relax.h"
 #include "runtime/log.h"
 
 #include <fmt/format.h>
@@ -24,14 +25,6 @@ struct NotifyState {
   std::vector<PendingNotification> queue;
 };
 thread_local NotifyState t_notify;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Parks a thread on a futex word until the event triggers.
 //

@@ -12,6 +12,7 @@
 //    waited on by communication threads; they grow by tiles-per-chunk every launch, so the
 //    target of launch e is e * tiles-per-chunk and nothing is reset.
 #include "kernels/host/thread_team.h"
+#include "runtime/cpu_relax.h"
 
 #include <caravan/error.h>
 #include <caravan/kernels/overlap.h>
@@ -62,14 +63,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 struct Config {
   int threads = 1;

@@ -1,21 +1,12 @@
 #include "kernels/host/thread_team.h"
 
+#include "runtime/cpu_relax.h"
+
 #include <caravan/error.h>
 
 #include <fmt/format.h>
 
 namespace caravan::kernels::detail {
-namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 ThreadTeam::ThreadTeam(int size) {
   if (size < 1) throw Error(Errc::invalid_argument, fmt::format("ThreadTeam: size {} must be at least 1", size));

@@ -1,5 +1,6 @@
 #include "runtime/net/host_heap.h"
 
+#include "runtime/cpu_relax.h"
 #include "runtime/log.h"
 #include "runtime/net/network.h"
 #include "runtime/runtime_impl.h"
@@ -22,14 +23,6 @@ namespace caravan::net {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
 

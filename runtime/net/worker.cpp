@@ -1,5 +1,6 @@
 #include "runtime/net/worker.h"
 
+#include "runtime/cpu_relax.h"
 #include "runtime/log.h"
 #include "runtime/net/ucx.h"
 
@@ -17,14 +18,6 @@ namespace caravan::net {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // A message body copied for UCX: it must stay valid until UCX reports the send complete.
 // `source` is the 4-byte UCX header every Caravan message carries.
