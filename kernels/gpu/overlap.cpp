@@ -124,15 +124,18 @@ RankSync::RankSync(int chunk_events) {
 }
 
 std::uint64_t RankSync::enter(hipStream_t stream) {
-  if (epoch > 0 && stream != last_stream_) CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, call_done_, 0));
+  order_after_last_call(stream);
   last_stream_ = stream;
   return ++epoch;
 }
 
-void RankSync::leave(hipStream_t stream) { CARAVAN_HIP_CHECK(hipEventRecord(call_done_, stream)); }
-
-void RankSync::after_last_call(hipStream_t stream) const {
-  if (epoch > 0) CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, call_done_, 0));
+// Nothing is recorded per call: a call on the stream of the last one is ordered by the stream
+// itself, and only a switch of streams records where the last stream stands (which includes the
+// last call) and makes the new stream wait for it.
+void RankSync::order_after_last_call(hipStream_t stream) {
+  if (epoch == 0 || stream == last_stream_) return;
+  CARAVAN_HIP_CHECK(hipEventRecord(call_done_, last_stream_));
+  CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, call_done_, 0));
 }
 
 RankSync::~RankSync() {
@@ -263,10 +266,10 @@ const bf16* AllGatherGemm::gathered(int rank) const { return team_.heap().at<bf1
 
 void AllGatherGemm::wait_shard_free(int rank, hipStream_t stream) {
   require_call("AllGatherGemm", rank, team_.world(), 1);
-  const RankSync& s = *sync_[static_cast<std::size_t>(rank)];
+  RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t last = s.epoch;
   // This rank's own last call (its GEMM on the shard, its pushes of it) is done.
-  s.after_last_call(stream);
+  s.order_after_last_call(stream);
   const FlagArrays my{team_.heap().at<std::uint64_t>(flags_, rank), static_cast<long>(team_.world()) * splits_};
   for (int step = 1; step < team_.world(); ++step) wait_flag(stream, my.at(ag_done, (rank + step) % team_.world()), last);
 }
@@ -300,7 +303,6 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
     ll_allgather(team_.heap().view(rank), rows_of(rank, mine), static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16),
                  team_.heap().at(ll_lines_, rank), mine, team_.heap().at<LlState>(ll_state_, rank), stream);
     blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
-    s.leave(stream);
     return;
   }
   // The communication stream starts after everything the caller enqueued so far: the shard is
@@ -382,7 +384,6 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   }
   lane.finish();
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
-  s.leave(stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -488,7 +489,6 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   reduce_sum(out, inputs, chunk_elems, stream);
   for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
-  s.leave(stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -564,7 +564,6 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   for (int step = 1; step < world; ++step)
     for (int c = 0; c < chunks_; ++c) wait_flag(stream, arrived(rank, (rank + world - step) % world, c), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
-  s.leave(stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -592,7 +591,6 @@ void LowLatencyAllGather::run(int rank, const void* in, void* out, hipStream_t s
   s.enter(stream);
   ll_allgather(team_.heap().view(rank), in, bytes_, team_.heap().at(lines_, rank), out,
                team_.heap().at<LlState>(state_, rank), stream);
-  s.leave(stream);
 }
 
 }  // namespace caravan::gpu

@@ -67,12 +67,10 @@ class RankSync {
 
   // Starts a call on `stream`: the next epoch. A call on another stream than the previous one
   // first waits for the previous call, so the calls of one rank stay in order whatever streams
-  // the caller uses.
+  // the caller uses (the previous call's stream must still exist then).
   std::uint64_t enter(hipStream_t stream);
-  // Ends a call on `stream` (what the next call on another stream waits for).
-  void leave(hipStream_t stream);
   // Makes `stream` wait until the last call of this rank has finished.
-  void after_last_call(hipStream_t stream) const;
+  void order_after_last_call(hipStream_t stream);
 
  private:
   hipEvent_t call_done_ = nullptr;
