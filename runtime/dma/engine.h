@@ -25,6 +25,7 @@
 #include <caravan/copy.h>
 #include <caravan/planner/planner.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -137,6 +138,10 @@ struct DistributedState {
   int initiator = 0;
   std::vector<int> hop_rank;      // the rank that runs each hop (the owner of its source memory)
   std::vector<int> participants;  // in global memory order (node, rank)
+  // Where `rank` is in participants (and peers); participants.size() when it takes no part.
+  std::size_t index_of(int rank) const {
+    return static_cast<std::size_t>(std::find(participants.begin(), participants.end(), rank) - participants.begin());
+  }
   std::vector<planner::Hop> hops;
   std::uint64_t tile_points = 0;
   // The initiator's view of each participant.

@@ -486,9 +486,8 @@ void Engine::on_ready(int source, const std::vector<std::byte>& body) {
   DistributedState& d = *op->dist;
   {
     std::lock_guard lock(mutex_);
-    auto at = std::find(d.participants.begin(), d.participants.end(), source);
-    if (at == d.participants.end()) return;
-    auto index = static_cast<std::size_t>(at - d.participants.begin());
+    const std::size_t index = d.index_of(source);
+    if (index == d.participants.size()) return;
     if (d.peers[index] != DistributedState::Peer::setup_sent) return;
     if (failure) {
       d.peers[index] = DistributedState::Peer::done;  // a participant that could not set up holds nothing
@@ -519,9 +518,9 @@ void Engine::on_done(int source, const std::vector<std::byte>& body) {
   DistributedState& d = *op->dist;
   {
     std::lock_guard lock(mutex_);
-    auto at = std::find(d.participants.begin(), d.participants.end(), source);
-    if (at == d.participants.end()) return;
-    d.peers[static_cast<std::size_t>(at - d.participants.begin())] = DistributedState::Peer::done;
+    const std::size_t index = d.index_of(source);
+    if (index == d.participants.size()) return;
+    d.peers[index] = DistributedState::Peer::done;
   }
   if (failure) dist_fail(op, failure);
   dist_check_complete(op);
@@ -717,8 +716,7 @@ void Engine::dist_admitted(const std::shared_ptr<CopyOperation>& op) {
       std::lock_guard lock(mutex_);
       if (d.aborted) return;  // dist_fail already settled this rank's part
       for (auto& [hop, key] : keys) d.targets[hop] = std::move(key);
-      auto at = std::find(d.participants.begin(), d.participants.end(), me);
-      d.peers[static_cast<std::size_t>(at - d.participants.begin())] = DistributedState::Peer::ready;
+      d.peers[d.index_of(me)] = DistributedState::Peer::ready;
       ++d.next;
     }
     dist_advance(op);
@@ -861,8 +859,7 @@ void Engine::dist_segment_done(const std::shared_ptr<CopyOperation>& op) {
     if (d.segment_done) return;
     d.segment_done = true;
     if (d.initiator == me) {
-      auto at = std::find(d.participants.begin(), d.participants.end(), me);
-      if (at != d.participants.end()) d.peers[static_cast<std::size_t>(at - d.participants.begin())] = DistributedState::Peer::done;
+      if (const std::size_t index = d.index_of(me); index < d.participants.size()) d.peers[index] = DistributedState::Peer::done;
     } else {
       report = !d.orphaned;
       finish_now = d.orphaned || stopping_;
@@ -1033,13 +1030,12 @@ void Engine::dist_peer_lost_for(const std::shared_ptr<CopyOperation>& op, int ra
   const int me = runtime_.rank();
   {
     DistributedState& d = *op->dist;
-    const bool involved = d.initiator == rank || std::find(d.participants.begin(), d.participants.end(), rank) != d.participants.end();
+    const bool involved = d.initiator == rank || d.index_of(rank) < d.participants.size();
     if (!involved) return;
     if (d.initiator == me) {
       {
         std::lock_guard lock(mutex_);
-        auto at = std::find(d.participants.begin(), d.participants.end(), rank);
-        d.peers[static_cast<std::size_t>(at - d.participants.begin())] = DistributedState::Peer::done;
+        d.peers[d.index_of(rank)] = DistributedState::Peer::done;
       }
       dist_fail(op, cause);
       dist_check_complete(op);
