@@ -545,9 +545,6 @@ std::string fmt_ms(double ms) { return ms >= 1.0 ? fmt::format("{:.3f}", ms) : f
 int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
   // NVLink multicast (NVLS) stays off: on shared machines it can take the GPUs out of service.
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);
-  // Streams waiting on flags block their hardware queue: give streams more queues (read by CUDA
-  // at its first call: main() sets it early; this covers other entry points).
-  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const GpuProbe probe = probe_gpus();
   if (probe.device_count < 2)
     throw Error(Errc::invalid_argument,

@@ -89,8 +89,6 @@ inline hipError_t hipEventQuery(hipEvent_t event) { return cudaEventQuery(event)
 
 // More of the subset, for kernels/ (overlap operations and their benchmarks).
 inline constexpr hipMemcpyKind hipMemcpyDeviceToHost = cudaMemcpyDeviceToHost;
-inline constexpr hipMemcpyKind hipMemcpyHostToDevice = cudaMemcpyHostToDevice;
-inline hipError_t hipDeviceDisablePeerAccess(int peer) { return cudaDeviceDisablePeerAccess(peer); }
 inline hipError_t hipMemsetAsync(void* ptr, int value, std::size_t bytes, hipStream_t stream) {
   return cudaMemsetAsync(ptr, value, bytes, stream);
 }
@@ -109,9 +107,6 @@ using hipFuncAttributes = cudaFuncAttributes;
 // Also loads the kernel's module if it was not loaded yet (lazy loading).
 inline hipError_t hipFuncGetAttributes(hipFuncAttributes* attributes, const void* func) {
   return cudaFuncGetAttributes(attributes, func);
-}
-inline hipError_t hipFuncSetAttributeMaxDynamicShared(const void* func, int bytes) {
-  return cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 // Graphs: a stream's work captured once and replayed with one launch.
@@ -136,7 +131,6 @@ inline hipError_t hipGraphDestroy(hipGraph_t graph) { return cudaGraphDestroy(gr
 // through the runtime (cudaGetDriverEntryPointByVersion) so that no binary links libcuda and
 // machines without a driver still start.
 inline constexpr unsigned hipStreamWaitValueGte = 0x0;  // CU_STREAM_WAIT_VALUE_GEQ
-inline constexpr unsigned hipStreamWaitValueEq = 0x1;   // CU_STREAM_WAIT_VALUE_EQ
 hipError_t hipStreamWaitValue64(hipStream_t stream, void* ptr, std::uint64_t value, unsigned flags,
                                 std::uint64_t mask = ~std::uint64_t{0});
 hipError_t hipStreamWriteValue64(hipStream_t stream, void* ptr, std::uint64_t value, unsigned flags);
