@@ -716,7 +716,8 @@ void Engine::on_precondition(const std::shared_ptr<CopyOperation>& op, const Fai
   }
   if (op->dist) {
     lock.unlock();
-    dist_begin(op);
+    // Cross-rank copies move on the control thread only (remote_copy.cpp).
+    post_control([this, op] { dist_begin(op); });
     return;
   }
   op->state = CopyOperation::State::waiting_buffers;
@@ -746,7 +747,9 @@ void Engine::admit(const std::shared_ptr<CopyOperation>& op) {
 
 void Engine::start(const std::shared_ptr<CopyOperation>& op) {
   if (op->dist) {
-    dist_admitted(op);
+    // Admitted on whichever thread freed the reservations: allocate on the control thread,
+    // where an abort or finish of this copy cannot run at the same time.
+    post_control([this, op] { dist_admitted(op); });
     return;
   }
   try {
@@ -791,7 +794,7 @@ void Engine::xd_retired(CopyOperation* raw) {
     op = it->second;
     if (!op->dist) op->state = CopyOperation::State::finished;
   }
-  if (op->dist) dist_segment_retired(op);
+  if (op->dist) post_control([this, op] { dist_segment_retired(op); });
   else finish(op);
 }
 
@@ -845,7 +848,9 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
     for (const auto& hop : r.timeline) r.elapsed_us = std::max(r.elapsed_us, hop.end_us);
     r.setup_us = op->started_ns ? static_cast<double>(op->started_ns - op->called_ns) / 1e3 : 0;
   }
-  // No request is in flight any more (every XD retired): the buffers may serve the next copy.
+  // No request is in flight any more (every XD retired): the buffers may serve the next copy,
+  // except those that another rank may still put into (dist_hold_buffers keeps them).
+  if (op->dist) dist_hold_buffers(*op);
   for (auto& b : op->buffers) {
     if (BufferCache::keeps(b.memory)) buffer_cache_.give(std::move(b.storage));
     else release_buffer(std::move(b.storage));
@@ -883,12 +888,21 @@ bool Engine::stop_copy(Event copy_event, const FailureCause& cause) {
     state = op->state;
     // A cross-rank copy past its precondition is stopped by its own protocol: the initiator
     // aborts every participant; a participant (at shutdown) stops its part.
-    if (op->dist && state != CopyOperation::State::waiting_precondition) state = CopyOperation::State::running;
-    else if (state != CopyOperation::State::running) op->state = CopyOperation::State::finished;
+    if (op->dist && state != CopyOperation::State::waiting_precondition) {
+      state = CopyOperation::State::running;
+      // The cause is recorded before the copy can leave active_ (finish() erases it under this
+      // lock, then reads the cause): a copy found here is poisoned with it.
+      op->fail(cause);
+    } else if (state != CopyOperation::State::running) {
+      op->state = CopyOperation::State::finished;
+    }
   }
   if (op->dist && state == CopyOperation::State::running) {
-    if (op->dist->initiator == runtime_.rank()) dist_fail(op, cause);
-    else dist_abort_here(op, cause);
+    // The protocol runs on the control thread, in order with the copy's admission and messages.
+    post_control([this, op, cause] {
+      if (op->dist->initiator == runtime_.rank()) dist_fail(op, cause);
+      else dist_abort_here(op, cause);
+    });
     return true;
   }
   op->fail(cause);
@@ -953,6 +967,10 @@ EngineStats Engine::stats() {
     s.pool_in_use[memory] = pool.used;
     if (std::uint64_t idle = buffer_cache_.idle_bytes(memory)) s.idle_buffers[memory] = idle;
   }
+  for (const auto& [bytes, storage] : idle_registered_) s.idle_buffers[storage->memory()] += storage->bytes();
+  for (const auto& [id, held] : quarantine_)
+    for (const auto& storage : held.storages) s.quarantined_buffers[storage->memory()] += storage->bytes();
+  s.remote_keys = remote_keys_.size();
   return s;
 }
 

@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -133,6 +134,12 @@ class DmaWorker {
 // once its XDs have retired and their puts are flushed; the initiator then sends `finished`
 // (buffers may be reused: no put can still land in them) and triggers the event. The first
 // failure anywhere (an XD's error, a lost peer, cancel) makes the initiator send `abort`.
+//
+// A part that ends without that guarantee (its initiator was lost or shut down first, or this
+// rank shuts down) keeps the REG buffers other ranks put into in quarantine, out of the pool,
+// until each of those ranks has answered `quiesce` ("my puts into your buffers are over") or is
+// gone. Every step of the protocol (admission, buffer allocation, abort, finish) runs on the
+// engine's control thread, so none of them races another.
 struct DistributedState {
   std::uint64_t id = 0;  // initiator rank << 48 | its sequence number
   int initiator = 0;
@@ -156,6 +163,11 @@ struct DistributedState {
   bool started = false;       // `go` seen: XDs added (or none to add)
   bool segment_done = false;  // its XDs retired and their puts flushed
   bool orphaned = false;      // the initiator is lost: finish without `finished`
+  // Every rank of the copy was done (their puts flushed) when this rank's part finished: the
+  // initiator saw every `done`; a participant got `finished` saying so. Else its buffers that
+  // other ranks put into go into quarantine rather than back to the pool.
+  bool clean = false;
+  std::vector<int> quiesce_waiters;  // ranks to answer `quiesced` once segment_done
   std::atomic<int> flushes{0};
   std::shared_ptr<InstanceImpl> src_impl, dst_impl;  // a participant's own instances, kept alive
 };
@@ -211,6 +223,10 @@ struct EngineStats {
   std::size_t active_copies = 0;
   std::map<MemoryId, std::uint64_t> pool_in_use;  // bytes reserved for intermediate buffers
   std::map<MemoryId, std::uint64_t> idle_buffers; // bytes of finished copies' buffers kept for reuse
+  // Cross-rank copies: bytes of REG buffers that another rank may still put into (a part that
+  // did not end cleanly), kept out of the pool until that rank's puts are over.
+  std::map<MemoryId, std::uint64_t> quarantined_buffers;
+  std::size_t remote_keys = 0;  // imported remote keys cached for nic hops
 };
 
 // The per-hop timeline of a finished copy that recorded one (CopyReport::timeline).
@@ -302,6 +318,8 @@ class Engine final : public RuntimeService {
   void dist_abort_here(const std::shared_ptr<CopyOperation>& op, const FailureCause& cause);
   void dist_tile_progress(Xd* xd);
   void dist_peer_lost(int rank, const FailureCause& cause);
+  void dist_hold_buffers(CopyOperation& op);
+  void dist_release_quarantined(std::uint64_t id, int writer);  // writer -1: any rank no longer alive
   std::shared_ptr<CopyOperation> dist_find(std::uint64_t id);
   void on_setup(int source, const std::vector<std::byte>& body);
   void on_ready(int source, const std::vector<std::byte>& body);
@@ -310,6 +328,8 @@ class Engine final : public RuntimeService {
   void on_done(int source, const std::vector<std::byte>& body);
   void on_abort(int source, const std::vector<std::byte>& body);
   void on_finished(int source, const std::vector<std::byte>& body);
+  void on_quiesce(int source, const std::vector<std::byte>& body);
+  void on_quiesced(int source, const std::vector<std::byte>& body);
   void send(int rank, std::uint16_t id, std::span<const std::byte> body);
   void post_control(std::function<void()> work);
   void control_main();
@@ -342,9 +362,20 @@ class Engine final : public RuntimeService {
   std::unordered_map<std::uint64_t, std::shared_ptr<CopyOperation>> dist_ops_;
   std::multimap<std::uint64_t, std::shared_ptr<Storage>> idle_registered_;  // guarded by mutex_
   std::uint64_t idle_registered_bytes_ = 0;
+  // REG buffers of parts that did not end cleanly, by copy id, with the ranks that may still put
+  // into them (guarded by mutex_). Released to the pool when those have answered `quiesce` or
+  // are gone; at shutdown they are left to the network, which unregisters them after its peers
+  // have said bye (the Storage objects go with the engine).
+  struct Quarantined {
+    std::vector<std::shared_ptr<Storage>> storages;
+    std::set<int> writers;
+  };
+  std::map<std::uint64_t, Quarantined> quarantine_;
   // Remote keys imported for nic hops, by (rank, descriptor), guarded by mutex_. Unpacking one
   // maps the far side's memory (shared-memory transports) and every page of it faults in again
-  // after a new import, so copies into the same buffers and instances reuse them.
+  // after a new import, so copies into the same buffers and instances reuse them. A descriptor
+  // names one registration (it carries the registration's serial, net::RegisteredMemory), so a
+  // key is never reused for memory registered again at the same address.
   std::map<std::pair<int, std::vector<std::byte>>, std::shared_ptr<net::RemoteMemory>> remote_keys_;
   // Coordination messages and peer losses are handled on this thread, off the progress thread:
   // they allocate and register memory and trigger events, which may run user callbacks.

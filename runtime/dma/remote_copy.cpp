@@ -12,12 +12,20 @@
 //                                        next hop's rank, "slots drained" to the previous one's
 //   done      participant -> initiator  my XDs retired and my puts are flushed (or failed)
 //   abort     initiator -> participant  stop your part with this cause, then say `done`
-//   finished  initiator -> participant  everyone is done: release your buffers
+//   finished  initiator -> participant  the copy is over, and whether every participant was done
+//                                        (then no put can land any more: pool your buffers)
+//   quiesce   participant -> rank        my part ended without that guarantee: tell me when your
+//                                        puts into my buffers are over (I keep them till then)
+//   quiesced  rank -> participant        they are (my part is done and flushed, or I have none)
 //
 // Threads: `tiles` is handled on the progress thread (it only moves a counter and wakes a DMA
-// worker); the others, and peer losses, on the engine's control thread, because they allocate
-// and register memory and trigger events (which may run user callbacks). No engine lock is held
-// across a UCX call (see docs/distributed.md, Locking rule).
+// worker). Everything else runs on the engine's control thread: the other messages, peer
+// losses, the start of a copy past its precondition, its admission and buffer allocation (also
+// when a finishing copy's reservations admit it on a DMA worker), stop_copy's abort, and a
+// part's end once its XDs retired. They allocate and register memory and trigger events (which
+// may run user callbacks), and on one thread none of them can race another: an abort cannot
+// free what an admission is allocating. No engine lock is held across a UCX call (see
+// docs/distributed.md, Locking rule).
 #include "runtime/dma/engine.h"
 #include "runtime/dma/instance_impl.h"
 #include "runtime/log.h"
@@ -28,6 +36,7 @@
 #include <caravan/settings.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -46,6 +55,8 @@ enum Msg : std::uint16_t {
   kDone,
   kAbort,
   kFinished,
+  kQuiesce,
+  kQuiesced,
 };
 
 constexpr std::uint32_t kInstanceMagic = 0x4e494143;  // "CAIN": a Caravan instance descriptor
@@ -167,6 +178,8 @@ void Engine::dist_init() {
   network_->set_handler(kDone, queued(&Engine::on_done));
   network_->set_handler(kAbort, queued(&Engine::on_abort));
   network_->set_handler(kFinished, queued(&Engine::on_finished));
+  network_->set_handler(kQuiesce, queued(&Engine::on_quiesce));
+  network_->set_handler(kQuiesced, queued(&Engine::on_quiesced));
   network_->set_handler(kTiles, [hook](const net::AmMessage& message) {
     std::lock_guard lock(hook->mutex);
     if (hook->engine) hook->engine->on_tiles(message.source, message.body);
@@ -180,26 +193,28 @@ void Engine::dist_init() {
 }
 
 // At shutdown a rank does not wait for its peers: every cross-rank copy ends as soon as this
-// rank's part has (stop_copy has stopped them all by now).
+// rank's part has (stop_copy has queued their stops before this).
 void Engine::dist_shutdown() {
   if (!network_) return;
-  std::vector<std::shared_ptr<CopyOperation>> ops;
-  {
-    std::lock_guard lock(dist_mutex_);
-    for (auto& [id, op] : dist_ops_) ops.push_back(op);
-  }
-  for (auto& op : ops) {
-    if (op->dist->initiator == runtime_.rank()) {
-      dist_check_complete(op);
-    } else {
-      bool done;
-      {
-        std::lock_guard lock(mutex_);
-        done = op->dist->segment_done;
-      }
-      if (done) dist_finish_local(op);
+  post_control([this] {
+    std::vector<std::shared_ptr<CopyOperation>> ops;
+    {
+      std::lock_guard lock(dist_mutex_);
+      for (auto& [id, op] : dist_ops_) ops.push_back(op);
     }
-  }
+    for (auto& op : ops) {
+      if (op->dist->initiator == runtime_.rank()) {
+        dist_check_complete(op);
+      } else {
+        bool done;
+        {
+          std::lock_guard lock(mutex_);
+          done = op->dist->segment_done;
+        }
+        if (done) dist_finish_local(op);
+      }
+    }
+  });
 }
 
 void Engine::dist_close() {
@@ -220,6 +235,8 @@ void Engine::dist_close() {
     idle.swap(idle_registered_);  // registrations and keys go before the network releases UCX
     idle_registered_bytes_ = 0;
     keys.swap(remote_keys_);
+    // Quarantined buffers stay: peers may still put into them until they say bye, and the
+    // network unregisters them only after that (Rma::shutdown); the engine frees the rest.
   }
 }
 
@@ -581,11 +598,15 @@ void Engine::dist_check_complete(const std::shared_ptr<CopyOperation>& op) {
     // At shutdown this rank does not wait for the others (their buffers are theirs to free).
     if (!all && !(stopping_ && mine)) return;
     op->state = CopyOperation::State::finished;
+    d.clean = all;
     for (int p : d.participants)
       if (p != me) contacted.push_back(p);
   }
-  std::vector<std::byte> body = id_body(d.id);
-  for (int p : contacted) send(p, kFinished, body);
+  // `clean`: every part is done and flushed, so the participants may pool their buffers; else
+  // one may still be putting into another's, which keeps them in quarantine.
+  net::WireWriter out;
+  out.put(d.id).put(static_cast<std::uint8_t>(d.clean ? 1 : 0));
+  for (int p : contacted) send(p, kFinished, out.bytes());
   finish(op);
 }
 
@@ -680,11 +701,19 @@ void Engine::on_setup(int source, const std::vector<std::byte>& body) {
 }
 
 // This rank's reservations are held: allocate its buffers and tell the initiator (or, on the
-// initiator itself, move on to the next participant).
+// initiator itself, move on to the next participant). On the control thread, like every abort
+// and finish: the copy cannot be stopped while this runs.
 void Engine::dist_admitted(const std::shared_ptr<CopyOperation>& op) {
   DistributedState& d = *op->dist;
   const int me = runtime_.rank();
   const std::size_t last = d.hops.size() - 1;
+  {
+    // Stopped between its admission (on another thread, maybe) and now: dist_fail or
+    // dist_abort_here settled this rank's part, and finish() released or will release its
+    // reservations. Allocate nothing.
+    std::lock_guard lock(mutex_);
+    if (op->state == CopyOperation::State::finished || d.started || d.aborted) return;
+  }
   FailureCause failure;
   net::WireWriter out;
   out.put(d.id);
@@ -714,7 +743,6 @@ void Engine::dist_admitted(const std::shared_ptr<CopyOperation>& op) {
     }
     {
       std::lock_guard lock(mutex_);
-      if (d.aborted) return;  // dist_fail already settled this rank's part
       for (auto& [hop, key] : keys) d.targets[hop] = std::move(key);
       d.peers[d.index_of(me)] = DistributedState::Peer::ready;
       ++d.next;
@@ -722,16 +750,14 @@ void Engine::dist_admitted(const std::shared_ptr<CopyOperation>& op) {
     dist_advance(op);
     return;
   }
-  {
-    std::lock_guard lock(mutex_);
-    if (d.started) return;  // aborted while allocating: `done` went out already
-  }
   if (failure) {
-    // Nothing of this rank was announced: release it at once and say why.
+    // Nothing of this rank was announced (no rank can put into its buffers): release it at once
+    // and say why.
     send(d.initiator, kReady, failure_body(d.id, failure));
     {
       std::lock_guard lock(mutex_);
       d.started = d.segment_done = true;
+      d.clean = true;
     }
     op->fail(failure);
     dist_finish_local(op);
@@ -854,10 +880,12 @@ void Engine::dist_segment_done(const std::shared_ptr<CopyOperation>& op) {
   const int me = runtime_.rank();
   FailureCause failure;
   bool finish_now = false, report = false;
+  std::vector<int> quiesced;
   {
     std::lock_guard lock(mutex_);
     if (d.segment_done) return;
     d.segment_done = true;
+    quiesced.swap(d.quiesce_waiters);
     if (d.initiator == me) {
       if (const std::size_t index = d.index_of(me); index < d.participants.size()) d.peers[index] = DistributedState::Peer::done;
     } else {
@@ -865,6 +893,8 @@ void Engine::dist_segment_done(const std::shared_ptr<CopyOperation>& op) {
       finish_now = d.orphaned || stopping_;
     }
   }
+  // Ranks that hold buffers this rank put into: its puts are over and flushed.
+  for (int rank : quiesced) send(rank, kQuiesced, id_body(d.id));
   if (d.initiator == me) {
     dist_check_complete(op);
     return;
@@ -924,6 +954,8 @@ void Engine::on_abort(int source, const std::vector<std::byte>& body) {
 void Engine::on_finished(int source, const std::vector<std::byte>& body) {
   net::WireReader in(body, fmt::format("copy finished from rank {}", source));
   auto op = dist_find(in.get<std::uint64_t>());
+  const bool all_done = in.get<std::uint8_t>() == 1;
+  in.expect_end();
   if (!op || op->dist->initiator != source) return;
   bool running = false;
   {
@@ -933,10 +965,105 @@ void Engine::on_finished(int source, const std::vector<std::byte>& body) {
     if (!op->dist->segment_done) {
       op->dist->orphaned = true;
       running = true;
+    } else {
+      op->dist->clean = all_done;
     }
   }
   if (running) dist_abort_here(op, make_failure(Errc::cancelled, fmt::format("rank {} finished the copy", source)));
   else dist_finish_local(op);
+}
+
+// ------------------------------------------------------------------------ buffers other ranks put into
+
+// From finish(), on the control thread. A part that ended cleanly (every rank's puts flushed)
+// gives its buffers back as a local copy does. Otherwise another rank may still be putting into
+// this rank's REG buffers: a third rank that has not yet heard that the initiator is lost, or
+// whose requests are still in flight when the initiator shuts down without waiting. Pooled, a
+// buffer would take that late put into the next copy's data; unregistered and freed, the put
+// could still land in whatever is mapped at the address next (UCX over tcp and cma write by
+// address). So such buffers wait in quarantine until each rank that puts into them answers
+// `quiesce` or is gone.
+void Engine::dist_hold_buffers(CopyOperation& op) {
+  DistributedState& d = *op.dist;
+  const int me = runtime_.rank();
+  Quarantined held;
+  std::uint64_t bytes = 0;
+  for (std::size_t j = 0; j < op.buffers.size(); ++j) {
+    auto& b = op.buffers[j];
+    const int writer = d.hop_rank[j];  // buffer j is hop j's output
+    if (d.clean || !b.storage || !b.storage->registration() || writer == me) continue;
+    if (network_->peer_state(writer) == net::PeerState::alive) held.writers.insert(writer);
+    bytes += b.storage->bytes();
+    held.storages.push_back(std::move(b.storage));
+  }
+  if (held.storages.empty()) return;
+  std::vector<int> ask(held.writers.begin(), held.writers.end());
+  bool kept = false;
+  {
+    std::lock_guard lock(mutex_);
+    // Every writer gone (lost, or shut down after its parts ended): nothing can land any more.
+    // At shutdown nothing is pooled: the quarantine waits for the network (dist_close).
+    kept = !ask.empty() || stopping_;
+    if (kept) quarantine_[d.id] = std::move(held);
+  }
+  if (!kept) {
+    for (auto& storage : held.storages) release_buffer(std::move(storage));
+    return;
+  }
+  log::get("dma")->debug("copy {:x}: {} bytes of buffers held until rank(s) {} stop putting into them", d.id, bytes,
+                         fmt::join(ask, ", "));
+  for (int rank : ask) send(rank, kQuiesce, id_body(d.id));
+}
+
+// `writer` answered `quiesced` for copy `id` (or, with writer -1, ranks were lost): buffers
+// no rank can put into any more go back to the pool.
+void Engine::dist_release_quarantined(std::uint64_t id, int writer) {
+  std::vector<std::shared_ptr<Storage>> released;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;  // see dist_hold_buffers
+    for (auto it = quarantine_.begin(); it != quarantine_.end();) {
+      Quarantined& q = it->second;
+      if (writer >= 0 && it->first != id) {
+        ++it;
+        continue;
+      }
+      if (writer >= 0) q.writers.erase(writer);
+      else std::erase_if(q.writers, [&](int r) { return network_->peer_state(r) != net::PeerState::alive; });
+      if (!q.writers.empty()) {
+        ++it;
+        continue;
+      }
+      for (auto& storage : q.storages) released.push_back(std::move(storage));
+      it = quarantine_.erase(it);
+    }
+  }
+  for (auto& storage : released) release_buffer(std::move(storage));
+}
+
+// A participant whose part ended uncleanly asks: are your puts into my buffers over?
+void Engine::on_quiesce(int source, const std::vector<std::byte>& body) {
+  net::WireReader in(body, fmt::format("copy quiesce from rank {}", source));
+  auto id = in.get<std::uint64_t>();
+  in.expect_end();
+  if (auto op = dist_find(id)) {
+    std::lock_guard lock(mutex_);
+    if (!op->dist->segment_done) {
+      op->dist->quiesce_waiters.push_back(source);  // answered by dist_segment_done
+      return;
+    }
+  }
+  // Done and flushed, or finished; or never set up here, in which case this rank was never
+  // told `go` (it has not answered `ready`) and never will be: the copy's initiator is lost or
+  // has finished it, since that is why the question is asked.
+  send(source, kQuiesced, id_body(id));
+}
+
+void Engine::on_quiesced(int source, const std::vector<std::byte>& body) {
+  net::WireReader in(body, fmt::format("copy quiesced from rank {}", source));
+  auto id = in.get<std::uint64_t>();
+  in.expect_end();
+  dist_release_quarantined(id, source);
 }
 
 void Engine::dist_readmit(std::vector<std::shared_ptr<CopyOperation>>& retry) {
@@ -1022,6 +1149,7 @@ void Engine::dist_peer_lost(int rank, const FailureCause& cause) {
     for (auto& [id, op] : dist_ops_) ops.push_back(op);
   }
   for (auto& op : ops) dist_peer_lost_for(op, rank, cause);
+  dist_release_quarantined(0, -1);  // a lost rank puts no more
 }
 
 // What losing `rank` does to one copy of this rank's: the initiator fails it and counts the

@@ -29,6 +29,14 @@ struct Rma::Op {
 
 // --- memory handles ---
 
+namespace {
+std::atomic<std::uint64_t> g_next_serial{0};
+}
+
+RegisteredMemory::RegisteredMemory(std::shared_ptr<Rma*> owner, ucp_mem_h memh, std::byte* data, std::size_t size)
+    : owner_(std::move(owner)), memh_(memh), data_(data), size_(size),
+      serial_(g_next_serial.fetch_add(1, std::memory_order_relaxed) + 1) {}
+
 RegisteredMemory::~RegisteredMemory() { release(); }
 
 void RegisteredMemory::release() {
@@ -52,7 +60,7 @@ std::vector<std::byte> RegisteredMemory::descriptor() const {
   std::size_t packed_size = 0;
   CARAVAN_UCX_CHECK(ucp_rkey_pack(rma->network_.worker().context(), memh_, &packed, &packed_size));
   WireWriter out;
-  out.put(reinterpret_cast<std::uint64_t>(data_)).put(static_cast<std::uint64_t>(size_));
+  out.put(reinterpret_cast<std::uint64_t>(data_)).put(static_cast<std::uint64_t>(size_)).put(serial_);
   out.put_bytes(std::span<const std::byte>(static_cast<const std::byte*>(packed), packed_size));
   ucp_rkey_buffer_release(packed);
   return out.take();
@@ -133,11 +141,12 @@ RemoteMemoryRef Rma::import(int rank, std::span<const std::byte> descriptor) {
   WireReader in(descriptor, fmt::format("memory descriptor of rank {}", rank));
   auto address = in.get<std::uint64_t>();
   auto size = in.get<std::uint64_t>();
+  auto serial = in.get<std::uint64_t>();
   auto packed = in.get_bytes();
   in.expect_end();
   ucp_rkey_h rkey = nullptr;
   CARAVAN_UCX_CHECK(ucp_ep_rkey_unpack(ep, packed.data(), &rkey));
-  RemoteMemoryRef remote(new RemoteMemory(self_, rank, address, size, rkey));
+  RemoteMemoryRef remote(new RemoteMemory(self_, rank, address, size, serial, rkey));
   std::lock_guard lock(mutex_);
   remote_.insert(remote.get());
   return remote;

@@ -68,18 +68,25 @@ class RegisteredMemory {
   std::byte* data() const { return data_; }
   std::size_t size() const { return size_; }
   ucp_mem_h handle() const { return memh_; }
-  // What import() on another rank needs: address, size, packed remote key.
+  // This registration's number, unique in the process: two registrations of the same bytes
+  // (registered, released, registered again) have different serials.
+  std::uint64_t serial() const { return serial_; }
+  // What import() on another rank needs: address, size, serial, packed remote key. The serial
+  // makes descriptors of different registrations differ even where UCX packs the same key
+  // (registering one address twice does, and over tcp so does a new allocation at a freed
+  // address), so that a descriptor names one registration: a cache of imported keys keyed by
+  // descriptor can never hand out the key of a registration that is gone.
   std::vector<std::byte> descriptor() const;
 
  private:
   friend class Rma;
-  RegisteredMemory(std::shared_ptr<Rma*> owner, ucp_mem_h memh, std::byte* data, std::size_t size)
-      : owner_(std::move(owner)), memh_(memh), data_(data), size_(size) {}
+  RegisteredMemory(std::shared_ptr<Rma*> owner, ucp_mem_h memh, std::byte* data, std::size_t size);
   void release();  // unmaps once (destructor or runtime shutdown)
   std::shared_ptr<Rma*> owner_;  // *owner_ is nullptr once the Rma is gone
   ucp_mem_h memh_;
   std::byte* data_;
   std::size_t size_;
+  std::uint64_t serial_;
 };
 
 // Another rank's registered memory, addressable from this rank.
@@ -92,17 +99,21 @@ class RemoteMemory {
   int rank() const { return rank_; }
   std::uint64_t address() const { return address_; }
   std::size_t size() const { return size_; }
+  // The owner's RegisteredMemory::serial().
+  std::uint64_t serial() const { return serial_; }
   ucp_rkey_h rkey() const { return rkey_; }
 
  private:
   friend class Rma;
-  RemoteMemory(std::shared_ptr<Rma*> owner, int rank, std::uint64_t address, std::size_t size, ucp_rkey_h rkey)
-      : owner_(std::move(owner)), rank_(rank), address_(address), size_(size), rkey_(rkey) {}
+  RemoteMemory(std::shared_ptr<Rma*> owner, int rank, std::uint64_t address, std::size_t size, std::uint64_t serial,
+               ucp_rkey_h rkey)
+      : owner_(std::move(owner)), rank_(rank), address_(address), size_(size), serial_(serial), rkey_(rkey) {}
   void release();
   std::shared_ptr<Rma*> owner_;
   int rank_;
   std::uint64_t address_;
   std::size_t size_;
+  std::uint64_t serial_;
   ucp_rkey_h rkey_;
 };
 

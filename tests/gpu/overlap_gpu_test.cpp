@@ -268,12 +268,16 @@ TEST(Overlap, AllGatherGemmRanksRunAheadThroughMixedVariants) {
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&other, hipStreamNonBlocking));
     // A rejected call takes no epoch (the next calls would wait forever if it did).
     EXPECT_THROW(op.run(r, nullptr, nullptr, AgGemmVariant::ce_push, stream, 3), Error);
+    // Every buffer is allocated before the first call: a device allocation waits for the
+    // device's streams, which may be waiting on a peer that is itself inside an allocation.
     std::vector<bf16*> b(runs.size()), c(runs.size());
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      b[call] = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
+      c[call] = device_alloc<bf16>(static_cast<std::size_t>(m) * n);
+    }
     std::mt19937 rng(static_cast<unsigned>(seed) + static_cast<unsigned>(r));
     for (std::size_t call = 0; call < runs.size(); ++call) {
       hipStream_t on = call % 2 == 0 ? stream : other;
-      b[call] = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
-      c[call] = device_alloc<bf16>(static_cast<std::size_t>(m) * n);
       op.wait_shard_free(r, on);
       fill_random(op.shard(r), rows, k, k, seed + 100 * call, r * rows, 0, 1.0f, on);
       fill_random(b[call], k, n, n, seed + 100 * call + 1 + r, 0, 0, 1.0f, on);
