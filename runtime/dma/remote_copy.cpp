@@ -1053,9 +1053,10 @@ void Engine::on_quiesce(int source, const std::vector<std::byte>& body) {
       return;
     }
   }
-  // Done and flushed, or finished; or never set up here, in which case this rank was never
-  // told `go` (it has not answered `ready`) and never will be: the copy's initiator is lost or
-  // has finished it, since that is why the question is asked.
+  // Done and flushed, or finished; or never set up here, in which case this rank has not
+  // answered `ready`, so it was never told `go`, and never will be: the asker's part ended
+  // uncleanly because the initiator is lost or has finished the copy. (An asker that is itself
+  // shutting down does not pool what it holds, whatever the answer.)
   send(source, kQuiesced, id_body(id));
 }
 

@@ -5,7 +5,9 @@
 // Data: each source holds a pattern derived from a seed that rank 0 draws fresh for every run
 // (so a stale destination cannot pass), destinations are poisoned first, and every
 // (point, field) is checked after the copy.
+#include "channels/nic_channel.h"
 #include "runtime/dma/engine.h"
+#include "runtime/net/rma.h"
 #include "tests/dma/dma_test_util.h"
 #include "tests/net/net_test_util.h"
 
@@ -15,6 +17,8 @@
 
 #include <signal.h>
 
+#include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -64,6 +68,129 @@ bool engine_drains(std::chrono::seconds limit) {
   auto until = Clock::now() + limit;
   while (engine_active_copies() != 0 && Clock::now() < until) std::this_thread::sleep_for(5ms);
   return engine_active_copies() == 0;
+}
+
+std::uint64_t bytes_in(const std::map<MemoryId, std::uint64_t>& by_memory, MemoryId memory) {
+  auto it = by_memory.find(memory);
+  return it == by_memory.end() ? 0 : it->second;
+}
+
+// Waits (bounded) until `ok` holds for this rank's engine statistics.
+template <class Ok>
+bool engine_reaches(std::chrono::seconds limit, Ok ok) {
+  auto until = Clock::now() + limit;
+  while (!ok(dma::Engine::current().stats())) {
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// A nic channel whose requests after the first `pass` are held until open(): then they run as
+// put (late, into whatever the far rank did with the buffer meanwhile).
+class GatedChannel final : public dma::Channel {
+ public:
+  GatedChannel(std::unique_ptr<dma::Channel> real, std::size_t pass) : real_(std::move(real)), pass_(pass) {}
+  ChannelKind kind() const noexcept override { return real_->kind(); }
+  bool serves(MemoryId src, MemoryId dst) const noexcept override { return real_->serves(src, dst); }
+  int window() const noexcept override { return real_->window(); }
+  void submit(const dma::Request& request, Completion done) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (!open_ && passed_ >= pass_) {
+        held_.emplace_back(request, std::move(done));
+        return;
+      }
+      ++passed_;
+    }
+    real_->submit(request, std::move(done));
+  }
+  std::size_t held() {
+    std::lock_guard lock(mutex_);
+    return held_.size();
+  }
+  void open() {
+    std::vector<std::pair<dma::Request, Completion>> held;
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+      held.swap(held_);
+    }
+    for (auto& [request, done] : held) real_->submit(request, std::move(done));
+  }
+
+ private:
+  std::unique_ptr<dma::Channel> real_;
+  std::size_t pass_;
+  std::mutex mutex_;
+  std::size_t passed_ = 0;
+  bool open_ = false;
+  std::vector<std::pair<dma::Request, Completion>> held_;
+};
+
+// Three ranks: rank 2 (the initiator, owning neither end) copies rank 1's instance to rank 0's,
+// SYS -> REG -> REG* -> SYS*, and leaves (`kill`: dies; else shuts down) while rank 1's nic hop
+// still has puts on their way into rank 0's REG buffer (held by a GatedChannel). Rank 0's part
+// ends without every part being done: its buffer must stay out of the pool (quarantined) until
+// rank 1 has stopped putting into it, and go back to the pool then.
+void initiator_leaves_while_a_peer_puts(Runtime& rt, bool kill) {
+  constexpr int kReader = 0, kWriter = 1, kInitiator = 2;
+  settings::ScopedOverride threshold("CARAVAN_PLANNER_BUFFER_THRESHOLD", "256K");
+  const int me = rt.rank();
+  FieldSpace fields({{"v", 16}});
+  auto space = Rect::from_extents({1 << 16});  // 1 MiB: many tiles through 256 KiB buffers
+  auto src = Instance::create(memory_of(rt, me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto dst = Instance::create(memory_of(rt, me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto srcs = share(rt, src), dsts = share(rt, dst);
+  const MemoryId reader_reg = memory_of(rt, kReader, MemoryKind::reg), writer_reg = memory_of(rt, kWriter, MemoryKind::reg);
+  GatedChannel* gate = nullptr;
+  if (me == kWriter) {
+    auto channel = std::make_unique<GatedChannel>(
+        std::make_unique<channels::NicChannel>(test::network(rt).rma(), writer_reg, reader_reg, 4), 1);
+    gate = channel.get();
+    dma::Engine::current().replace_channel_for_testing(fmt::format("nic {}->{}", writer_reg.to_string(), reader_reg.to_string()),
+                                                       std::move(channel));
+  }
+  UserEvent held_made, checked_made;
+  Event mine_held, mine_checked;
+  if (me == kWriter) mine_held = held_made = UserEvent::create();
+  if (me == kReader) mine_checked = checked_made = UserEvent::create();
+  const Event held = test::all_gather(rt, mine_held)[kWriter];
+  const Event checked = test::all_gather(rt, mine_checked)[kReader];
+  rt.barrier(30s);
+
+  if (me == kInitiator) {
+    Event running = copy(srcs[kWriter], dsts[kReader]);
+    ASSERT_TRUE(held.wait_for(30s));  // the writer's nic hop has a request held: puts still to come
+    EXPECT_FALSE(running.has_triggered());
+    if (kill) raise(SIGKILL);
+    rt.shutdown();  // stops the copy without waiting for its participants (they are not done)
+    return;
+  }
+  if (me == kWriter) {
+    auto until = Clock::now() + 30s;
+    while (gate->held() == 0 && Clock::now() < until) std::this_thread::sleep_for(1ms);
+    ASSERT_GT(gate->held(), 0u) << "the nic hop never issued a second request";
+    held_made.trigger();
+    EXPECT_TRUE(checked.wait_for(30s));  // the reader has looked at its buffers
+    gate->open();                        // the late puts go out, into the reader's REG buffer
+    EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
+    return;
+  }
+  if (me == kReader) {
+    // The reader's part ends (aborted or finished by the initiator, or orphaned by its loss)
+    // while the writer still holds puts for its buffer.
+    ASSERT_TRUE(held.wait_for(30s));  // the copy runs here too by then (every part got `go`)
+    EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
+    auto stats = dma::Engine::current().stats();
+    EXPECT_GT(bytes_in(stats.quarantined_buffers, reader_reg), 0u) << "the REG buffer the writer still puts into was not held";
+    EXPECT_EQ(bytes_in(stats.idle_buffers, reader_reg), 0u) << "the REG buffer the writer still puts into went back to the pool";
+    checked_made.trigger();
+    // Once the writer's puts are over (its part retired and flushed), the buffer is reusable.
+    EXPECT_TRUE(engine_reaches(20s, [&](const dma::EngineStats& s) {
+      return s.quarantined_buffers.empty() && bytes_in(s.idle_buffers, reader_reg) > 0;
+    })) << "the quarantine was not lifted after the writer finished";
+  }
 }
 
 TEST_F(JobTest, RemoteCopiesInEveryDirectionWithLayoutChanges) {
@@ -222,6 +349,102 @@ TEST_F(JobTest, BadRemoteCopiesAreRejectedClearly) {
   rt().barrier(30s);
 }
 
+TEST_F(JobTest, InitiatorShutsDownWhileAPeerStillPuts) {
+  ASSERT_EQ(world(), 3) << "a three-rank test";
+  initiator_leaves_while_a_peer_puts(rt(), false);
+}
+
+// Memory registered again at the same address (an instance attached to the same bytes) is a new
+// registration: its descriptor differs, and a copy into it imports its key instead of reusing
+// the cached key of the registration that is gone.
+TEST_F(JobTest, ReRegisteredMemoryGetsItsOwnRemoteKey) {
+  const int me = rank(), n = world();
+  FieldSpace fields({{"v", 8}});
+  auto space = Rect::from_extents({1 << 14});  // 128 KiB
+  const std::size_t bytes = std::size_t{1} << 17;
+  std::vector<std::byte> buffer(bytes);
+  auto& rma = test::network(rt()).rma();
+  {
+    auto first = rma.register_memory(buffer.data(), bytes);
+    const std::vector<std::byte> before = first->descriptor();
+    const std::uint64_t serial = first->serial();
+    first.reset();
+    auto second = rma.register_memory(buffer.data(), bytes);
+    EXPECT_NE(second->serial(), serial);
+    EXPECT_NE(second->descriptor(), before) << "two registrations of the same bytes have one descriptor";
+  }
+  auto src = Instance::create(memory_of(rt(), me, MemoryKind::reg), space, fields, Layout::parse("F,x"));
+  const std::uint64_t seed = fresh_seed(rt());
+  const auto next = static_cast<std::size_t>((me + 1) % n);
+  const int prev = (me + n - 1) % n;
+  for (std::uint64_t round = 0; round < 3; ++round) {
+    std::optional<Instance> dst =
+        Instance::attach(memory_of(rt(), me, MemoryKind::reg), space, fields, Layout::parse("F,x"), buffer.data(), bytes);
+    test::poison(*dst);
+    test::write_pattern(src, seed_of(seed, me) + round);
+    auto dsts = share(rt(), *dst);
+    rt().barrier(30s);
+    const std::size_t keys = dma::Engine::current().stats().remote_keys;
+    EXPECT_TRUE(copy(src, dsts[next]).wait_for(30s));
+    EXPECT_EQ(dma::Engine::current().stats().remote_keys, keys + 1) << "round " << round << ": no key imported for the new registration";
+    rt().barrier(30s);
+    EXPECT_EQ(test::count_mismatches(*dst, seed_of(seed, prev) + round), 0u) << "round " << round;
+    rt().barrier(30s);
+    dsts.clear();
+    dst.reset();  // unregisters the bytes; the next round registers them again
+  }
+  EXPECT_TRUE(engine_drains(10s));
+  rt().barrier(30s);
+}
+
+// Copies admitted while others finish (small pools: each waits for the one before it), many of
+// them cancelled at once or a moment later, so that cancels meet copies being admitted and
+// allocating their buffers. Everything ends, the pools are whole, and a last copy is exact.
+TEST_F(JobTest, CancelsDuringAdmissionLeaveNothingBehind) {
+  settings::ScopedOverride threshold("CARAVAN_PLANNER_BUFFER_THRESHOLD", "128K");
+  settings::ScopedOverride pool("CARAVAN_DMA_POOL_BYTES", "128K");
+  const int me = rank(), n = world();
+  FieldSpace fields({{"v", 16}});
+  auto space = Rect::from_extents({1 << 14});  // 256 KiB
+  auto src = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto dst = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
+  auto dsts = share(rt(), dst);
+  const auto next = static_cast<std::size_t>((me + 1) % n);
+  std::mt19937 random(static_cast<std::uint32_t>(me) + 11);
+  rt().barrier(30s);
+  for (int batch = 0; batch < 4; ++batch) {
+    std::vector<Event> copies;
+    std::vector<bool> cancelled;
+    for (int i = 0; i < 12; ++i) {
+      copies.push_back(copy(src, dsts[next]));
+      cancelled.push_back(false);
+      if (i % 3 == 1) cancelled.back() = cancel(copies.back());
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(random() % 2000));
+    for (std::size_t i = 0; i < copies.size(); ++i)
+      if (i % 3 == 2) cancelled[i] = cancel(copies[i]);
+    for (std::size_t i = 0; i < copies.size(); ++i) {
+      if (cancelled[i]) {
+        expect_poisoned(copies[i], Errc::cancelled);
+      } else {
+        EXPECT_TRUE(copies[i].wait_for(30s)) << "copy " << i << " of batch " << batch;
+      }
+    }
+  }
+  rt().barrier(30s);
+  EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
+  auto stats = dma::Engine::current().stats();
+  for (const auto& [memory, bytes] : stats.pool_in_use) EXPECT_EQ(bytes, 0u) << memory.to_string();
+  EXPECT_TRUE(stats.quarantined_buffers.empty()) << "copies that ended cleanly held buffers";
+  test::write_pattern(src, 300 + static_cast<std::uint64_t>(me));
+  test::poison(dst);
+  rt().barrier(30s);
+  EXPECT_TRUE(copy(src, dsts[next]).wait_for(30s));
+  rt().barrier(30s);
+  EXPECT_EQ(test::count_mismatches(dst, 300 + static_cast<std::uint64_t>((me + n - 1) % n)), 0u);
+  rt().barrier(30s);
+}
+
 }  // namespace
 }  // namespace caravan
 
@@ -276,6 +499,13 @@ TEST_F(JobTest, KilledPeerPoisonsCrossRankCopiesWithin10Seconds) {
   EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
   // New copies to the lost rank are refused at once.
   CARAVAN_EXPECT_ERROR(copy(src, dsts[static_cast<std::size_t>(victim)]), Errc::transport, fmt::format("rank {}", victim));
+}
+
+// The initiator (rank 2 of 3) dies while rank 1 still puts into rank 0's buffer: rank 0's part
+// is orphaned, and its buffer must stay out of the pool until rank 1's puts are over.
+TEST_F(JobTest, InitiatorKilledWhileAPeerStillPuts) {
+  ASSERT_EQ(world(), 3) << "a three-rank test";
+  initiator_leaves_while_a_peer_puts(rt(), true);
 }
 
 }  // namespace
