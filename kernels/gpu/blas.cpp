@@ -61,6 +61,19 @@ void Blas::gemm(hipStream_t stream, long m, long n, long k, const bf16* a, long 
         "cublasGemmEx(bf16)");
 }
 
+void Blas::gemm_batched(hipStream_t stream, long m, long n, long k, float alpha, const bf16* a, long lda, long stride_a,
+                        const bf16* b, long ldb, long stride_b, bool transpose_b, void* c, bool c_float, long ldc,
+                        long stride_c, int batch) {
+  const float beta = 0.0f;
+  impl_->use(stream);
+  check(cublasGemmStridedBatchedEx(impl_->handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
+                                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_16BF,
+                                   static_cast<int>(ldb), stride_b, a, CUDA_R_16BF, static_cast<int>(lda), stride_a, &beta, c,
+                                   c_float ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldc), stride_c, batch,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx(bf16)");
+}
+
 void Blas::gemm_reference(hipStream_t stream, long m, long n, long k, const float* a, long lda, const float* b, long ldb,
                           float* c, long ldc) {
   const float alpha = 1.0f, beta = 0.0f;

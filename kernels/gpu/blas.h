@@ -19,6 +19,13 @@ class Blas {
   // Row-major bf16 GEMM with leading dimensions (elements between rows); beta 0 or 1.
   void gemm(hipStream_t stream, long m, long n, long k, const bf16* a, long lda, const bf16* b, long ldb, bf16* c,
             long ldc, float beta = 0.0f);
+  // Row-major strided-batched GEMM: for i < batch, C_i[m x n] = alpha A_i[m x k] op(B_i), where
+  // X_i = x + i * stride_x (elements; a stride of 0 shares one matrix across the batch) and
+  // op(B) = B[k x n], or with transpose_b, the transpose of B stored as [n x k]. bf16 inputs,
+  // fp32 accumulation; C is fp32 (c_float) or bf16.
+  void gemm_batched(hipStream_t stream, long m, long n, long k, float alpha, const bf16* a, long lda, long stride_a,
+                    const bf16* b, long ldb, long stride_b, bool transpose_b, void* c, bool c_float, long ldc,
+                    long stride_c, int batch);
   // The float32 reference: true fp32 arithmetic (no TF32), row-major.
   void gemm_reference(hipStream_t stream, long m, long n, long k, const float* a, long lda, const float* b, long ldb,
                       float* c, long ldc);

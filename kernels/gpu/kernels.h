@@ -64,3 +64,29 @@ void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void*
                   hipStream_t stream);
 
 }  // namespace caravan::gpu
+
+namespace caravan::gpu {
+
+// ---- The transformer layer's element-wise kernels (layer_kernels.cu; kernels/gpu/tp_layer.h) ----
+// All row-major bf16 with fp32 arithmetic; widths multiples of 8 (16-byte vectors).
+
+// Loads layer_kernels.cu's kernels on the current device now (see preload_kernels).
+void preload_layer_kernels();
+// out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + 1e-6) * weight (fp32 weight of `cols`).
+void rmsnorm(const bf16* x, long rows, long cols, const float* weight, bf16* out, hipStream_t stream);
+// out = a + b, `count` elements (a multiple of 8).
+void add(const bf16* a, const bf16* b, bf16* out, std::size_t count, hipStream_t stream);
+// out[i, j] = silu(gate[i, j]) * up[i, j], where row i of `up_gate` is [up (f) | gate (f)].
+void swiglu(const bf16* up_gate, long rows, long f, bf16* out, hipStream_t stream);
+// The causal softmax of attention scores: `rows` rows of `cols` fp32 scores each (consecutive,
+// leading dimension `cols`), row r being query (first_query + r % rows_per_head); keys past the
+// query get probability 0. Writes bf16 probabilities with the same layout to `out`.
+void causal_softmax(const float* scores, long rows, long cols, long rows_per_head, long first_query, bf16* out,
+                    hipStream_t stream);
+
+}  // namespace caravan::gpu
+
+namespace caravan::gpu {
+// out[i] = in[i] as float, `count` elements (for comparing two bf16 results).
+void to_float(const bf16* in, float* out, std::size_t count, hipStream_t stream);
+}  // namespace caravan::gpu

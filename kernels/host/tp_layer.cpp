@@ -27,21 +27,25 @@ void rmsnorm_rows(const Bf16* x, std::int64_t rows, std::int64_t h, const float*
   }
 }
 
-// Causal attention of `heads` heads of width d. Row i of `qkv` (ld elements per row) holds Q at
-// columns [q0 + h d, ...), K at [k0 + h d, ...) and V at [v0 + h d, ...); out row i (ld_out) gets
-// head h at columns [h d, (h + 1) d). Loops are ordered so that the inner ones run over
-// contiguous floats (vectorisable): K is transposed per head first.
-void causal_attention(const Bf16* qkv, std::int64_t ld, std::int64_t m, std::int64_t heads, std::int64_t d, std::int64_t q0,
-                      std::int64_t k0, std::int64_t v0, Bf16* out, std::int64_t ld_out) {
+// Causal attention of `heads` query heads of width d over `kv_heads` key/value heads (query head
+// h reads key/value head h / (heads / kv_heads)). Row i of `qkv` (ld elements per row) holds
+// query head h at columns [q0 + h d, ...), key head g at [k0 + g d, ...) and value head g at
+// [v0 + g d, ...); out row i (ld_out) gets head h at columns [h d, (h + 1) d). Loops are ordered
+// so that the inner ones run over contiguous floats (vectorisable): K is transposed per head.
+void causal_attention(const Bf16* qkv, std::int64_t ld, std::int64_t m, std::int64_t heads, std::int64_t kv_heads,
+                      std::int64_t d, std::int64_t q0, std::int64_t k0, std::int64_t v0, Bf16* out, std::int64_t ld_out) {
   std::vector<float> kt(static_cast<std::size_t>(d * m)), v(static_cast<std::size_t>(m * d)), q(static_cast<std::size_t>(d));
   std::vector<float> scores(static_cast<std::size_t>(m)), acc(static_cast<std::size_t>(d));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const std::int64_t group = heads / kv_heads;
   for (std::int64_t h = 0; h < heads; ++h) {
-    for (std::int64_t j = 0; j < m; ++j)
-      for (std::int64_t c = 0; c < d; ++c) {
-        kt[static_cast<std::size_t>(c * m + j)] = qkv[j * ld + k0 + h * d + c].to_float();
-        v[static_cast<std::size_t>(j * d + c)] = qkv[j * ld + v0 + h * d + c].to_float();
-      }
+    const std::int64_t g = h / group;
+    if (h % group == 0)
+      for (std::int64_t j = 0; j < m; ++j)
+        for (std::int64_t c = 0; c < d; ++c) {
+          kt[static_cast<std::size_t>(c * m + j)] = qkv[j * ld + k0 + g * d + c].to_float();
+          v[static_cast<std::size_t>(j * d + c)] = qkv[j * ld + v0 + g * d + c].to_float();
+        }
     for (std::int64_t i = 0; i < m; ++i) {
       for (std::int64_t c = 0; c < d; ++c) q[static_cast<std::size_t>(c)] = qkv[i * ld + q0 + h * d + c].to_float() * scale;
       const std::int64_t n = i + 1;  // causal: keys 0..i
@@ -118,7 +122,7 @@ TpLayerWeights random_layer_weights(const TpLayerShape& s, std::uint64_t seed) {
   std::uniform_real_distribution<float> near_one(0.8f, 1.2f);
   for (std::int64_t i = 0; i < s.hidden; ++i) w.norm1.push_back(near_one(rng)), w.norm2.push_back(near_one(rng));
   const double h_scale = 1.0 / std::sqrt(static_cast<double>(s.hidden)), f_scale = 1.0 / std::sqrt(static_cast<double>(s.ffn));
-  w.qkv = random_scaled(s.hidden * 3 * s.hidden, h_scale, rng);
+  w.qkv = random_scaled(s.hidden * s.qkv_width(), h_scale, rng);
   w.out = random_scaled(s.hidden * s.hidden, h_scale, rng);
   w.up = random_scaled(s.hidden * s.ffn, h_scale, rng);
   w.gate = random_scaled(s.hidden * s.ffn, h_scale, rng);
@@ -157,6 +161,9 @@ struct TensorParallelLayer::State {
     rule(s.heads % w == 0, fmt::format("heads = {} must be a multiple of the world size {}", s.heads, w));
     rule(s.ffn % w == 0, fmt::format("ffn = {} must be a multiple of the world size {}", s.ffn, w));
     rule(s.tokens % w == 0, fmt::format("tokens = {} must be a multiple of the world size {}", s.tokens, w));
+    rule(s.kv() == s.heads, fmt::format("kv_heads = {}: the CPU layer has no grouped-query attention (kv_heads must be 0 "
+                                        "or heads = {}); the GPU layer has",
+                                        s.kv_heads, s.heads));
     return s;
   }
 
@@ -214,8 +221,8 @@ void TensorParallelLayer::run(const Bf16* x, Bf16* y, LayerTimes* times) {
   lap(LayerStep::norm1);
   s.qkv_op.run(s.h.data(), s.qkv.data());
   lap(LayerStep::qkv);
-  causal_attention(s.qkv.data(), 3 * s.h_local, m, s.shape.heads / s.world, d, 0, s.h_local, 2 * s.h_local, s.attn.data(),
-                   s.h_local);
+  causal_attention(s.qkv.data(), 3 * s.h_local, m, s.shape.heads / s.world, s.shape.heads / s.world, d, 0, s.h_local,
+                   2 * s.h_local, s.attn.data(), s.h_local);
   lap(LayerStep::attention);
   s.out_op.run(s.attn.data(), s.proj.data());
   add_rows(x, s.proj.data(), s.rows * hd, s.x2.data());
@@ -233,6 +240,10 @@ void TensorParallelLayer::run(const Bf16* x, Bf16* y, LayerTimes* times) {
 
 std::vector<float> reference_layer(const TpLayerShape& s, const TpLayerWeights& w, const std::vector<Bf16>& x, int world) {
   const std::int64_t m = s.tokens, hd = s.hidden, f = s.ffn;
+  if (s.heads < 1 || hd % s.heads != 0 || s.kv() < 1 || s.heads % s.kv() != 0)
+    throw Error(Errc::invalid_argument, fmt::format("reference_layer: heads = {} must divide hidden = {}, and kv_heads = {} "
+                                                    "must divide heads",
+                                                    s.heads, hd, s.kv_heads));
   const auto size = [](std::int64_t n) { return static_cast<std::size_t>(n); };
   // A row-parallel projection as the distributed layer computes it: each rank's partial product
   // over its slice of the inner dimension rounded to bf16, the partials summed in fp32, rounded.
@@ -247,9 +258,10 @@ std::vector<float> reference_layer(const TpLayerShape& s, const TpLayerWeights& 
   };
   std::vector<Bf16> h(size(m * hd));
   rmsnorm_rows(x.data(), m, hd, w.norm1.data(), h.data());
-  auto qkv = to_bf16_vector(reference_gemm(h.data(), hd, w.qkv.data(), 3 * hd, m, 3 * hd, hd));
+  const std::int64_t width = s.qkv_width(), d = s.head_dim();
+  auto qkv = to_bf16_vector(reference_gemm(h.data(), hd, w.qkv.data(), width, m, width, hd));
   std::vector<Bf16> attn(size(m * hd));
-  causal_attention(qkv.data(), 3 * hd, m, s.heads, hd / s.heads, 0, hd, 2 * hd, attn.data(), hd);
+  causal_attention(qkv.data(), width, m, s.heads, s.kv(), d, 0, hd, hd + s.kv() * d, attn.data(), hd);
   auto proj = row_parallel(attn, w.out, hd);
   std::vector<Bf16> x2(size(m * hd));
   add_rows(x.data(), proj.data(), m * hd, x2.data());

@@ -3,6 +3,7 @@
 // output is poisoned before the run and compared with a float32 reference on fresh random data.
 // Tests that need GPUs skip with the reason where there are fewer than two.
 #include "kernels/gpu/overlap.h"
+#include "kernels/gpu/tp_layer.h"
 #include "tests/gpu/flag_handoff.h"
 
 #include <caravan/error.h>
@@ -418,6 +419,72 @@ TEST(Overlap, RejectsShapesThatDoNotDivide) {
   EXPECT_THROW(LowLatencyAllGather(team, kLlMaxBytes + 8), Error);
   EXPECT_THROW(AllGatherGemm(team, 128, 60, 64), Error);  // k not a multiple of 8
   EXPECT_THROW(GemmReduceScatter(team, 128, 64, 36), Error);  // n not a multiple of 8
+}
+
+// The transformer layer (kernels/gpu/tp_layer.h) with grouped-query attention over several
+// query blocks, against the float32 reference layer of the CPU backend, for several
+// communication variants, twice in a row with fresh inputs (the second call runs on the epochs
+// and buffers the first left).
+TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const int world = team_size();
+  const kernels::TpLayerShape shape{.tokens = 64L * world, .hidden = 256, .heads = 8, .ffn = 128L * world, .kv_heads = 4};
+  const long rows = shape.tokens / world;
+  const std::uint64_t seed = fresh_seed();
+  const kernels::TpLayerWeights weights = kernels::random_layer_weights(shape, seed);
+  std::vector<std::vector<kernels::Bf16>> inputs;
+  std::vector<std::vector<float>> refs;
+  for (int call = 0; call < 2; ++call) {
+    std::mt19937_64 rng(seed + 1 + static_cast<std::uint64_t>(call));
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    inputs.emplace_back(static_cast<std::size_t>(shape.tokens * shape.hidden));
+    for (auto& v : inputs.back()) v = kernels::Bf16::from_float(dist(rng));
+    refs.push_back(kernels::reference_layer(shape, weights, inputs.back(), world));
+  }
+  GpuTeam team(first_devices(world), 2 * GpuTpLayer::heap_bytes(shape, world));
+  const std::vector<LayerCommunication> variants = {
+      {.name = "ce-push", .all_gather = AgGemmVariant::ce_push, .reduce_scatter = GemmRsVariant::ce_push},
+      {.name = "ce-pull 2 lanes, x2 parts 2 lanes", .all_gather = AgGemmVariant::ce_pull, .all_gather_lanes = 2,
+       .reduce_scatter = GemmRsVariant::ce_push, .reduce_scatter_lanes = 2, .reduce_scatter_splits = 2},
+      {.name = "ll-bulk, ce-bulk", .all_gather = AgGemmVariant::ll_bulk, .reduce_scatter = GemmRsVariant::ce_bulk}};
+  for (const auto& variant : variants) {
+    SCOPED_TRACE(variant.name);
+    const std::uint64_t mark = team.heap().mark();
+    {
+      GpuTpLayer layer(team, shape, variant, /*query_block=*/48);
+      layer.set_weights(weights);
+      run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+        const std::size_t mine = static_cast<std::size_t>(rows * shape.hidden);
+        bf16 *x = device_alloc<bf16>(mine), *y = device_alloc<bf16>(mine);
+        float* ref = device_alloc<float>(mine);
+        for (int call = 0; call < 2; ++call) {
+          CARAVAN_HIP_CHECK(hipMemcpy(x, inputs[static_cast<std::size_t>(call)].data() + r * mine, mine * sizeof(bf16),
+                                      hipMemcpyDefault));
+          CARAVAN_HIP_CHECK(hipMemcpy(ref, refs[static_cast<std::size_t>(call)].data() + r * mine, mine * sizeof(float),
+                                      hipMemcpyDefault));
+          poison(y, mine, stream);
+          layer.run(r, x, y, stream);
+          const kernels::LayerTimes times = layer.step_times(r);
+          for (double t : times) EXPECT_GE(t, 0.0);
+          const double err = relative_error(y, rows, shape.hidden, ref, stream);
+          if (!(err < 1e-2))
+            throw Error(Errc::internal, variant.name + " call " + std::to_string(call) + ": relative error " + std::to_string(err));
+        }
+        (void)hipFree(x), (void)hipFree(y), (void)hipFree(ref);
+      });
+    }
+    team.heap().release_to(mark);
+  }
+}
+
+TEST(GpuTpLayer, RejectsShapesTheWorldDoesNotDivide) {
+  CARAVAN_REQUIRE_GPUS(2);
+  GpuTeam team(first_devices(2), 64 << 20);
+  LayerCommunication comm{.name = "ce-push"};
+  EXPECT_THROW(GpuTpLayer(team, {.tokens = 128, .hidden = 256, .heads = 8, .ffn = 256, .kv_heads = 3}, comm), Error);
+  EXPECT_THROW(GpuTpLayer(team, {.tokens = 127, .hidden = 256, .heads = 8, .ffn = 256}, comm), Error);
+  EXPECT_THROW(GpuTpLayer(team, {.tokens = 128, .hidden = 256, .heads = 8, .ffn = 24}, comm), Error);
+  EXPECT_THROW(GpuTpLayer(team, {.tokens = 128, .hidden = 256, .heads = 8, .ffn = 256}, comm, 0), Error);
 }
 
 }  // namespace

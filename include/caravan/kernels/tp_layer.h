@@ -24,10 +24,18 @@ struct TpLayerShape {
   std::int64_t hidden = 1024;  // H; heads x head_dim
   std::int64_t heads = 8;      // a multiple of W
   std::int64_t ffn = 2816;     // F; a multiple of W
+  // Key/value heads (grouped-query attention, as Llama-3 has: 8 for 64 query heads); 0 means
+  // `heads`. Divides `heads`. The CPU layer supports only kv_heads == heads; the reference and
+  // the GPU layer (kernels/gpu/tp_layer.h) support both.
+  std::int64_t kv_heads = 0;
+  std::int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
+  std::int64_t head_dim() const { return hidden / heads; }
+  // Columns of the QKV projection: query heads, then key heads, then value heads.
+  std::int64_t qkv_width() const { return (heads + 2 * kv()) * head_dim(); }
 };
 
 // The whole layer's weights (every rank may build them; each takes its slices).
-//   norm1, norm2 [H]; qkv [H, 3H] (columns: Q, then K, then V, heads contiguous in each);
+//   norm1, norm2 [H]; qkv [H, qkv_width()] (columns: Q, then K, then V, heads contiguous in each);
 //   out [H, H]; up, gate [H, F]; down [F, H].
 struct TpLayerWeights {
   std::vector<float> norm1, norm2;

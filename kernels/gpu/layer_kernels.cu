@@ -1,0 +1,191 @@
+// The element-wise kernels of the GPU transformer layer (kernels.h): RMSNorm, residual add,
+// SwiGLU and the causal softmax of attention. fp32 arithmetic on bf16 data, 16-byte vectors.
+#include "kernels/gpu/kernels.h"
+
+#include <caravan/error.h>
+
+#include <cmath>
+#include <string>
+
+namespace caravan::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Vec8 {
+  float v[8];
+};
+__device__ inline Vec8 load8(const bf16* p) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  Vec8 out;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    out.v[2 * k] = f.x;
+    out.v[2 * k + 1] = f.y;
+  }
+  return out;
+}
+__device__ inline void store8(bf16* p, const Vec8& x) {
+  uint4 raw;
+  auto* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(x.v[2 * k], x.v[2 * k + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// Sum over the block (every thread gets it); `scratch` holds one float per warp.
+__device__ inline float block_sum(float x, float* scratch) {
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < warps; ++w) total += scratch[w];
+  return total;
+}
+
+__global__ void rmsnorm_kernel(const bf16* x, long cols, const float* weight, bf16* out) {
+  __shared__ float scratch[32];
+  const bf16* row = x + blockIdx.x * cols;
+  float sum = 0;
+  for (long c = threadIdx.x * 8L; c < cols; c += blockDim.x * 8L) {
+    const Vec8 v = load8(row + c);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum += v.v[k] * v.v[k];
+  }
+  const float inverse = rsqrtf(block_sum(sum, scratch) / static_cast<float>(cols) + 1e-6f);
+  for (long c = threadIdx.x * 8L; c < cols; c += blockDim.x * 8L) {
+    Vec8 v = load8(row + c);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v.v[k] = v.v[k] * inverse * weight[c + k];
+    store8(out + blockIdx.x * cols + c, v);
+  }
+}
+
+__global__ void add_kernel(const bf16* a, const bf16* b, bf16* out, std::size_t vectors) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < vectors;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    Vec8 x = load8(a + 8 * i);
+    const Vec8 y = load8(b + 8 * i);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x.v[k] += y.v[k];
+    store8(out + 8 * i, x);
+  }
+}
+
+__global__ void swiglu_kernel(const bf16* up_gate, long rows, long f, bf16* out) {
+  const long per_row = f / 8, total = rows * per_row;
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const long r = i / per_row, c = (i % per_row) * 8;
+    Vec8 up = load8(up_gate + r * 2 * f + c);
+    const Vec8 gate = load8(up_gate + r * 2 * f + f + c);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) up.v[k] *= gate.v[k] / (1.0f + expf(-gate.v[k]));
+    store8(out + r * f + c, up);
+  }
+}
+
+// One block per row: an online max/sum over the row's valid keys (one pass), then the writes.
+__global__ void causal_softmax_kernel(const float* scores, long cols, long rows_per_head, long first_query, bf16* out) {
+  __shared__ float scratch_max[32], scratch_sum[32];
+  const long row = blockIdx.x;
+  const long valid = min(cols, first_query + row % rows_per_head + 1);
+  const float* s = scores + row * cols;
+  float top = -INFINITY, sum = 0;
+  for (long j = threadIdx.x; j < valid; j += blockDim.x) {
+    const float x = s[j];
+    if (x > top) {
+      sum = sum * expf(top - x) + 1.0f;
+      top = x;
+    } else {
+      sum += expf(x - top);
+    }
+  }
+  // Combine (max, sum) pairs: first within warps, then across them.
+  for (int o = 16; o > 0; o /= 2) {
+    const float other_top = __shfl_xor_sync(0xffffffffu, top, o), other_sum = __shfl_xor_sync(0xffffffffu, sum, o);
+    const float t = fmaxf(top, other_top);
+    sum = (top == -INFINITY ? 0.0f : sum * expf(top - t)) + (other_top == -INFINITY ? 0.0f : other_sum * expf(other_top - t));
+    top = t;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) scratch_max[warp] = top, scratch_sum[warp] = sum;
+  __syncthreads();
+  float t = -INFINITY;
+  for (int w = 0; w < warps; ++w) t = fmaxf(t, scratch_max[w]);
+  float total = 0;
+  for (int w = 0; w < warps; ++w)
+    if (scratch_max[w] != -INFINITY) total += scratch_sum[w] * expf(scratch_max[w] - t);
+  const float inverse = 1.0f / total;
+  bf16* p = out + row * cols;
+  for (long j = threadIdx.x; j < cols; j += blockDim.x)
+    p[j] = __float2bfloat16(j < valid ? expf(s[j] - t) * inverse : 0.0f);
+}
+
+__global__ void to_float_kernel(const bf16* in, float* out, std::size_t count) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
+}
+
+int grid_for(long work, int cap = 4096) {
+  const long blocks = (work + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+}
+
+void require_vectors(const char* what, long n) {
+  if (n <= 0 || n % 8 != 0)
+    throw Error(Errc::invalid_argument, std::string(what) + ": width must be a positive multiple of 8 (16-byte vectors), got " +
+                                            std::to_string(n));
+}
+
+}  // namespace
+
+void preload_layer_kernels() {
+  hipFuncAttributes attributes;
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&rmsnorm_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&add_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&swiglu_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&causal_softmax_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&to_float_kernel)));
+}
+
+void to_float(const bf16* in, float* out, std::size_t count, hipStream_t stream) {
+  if (count == 0) return;
+  to_float_kernel<<<grid_for(static_cast<long>(count)), kThreads, 0, stream>>>(in, out, count);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void rmsnorm(const bf16* x, long rows, long cols, const float* weight, bf16* out, hipStream_t stream) {
+  require_vectors("rmsnorm", cols);
+  if (rows <= 0) return;
+  rmsnorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, weight, out);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void add(const bf16* a, const bf16* b, bf16* out, std::size_t count, hipStream_t stream) {
+  require_vectors("add", static_cast<long>(count));
+  add_kernel<<<grid_for(static_cast<long>(count / 8)), kThreads, 0, stream>>>(a, b, out, count / 8);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void swiglu(const bf16* up_gate, long rows, long f, bf16* out, hipStream_t stream) {
+  require_vectors("swiglu", f);
+  if (rows <= 0) return;
+  swiglu_kernel<<<grid_for(rows * f / 8), kThreads, 0, stream>>>(up_gate, rows, f, out);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void causal_softmax(const float* scores, long rows, long cols, long rows_per_head, long first_query, bf16* out,
+                    hipStream_t stream) {
+  if (rows <= 0 || cols <= 0 || rows_per_head <= 0 || first_query < 0)
+    throw Error(Errc::invalid_argument, "causal_softmax: rows, cols and rows_per_head must be positive, first_query >= 0");
+  causal_softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(scores, cols, rows_per_head, first_query, out);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+}  // namespace caravan::gpu

@@ -1,0 +1,309 @@
+#include "kernels/gpu/tp_layer.h"
+
+#include <caravan/error.h>
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <thread>
+
+namespace caravan::gpu {
+namespace {
+
+using kernels::LayerStep;
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw Error(Errc::invalid_argument, "GpuTpLayer: " + what);
+}
+
+std::size_t step_index(LayerStep s) { return static_cast<std::size_t>(s); }
+
+}  // namespace
+
+// One rank's weights, activations and step events, on its device.
+struct GpuTpLayer::Rank {
+  int device = 0;
+  std::vector<void*> allocations;
+  float *norm1 = nullptr, *norm2 = nullptr, *scores = nullptr;
+  bf16 *w_qkv = nullptr, *w_out = nullptr, *w_up_gate = nullptr, *w_down = nullptr;
+  bf16 *shard = nullptr, *gathered = nullptr, *partial = nullptr;  // bulk-synchronous only
+  bf16 *qkv = nullptr, *attn = nullptr, *probs = nullptr, *proj = nullptr, *x2 = nullptr, *up_gate = nullptr,
+       *act = nullptr;
+  hipEvent_t events[static_cast<std::size_t>(LayerStep::count) + 1] = {};
+
+  template <class T>
+  T* allocate(long count) {
+    void* p = nullptr;
+    CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(std::max(count, 1L)) * sizeof(T)));
+    allocations.push_back(p);
+    CARAVAN_HIP_CHECK(hipMemset(p, 0, static_cast<std::size_t>(std::max(count, 1L)) * sizeof(T)));
+    return static_cast<T*>(p);
+  }
+  ~Rank() {
+    (void)hipSetDevice(device);
+    for (void* p : allocations) (void)hipFree(p);
+    for (hipEvent_t e : events)
+      if (e) (void)hipEventDestroy(e);
+  }
+};
+
+std::uint64_t GpuTpLayer::heap_bytes(const kernels::TpLayerShape& s, int world) {
+  const std::uint64_t m = static_cast<std::uint64_t>(s.tokens), h = static_cast<std::uint64_t>(s.hidden);
+  const std::uint64_t shard = m / static_cast<std::uint64_t>(world) * h * sizeof(bf16);
+  const std::uint64_t lines = shard <= kLlMaxBytes ? ll_buffer_bytes(world, shard) + 4096 : 0;
+  // Two gathered A (AllGather+GEMM) and two received partials (GEMM+ReduceScatter) of M x H,
+  // flags and alignment.
+  return 4 * m * h * sizeof(bf16) + 2 * lines + (8u << 20);
+}
+
+GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommunication communication, long query_block)
+    : team_(team), shape_(s), communication_(std::move(communication)), world_(team.world()) {
+  const long w = world_;
+  require(s.tokens > 0 && s.hidden > 0 && s.heads > 0 && s.kv() > 0 && s.ffn > 0,
+          "tokens, hidden, heads, kv_heads and ffn must be positive");
+  require(s.hidden % s.heads == 0, fmt::format("hidden = {} must be a multiple of heads = {}", s.hidden, s.heads));
+  require(s.heads % s.kv() == 0, fmt::format("kv_heads = {} must divide heads = {}", s.kv(), s.heads));
+  require(s.tokens % w == 0 && s.heads % w == 0 && s.kv() % w == 0 && s.ffn % w == 0,
+          fmt::format("tokens = {}, heads = {}, kv_heads = {} and ffn = {} must be multiples of the world size {}", s.tokens,
+                      s.heads, s.kv(), s.ffn, w));
+  require(s.head_dim() % 8 == 0 && (s.ffn / w) % 8 == 0,
+          fmt::format("head width {} and ffn / world = {} must be multiples of 8 (16-byte rows)", s.head_dim(), s.ffn / w));
+  require(communication_.all_gather_lanes >= 1 && communication_.all_gather_lanes <= 2 &&
+              communication_.reduce_scatter_lanes >= 1 && communication_.reduce_scatter_lanes <= 2,
+          "lanes must be 1 or 2");
+  rows_ = s.tokens / w;
+  q_heads_ = s.heads / w;
+  kv_heads_ = s.kv() / w;
+  head_dim_ = s.head_dim();
+  qkv_cols_ = (q_heads_ + 2 * kv_heads_) * head_dim_;
+  h_local_ = q_heads_ * head_dim_;
+  f_local_ = s.ffn / w;
+  require(query_block > 0, fmt::format("query_block = {} must be positive", query_block));
+  query_block_ = std::min(query_block, s.tokens);
+  const long m = s.tokens, h = s.hidden;
+
+  if (!communication_.bulk) {
+    const int splits = communication_.reduce_scatter_splits;
+    qkv_op_ = std::make_unique<AllGatherGemm>(team, m, h, qkv_cols_);
+    out_op_ = std::make_unique<GemmReduceScatter>(team, m, h_local_, h, splits);
+    up_gate_op_ = std::make_unique<AllGatherGemm>(team, m, h, 2 * f_local_);
+    down_op_ = std::make_unique<GemmReduceScatter>(team, m, f_local_, h, splits);
+  }
+  for (int rank = 0; rank < world_; ++rank) {
+    team.use(rank);
+    preload_layer_kernels();
+    auto r = std::make_unique<Rank>();
+    r->device = team.device(rank);
+    for (auto& e : r->events) CARAVAN_HIP_CHECK(hipEventCreate(&e));
+    r->norm1 = r->allocate<float>(h);
+    r->norm2 = r->allocate<float>(h);
+    r->w_qkv = r->allocate<bf16>(h * qkv_cols_);
+    r->w_out = r->allocate<bf16>(h_local_ * h);
+    r->w_up_gate = r->allocate<bf16>(h * 2 * f_local_);
+    r->w_down = r->allocate<bf16>(f_local_ * h);
+    if (communication_.bulk) {
+      r->shard = r->allocate<bf16>(rows_ * h);
+      r->gathered = r->allocate<bf16>(m * h);
+      r->partial = r->allocate<bf16>(m * h);
+    }
+    r->qkv = r->allocate<bf16>(m * qkv_cols_);
+    r->attn = r->allocate<bf16>(m * h_local_);
+    r->scores = r->allocate<float>(q_heads_ * query_block_ * m);
+    r->probs = r->allocate<bf16>(q_heads_ * query_block_ * m);
+    r->proj = r->allocate<bf16>(rows_ * h);
+    r->x2 = r->allocate<bf16>(rows_ * h);
+    r->up_gate = r->allocate<bf16>(m * 2 * f_local_);
+    r->act = r->allocate<bf16>(m * f_local_);
+    ranks_.push_back(std::move(r));
+  }
+  // Every GEMM shape and kernel once, with nothing in flight (the operations warmed up theirs).
+  for (int rank = 0; rank < world_; ++rank) {
+    team.use(rank);
+    Rank& r = *ranks_[static_cast<std::size_t>(rank)];
+    hipStream_t stream = team.lane_stream(rank);
+    attention(rank, stream);
+    Blas& blas = team.blas(rank);
+    if (communication_.bulk) {
+      blas.gemm(stream, m, qkv_cols_, h, r.gathered, h, r.w_qkv, qkv_cols_, r.qkv, qkv_cols_);
+      blas.gemm(stream, m, h, h_local_, r.attn, h_local_, r.w_out, h, r.partial, h);
+      blas.gemm(stream, m, 2 * f_local_, h, r.gathered, h, r.w_up_gate, 2 * f_local_, r.up_gate, 2 * f_local_);
+      blas.gemm(stream, m, h, f_local_, r.act, f_local_, r.w_down, h, r.partial, h);
+    }
+    rmsnorm(r.proj, rows_, h, r.norm1, r.x2, stream);
+    add(r.proj, r.x2, r.x2, static_cast<std::size_t>(rows_ * h), stream);
+    swiglu(r.up_gate, m, f_local_, r.act, stream);
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+  }
+}
+
+GpuTpLayer::~GpuTpLayer() = default;
+
+void GpuTpLayer::set_weights(const kernels::TpLayerWeights& wt) {
+  const long h = shape_.hidden, f = shape_.ffn, d = head_dim_, width = shape_.qkv_width();
+  require(wt.norm1.size() == static_cast<std::size_t>(h) && wt.norm2.size() == static_cast<std::size_t>(h) &&
+              wt.qkv.size() == static_cast<std::size_t>(h * width) && wt.out.size() == static_cast<std::size_t>(h * h) &&
+              wt.up.size() == static_cast<std::size_t>(h * f) && wt.gate.size() == static_cast<std::size_t>(h * f) &&
+              wt.down.size() == static_cast<std::size_t>(f * h),
+          "set_weights: the weights do not match the layer's shape");
+  static_assert(sizeof(kernels::Bf16) == sizeof(bf16));
+  for (int rank = 0; rank < world_; ++rank) {
+    team_.use(rank);
+    Rank& r = *ranks_[static_cast<std::size_t>(rank)];
+    // This rank's query heads, then its key heads, then its value heads: [H, qkv_cols].
+    std::vector<kernels::Bf16> qkv(static_cast<std::size_t>(h * qkv_cols_));
+    const long q_from = rank * q_heads_ * d, k_from = shape_.heads * d + rank * kv_heads_ * d,
+               v_from = (shape_.heads + shape_.kv()) * d + rank * kv_heads_ * d;
+    for (long k = 0; k < h; ++k) {
+      auto row = wt.qkv.begin() + k * width;
+      auto out = qkv.begin() + k * qkv_cols_;
+      std::copy_n(row + q_from, q_heads_ * d, out);
+      std::copy_n(row + k_from, kv_heads_ * d, out + q_heads_ * d);
+      std::copy_n(row + v_from, kv_heads_ * d, out + (q_heads_ + kv_heads_) * d);
+    }
+    std::vector<kernels::Bf16> up_gate(static_cast<std::size_t>(h * 2 * f_local_));
+    for (long k = 0; k < h; ++k) {
+      std::copy_n(wt.up.begin() + k * f + rank * f_local_, f_local_, up_gate.begin() + k * 2 * f_local_);
+      std::copy_n(wt.gate.begin() + k * f + rank * f_local_, f_local_, up_gate.begin() + k * 2 * f_local_ + f_local_);
+    }
+    const auto upload = [](void* dst, const void* src, std::size_t bytes) {
+      CARAVAN_HIP_CHECK(hipMemcpy(dst, src, bytes, hipMemcpyDefault));
+    };
+    upload(r.norm1, wt.norm1.data(), static_cast<std::size_t>(h) * sizeof(float));
+    upload(r.norm2, wt.norm2.data(), static_cast<std::size_t>(h) * sizeof(float));
+    upload(r.w_qkv, qkv.data(), qkv.size() * sizeof(bf16));
+    upload(r.w_out, wt.out.data() + rank * h_local_ * h, static_cast<std::size_t>(h_local_ * h) * sizeof(bf16));
+    upload(r.w_up_gate, up_gate.data(), up_gate.size() * sizeof(bf16));
+    upload(r.w_down, wt.down.data() + rank * f_local_ * h, static_cast<std::size_t>(f_local_ * h) * sizeof(bf16));
+  }
+}
+
+void GpuTpLayer::set_random_weights(std::uint64_t seed) {
+  const long h = shape_.hidden;
+  const float h_scale = 1.0f / std::sqrt(static_cast<float>(h)), f_scale = 1.0f / std::sqrt(static_cast<float>(shape_.ffn));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> near_one(0.8f, 1.2f);
+  std::vector<float> norms(static_cast<std::size_t>(2 * h));
+  for (auto& v : norms) v = near_one(rng);
+  for (int rank = 0; rank < world_; ++rank) {
+    team_.use(rank);
+    Rank& r = *ranks_[static_cast<std::size_t>(rank)];
+    hipStream_t stream = team_.lane_stream(rank);
+    const std::uint64_t base = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(rank) * 16;
+    fill_random(r.w_qkv, h, qkv_cols_, qkv_cols_, base + 1, 0, 0, h_scale, stream);
+    fill_random(r.w_out, h_local_, h, h, base + 2, 0, 0, h_scale, stream);
+    fill_random(r.w_up_gate, h, 2 * f_local_, 2 * f_local_, base + 3, 0, 0, h_scale, stream);
+    fill_random(r.w_down, f_local_, h, h, base + 4, 0, 0, f_scale, stream);
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(r.norm1, norms.data(), static_cast<std::size_t>(h) * sizeof(float),
+                                     hipMemcpyDefault, stream));
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(r.norm2, norms.data() + h, static_cast<std::size_t>(h) * sizeof(float),
+                                     hipMemcpyDefault, stream));
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+  }
+}
+
+// Causal attention of this rank's heads, block by block of queries: the scores of query block
+// [q0, q0 + B) need keys [0, q0 + B) only. Query head j of key/value group g is head
+// g * group + j; a batched GEMM per group shares K (and V) across the group's heads (stride 0).
+void GpuTpLayer::attention(int rank, hipStream_t stream) {
+  Rank& r = *ranks_[static_cast<std::size_t>(rank)];
+  Blas& blas = team_.blas(rank);
+  const long m = shape_.tokens, d = head_dim_, group = q_heads_ / kv_heads_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const bf16* k_base = r.qkv + q_heads_ * d;
+  const bf16* v_base = r.qkv + (q_heads_ + kv_heads_) * d;
+  for (long q0 = 0; q0 < m; q0 += query_block_) {
+    const long b = std::min(query_block_, m - q0), keys = q0 + b;
+    for (long g = 0; g < kv_heads_; ++g)
+      blas.gemm_batched(stream, b, keys, d, scale, r.qkv + q0 * qkv_cols_ + g * group * d, qkv_cols_, d, k_base + g * d,
+                            qkv_cols_, 0, true, r.scores + g * group * b * keys, true, keys, b * keys, static_cast<int>(group));
+    causal_softmax(r.scores, q_heads_ * b, keys, b, q0, r.probs, stream);
+    for (long g = 0; g < kv_heads_; ++g)
+      blas.gemm_batched(stream, b, d, keys, 1.0f, r.probs + g * group * b * keys, keys, b * keys, v_base + g * d,
+                            qkv_cols_, 0, false, r.attn + q0 * h_local_ + g * group * d, false, h_local_, d,
+                            static_cast<int>(group));
+  }
+}
+
+
+void GpuTpLayer::run(int rank, const bf16* x, bf16* y, hipStream_t stream) {
+  require(rank >= 0 && rank < world_, fmt::format("run: rank {} outside 0..{}", rank, world_ - 1));
+  Rank& r = *ranks_[static_cast<std::size_t>(rank)];
+  const LayerCommunication& c = communication_;
+  const long m = shape_.tokens, h = shape_.hidden;
+  const std::size_t my_elements = static_cast<std::size_t>(rows_ * h);
+  Blas& blas = team_.blas(rank);
+  auto mark = [&](LayerStep done) { CARAVAN_HIP_CHECK(hipEventRecord(r.events[step_index(done) + 1], stream)); };
+  CARAVAN_HIP_CHECK(hipEventRecord(r.events[0], stream));
+
+  // RMSNorm straight into the AllGather's input (the operation's shard in symmetric memory).
+  const auto norm_into_shard = [&](const bf16* in, const float* weight, AllGatherGemm* op) {
+    if (c.bulk) {
+      rmsnorm(in, rows_, h, weight, r.shard, stream);
+      return;
+    }
+    op->wait_shard_free(rank, stream);
+    rmsnorm(in, rows_, h, weight, op->shard(rank), stream);
+  };
+  const auto all_gather_gemm = [&](AllGatherGemm* op, const bf16* weights, long n, bf16* out) {
+    if (c.bulk) {
+      c.bulk->all_gather(rank, r.shard, r.gathered, my_elements, stream);
+      blas.gemm(stream, m, n, h, r.gathered, h, weights, n, out, n);
+    } else {
+      op->run(rank, weights, out, c.all_gather, stream, c.all_gather_lanes);
+    }
+  };
+  const auto gemm_reduce_scatter = [&](GemmReduceScatter* op, const bf16* a, long k, const bf16* weights) {
+    if (c.bulk) {
+      blas.gemm(stream, m, h, k, a, k, weights, h, r.partial, h);
+      c.bulk->reduce_scatter(rank, r.partial, r.proj, my_elements, stream);
+    } else {
+      op->run(rank, a, weights, r.proj, c.reduce_scatter, stream, c.reduce_scatter_lanes);
+    }
+  };
+
+  norm_into_shard(x, r.norm1, qkv_op_.get());
+  mark(LayerStep::norm1);
+  all_gather_gemm(qkv_op_.get(), r.w_qkv, qkv_cols_, r.qkv);
+  mark(LayerStep::qkv);
+  attention(rank, stream);
+  mark(LayerStep::attention);
+  gemm_reduce_scatter(out_op_.get(), r.attn, h_local_, r.w_out);
+  add(x, r.proj, r.x2, my_elements, stream);
+  mark(LayerStep::out_proj);
+  norm_into_shard(r.x2, r.norm2, up_gate_op_.get());
+  mark(LayerStep::norm2);
+  all_gather_gemm(up_gate_op_.get(), r.w_up_gate, 2 * f_local_, r.up_gate);
+  mark(LayerStep::up_gate);
+  swiglu(r.up_gate, m, f_local_, r.act, stream);
+  mark(LayerStep::swiglu);
+  gemm_reduce_scatter(down_op_.get(), r.act, f_local_, r.w_down);
+  add(r.x2, r.proj, y, my_elements, stream);
+  mark(LayerStep::down_proj);
+}
+
+kernels::LayerTimes GpuTpLayer::step_times(int rank) {
+  require(rank >= 0 && rank < world_, fmt::format("step_times: rank {} outside 0..{}", rank, world_ - 1));
+  Rank& r = *ranks_[static_cast<std::size_t>(rank)];
+  hipEvent_t last = r.events[step_index(LayerStep::count)];
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    const hipError_t status = hipEventQuery(last);
+    if (status == hipSuccess) break;
+    if (status != hipErrorNotReady) CARAVAN_HIP_CHECK(status);
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Error(Errc::timeout, fmt::format("GpuTpLayer: rank {}'s layer did not finish within 60 s (a flag never raised?)", rank));
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  kernels::LayerTimes times{};
+  for (std::size_t s = 0; s < times.size(); ++s) {
+    float ms = 0;
+    CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, r.events[s], r.events[s + 1]));
+    times[s] = static_cast<double>(ms) * 1e-3;
+  }
+  return times;
+}
+
+}  // namespace caravan::gpu
