@@ -43,6 +43,7 @@ class NcclCollectives final : public gpu::BulkCollectives {
 };
 
 constexpr const char* kBaseline = "nccl-bulk";
+constexpr const char* kBound = "no-communication (bound)";
 
 // The variants, the baseline first. `bulk` is filled in by the caller (the NCCL collectives).
 std::vector<LayerCommunication> all_variants() {
@@ -61,7 +62,8 @@ std::vector<LayerCommunication> all_variants() {
            .all_gather_lanes = 2,
            .reduce_scatter = GemmRsVariant::ce_push,
            .reduce_scatter_lanes = 2,
-           .reduce_scatter_splits = 2}};
+           .reduce_scatter_splits = 2},
+          {.name = kBound, .skip_communication = true}};
 }
 
 // The float32 check's shape: grouped-query attention, several query blocks, every width a
@@ -153,7 +155,7 @@ class LayerBench {
     const kernels::TpLayerShape& shape = request_.shape;
     const long rows = shape.tokens / world_;
     const std::size_t mine = static_cast<std::size_t>(rows * shape.hidden);
-    const bool baseline = variant.name == kBaseline;
+    const bool baseline = variant.name == kBaseline, bound = variant.skip_communication;
     HeapScope scope(team_->heap());
     gpu::GpuTpLayer layer(*team_, shape, with_collectives(variant));
     layer.set_random_weights(seed_);
@@ -172,7 +174,7 @@ class LayerBench {
       layer.run(r, rank.x.get(), rank.y.get(), rank.stream);
       finish(r, rank, variant.name);
       if (baseline) gpu::to_float(rank.y.get(), rank.baseline.get(), mine, rank.stream);
-      else diffs[static_cast<std::size_t>(r)] = relative_error(rank, rank.y.get(), rows, shape.hidden, rank.baseline.get());
+      else if (!bound) diffs[static_cast<std::size_t>(r)] = relative_error(rank, rank.y.get(), rows, shape.hidden, rank.baseline.get());
       for (int it = 0; it < total_runs; ++it) {
         barrier_.arrive_and_wait();
         CARAVAN_HIP_CHECK(hipEventRecord(rank.begin, rank.stream));
@@ -199,6 +201,7 @@ class LayerBench {
           step[s][i] = std::max(step[s][i], steps[static_cast<std::size_t>(r)][i * n_steps + s]);
       }
     return {{"variant", variant.name},
+            {"bound", bound},
             {"error", error},
             {"diff_vs_baseline", baseline ? 0.0 : *std::max_element(diffs.begin(), diffs.end())},
             {"total", total},
@@ -292,7 +295,7 @@ nlohmann::json run_llm_gpu(const LlmGpuRequest& request) {
                                                probe.device_count == 0 ? " (" + probe.reason + ")" : ""));
   std::vector<LayerCommunication> variants;
   for (const auto& v : all_variants()) {
-    const bool wanted = request.variants.empty() || v.name == kBaseline ||
+    const bool wanted = request.variants.empty() || v.name == kBaseline || v.name == kBound ||
                         std::find(request.variants.begin(), request.variants.end(), v.name) != request.variants.end();
     if (wanted) variants.push_back(v);
   }
@@ -306,7 +309,7 @@ nlohmann::json run_llm_gpu(const LlmGpuRequest& request) {
   nlohmann::json results = nlohmann::json::array();
   for (const auto& v : variants) {
     double error = -1;
-    if (request.check) {
+    if (request.check && !v.skip_communication) {
       fmt::print(stderr, "bench llm: {}: float32 check\n", v.name);
       error = bench.check(v);
     }

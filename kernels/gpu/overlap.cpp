@@ -3,6 +3,7 @@
 #include <caravan/error.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -384,6 +385,28 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   }
   lane.finish();
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+}
+
+std::string AllGatherGemm::describe_flags() const {
+  const int world = team_.world();
+  const long count = static_cast<long>(world) * splits_;
+  static constexpr const char* kNames[] = {"ready", "done", "landed", "freed"};
+  std::string out;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::uint64_t> words(static_cast<std::size_t>(ag_groups * count));
+    const hipError_t status = hipMemcpy(words.data(), team_.heap().at<std::uint64_t>(flags_, r),
+                                        words.size() * sizeof(std::uint64_t), hipMemcpyDefault);
+    out += fmt::format("rank {}: {} calls;", r, sync_[static_cast<std::size_t>(r)]->epoch);
+    if (status != hipSuccess) {
+      out += fmt::format(" flags unreadable ({})\n", hipGetErrorName(status));
+      continue;
+    }
+    for (int g = 0; g < ag_groups; ++g)
+      out += fmt::format(" {} [{}]", kNames[g],
+                         fmt::join(words.begin() + g * count, words.begin() + (g + 1) * count, " "));
+    out += "\n";
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------

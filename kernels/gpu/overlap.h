@@ -113,6 +113,8 @@ class AllGatherGemm {
   // with the same variant sequence.
   // `lanes` (1 or 2): compute streams the chunk GEMMs alternate on.
   void run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes = 1);
+  // Every rank's call count and flag words, read now (for a hang report; does not wait).
+  std::string describe_flags() const;
 
  private:
   GpuTeam& team_;

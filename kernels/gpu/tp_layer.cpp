@@ -85,7 +85,8 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
   query_block_ = std::min(query_block, s.tokens);
   const long m = s.tokens, h = s.hidden;
 
-  if (!communication_.bulk) {
+  const bool own_buffers = communication_.bulk || communication_.skip_communication;
+  if (!own_buffers) {
     const int splits = communication_.reduce_scatter_splits;
     qkv_op_ = std::make_unique<AllGatherGemm>(team, m, h, qkv_cols_);
     out_op_ = std::make_unique<GemmReduceScatter>(team, m, h_local_, h, splits);
@@ -104,7 +105,7 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
     r->w_out = r->allocate<bf16>(h_local_ * h);
     r->w_up_gate = r->allocate<bf16>(h * 2 * f_local_);
     r->w_down = r->allocate<bf16>(f_local_ * h);
-    if (communication_.bulk) {
+    if (own_buffers) {
       r->shard = r->allocate<bf16>(rows_ * h);
       r->gathered = r->allocate<bf16>(m * h);
       r->partial = r->allocate<bf16>(m * h);
@@ -126,7 +127,7 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
     hipStream_t stream = team.lane_stream(rank);
     attention(rank, stream);
     Blas& blas = team.blas(rank);
-    if (communication_.bulk) {
+    if (own_buffers) {
       blas.gemm(stream, m, qkv_cols_, h, r.gathered, h, r.w_qkv, qkv_cols_, r.qkv, qkv_cols_);
       blas.gemm(stream, m, h, h_local_, r.attn, h_local_, r.w_out, h, r.partial, h);
       blas.gemm(stream, m, 2 * f_local_, h, r.gathered, h, r.w_up_gate, 2 * f_local_, r.up_gate, 2 * f_local_);
@@ -238,9 +239,10 @@ void GpuTpLayer::run(int rank, const bf16* x, bf16* y, hipStream_t stream) {
   auto mark = [&](LayerStep done) { CARAVAN_HIP_CHECK(hipEventRecord(r.events[step_index(done) + 1], stream)); };
   CARAVAN_HIP_CHECK(hipEventRecord(r.events[0], stream));
 
+  const bool own_buffers = c.bulk || c.skip_communication;
   // RMSNorm straight into the AllGather's input (the operation's shard in symmetric memory).
   const auto norm_into_shard = [&](const bf16* in, const float* weight, AllGatherGemm* op) {
-    if (c.bulk) {
+    if (own_buffers) {
       rmsnorm(in, rows_, h, weight, r.shard, stream);
       return;
     }
@@ -248,17 +250,17 @@ void GpuTpLayer::run(int rank, const bf16* x, bf16* y, hipStream_t stream) {
     rmsnorm(in, rows_, h, weight, op->shard(rank), stream);
   };
   const auto all_gather_gemm = [&](AllGatherGemm* op, const bf16* weights, long n, bf16* out) {
-    if (c.bulk) {
-      c.bulk->all_gather(rank, r.shard, r.gathered, my_elements, stream);
+    if (own_buffers) {
+      if (c.bulk) c.bulk->all_gather(rank, r.shard, r.gathered, my_elements, stream);
       blas.gemm(stream, m, n, h, r.gathered, h, weights, n, out, n);
     } else {
       op->run(rank, weights, out, c.all_gather, stream, c.all_gather_lanes);
     }
   };
   const auto gemm_reduce_scatter = [&](GemmReduceScatter* op, const bf16* a, long k, const bf16* weights) {
-    if (c.bulk) {
+    if (own_buffers) {
       blas.gemm(stream, m, h, k, a, k, weights, h, r.partial, h);
-      c.bulk->reduce_scatter(rank, r.partial, r.proj, my_elements, stream);
+      if (c.bulk) c.bulk->reduce_scatter(rank, r.partial, r.proj, my_elements, stream);
     } else {
       op->run(rank, a, weights, r.proj, c.reduce_scatter, stream, c.reduce_scatter_lanes);
     }

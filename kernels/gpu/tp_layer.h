@@ -37,6 +37,9 @@ class BulkCollectives {
 struct LayerCommunication {
   std::string name;
   BulkCollectives* bulk = nullptr;  // set: bulk-synchronous through these; the variants below unused
+  // No communication at all: each GEMM runs on this rank's stale buffers. Its output is
+  // meaningless; its time is the bound any overlap can reach (compute alone).
+  bool skip_communication = false;
   AgGemmVariant all_gather = AgGemmVariant::ce_push;
   int all_gather_lanes = 1;
   GemmRsVariant reduce_scatter = GemmRsVariant::ce_push;

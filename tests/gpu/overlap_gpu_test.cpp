@@ -47,7 +47,7 @@ std::vector<int> first_devices(int n) {
 }
 
 // Waits for everything enqueued on `stream`, failing (not hanging) after `limit`.
-void finish(hipStream_t stream, std::chrono::seconds limit = std::chrono::seconds(60)) {
+void finish(hipStream_t stream, std::chrono::seconds limit = std::chrono::seconds(20)) {
   hipEvent_t done;
   CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&done, hipEventDisableTiming));
   CARAVAN_HIP_CHECK(hipEventRecord(done, stream));
@@ -71,6 +71,12 @@ T* device_alloc(std::size_t count) {
   return static_cast<T*>(p);
 }
 
+// One ErrorSums per thread (allocated once: hipFree would synchronise the whole device).
+ErrorSums* thread_sums() {
+  thread_local ErrorSums* sums = device_alloc<ErrorSums>(1);
+  return sums;
+}
+
 // Runs body(rank, stream) on one thread per rank and rethrows the first failure.
 void run_ranks(GpuTeam& team, const std::function<void(int, hipStream_t, std::barrier<>&)>& body) {
   std::barrier<> barrier(team.world());
@@ -83,9 +89,13 @@ void run_ranks(GpuTeam& team, const std::function<void(int, hipStream_t, std::ba
       try {
         team.use(r);
         CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
+        // Allocated before any rank starts (see AllGatherGemmRanksRunAheadThroughMixedVariants).
+        (void)thread_sums();
+        barrier.arrive_and_wait();
         body(r, stream, barrier);
         finish(stream);
       } catch (const std::exception& e) {
+        barrier.arrive_and_drop();  // the other ranks' later barriers no longer count this one
         std::lock_guard lock(mutex);
         if (failure.empty()) failure = "rank " + std::to_string(r) + ": " + e.what();
       }
@@ -99,11 +109,6 @@ void trace(int rank, const char* what) {
   if (std::getenv("CARAVAN_TEST_VERBOSE")) std::fprintf(stderr, "rank %d: %s\n", rank, what);
 }
 
-// One ErrorSums per thread (allocated once: hipFree would synchronise the whole device).
-ErrorSums* thread_sums() {
-  thread_local ErrorSums* sums = device_alloc<ErrorSums>(1);
-  return sums;
-}
 
 double relative_error(const bf16* out, long rows, long cols, const float* ref, hipStream_t stream) {
   ErrorSums* sums = thread_sums();
@@ -264,18 +269,22 @@ TEST(Overlap, AllGatherGemmRanksRunAheadThroughMixedVariants) {
       {AgGemmVariant::ce_pull, 1}, {AgGemmVariant::ce_pull_runs, 2}, {AgGemmVariant::ce_push, 1},
       {AgGemmVariant::ll_bulk, 1}, {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::ce_push, 2}};
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
     hipStream_t other;
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&other, hipStreamNonBlocking));
     // A rejected call takes no epoch (the next calls would wait forever if it did).
     EXPECT_THROW(op.run(r, nullptr, nullptr, AgGemmVariant::ce_push, stream, 3), Error);
-    // Every buffer is allocated before the first call: a device allocation waits for the
-    // device's streams, which may be waiting on a peer that is itself inside an allocation.
+    // Every rank allocates everything before any rank makes its first call, and the reference
+    // GEMMs start only once every rank is done: an allocation (or a first kernel launch) while
+    // any GPU of the process waits on a peer's flag can wait for ever (seen on 4 x H200).
     std::vector<bf16*> b(runs.size()), c(runs.size());
     for (std::size_t call = 0; call < runs.size(); ++call) {
       b[call] = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
       c[call] = device_alloc<bf16>(static_cast<std::size_t>(m) * n);
     }
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * k), *b32 = device_alloc<float>(static_cast<std::size_t>(k) * n),
+          *ref = device_alloc<float>(static_cast<std::size_t>(m) * n);
+    barrier.arrive_and_wait();
     std::mt19937 rng(static_cast<unsigned>(seed) + static_cast<unsigned>(r));
     for (std::size_t call = 0; call < runs.size(); ++call) {
       hipStream_t on = call % 2 == 0 ? stream : other;
@@ -286,10 +295,13 @@ TEST(Overlap, AllGatherGemmRanksRunAheadThroughMixedVariants) {
       op.run(r, b[call], c[call], runs[call].first, on, runs[call].second);
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
     }
-    finish(other);
-    finish(stream);
-    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * k), *b32 = device_alloc<float>(static_cast<std::size_t>(k) * n),
-          *ref = device_alloc<float>(static_cast<std::size_t>(m) * n);
+    try {
+      finish(other);
+      finish(stream);
+    } catch (const Error& e) {
+      throw Error(e.code(), std::string(e.what()) + "\n" + op.describe_flags());
+    }
+    barrier.arrive_and_wait();
     for (std::size_t call = 0; call < runs.size(); ++call) {
       fill_random(a32, m, k, k, seed + 100 * call, 0, 0, 1.0f, stream);
       fill_random(b32, k, n, n, seed + 100 * call + 1 + r, 0, 0, 1.0f, stream);
@@ -453,24 +465,32 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
     {
       GpuTpLayer layer(team, shape, variant, /*query_block=*/48);
       layer.set_weights(weights);
-      run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+      run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+        // Inputs and references in place before any rank starts (see the run-ahead test above).
         const std::size_t mine = static_cast<std::size_t>(rows * shape.hidden);
-        bf16 *x = device_alloc<bf16>(mine), *y = device_alloc<bf16>(mine);
-        float* ref = device_alloc<float>(mine);
+        bf16 *x[2], *y = device_alloc<bf16>(mine);
+        float* ref[2];
         for (int call = 0; call < 2; ++call) {
-          CARAVAN_HIP_CHECK(hipMemcpy(x, inputs[static_cast<std::size_t>(call)].data() + r * mine, mine * sizeof(bf16),
+          x[call] = device_alloc<bf16>(mine);
+          ref[call] = device_alloc<float>(mine);
+          CARAVAN_HIP_CHECK(hipMemcpy(x[call], inputs[static_cast<std::size_t>(call)].data() + r * mine, mine * sizeof(bf16),
                                       hipMemcpyDefault));
-          CARAVAN_HIP_CHECK(hipMemcpy(ref, refs[static_cast<std::size_t>(call)].data() + r * mine, mine * sizeof(float),
+          CARAVAN_HIP_CHECK(hipMemcpy(ref[call], refs[static_cast<std::size_t>(call)].data() + r * mine, mine * sizeof(float),
                                       hipMemcpyDefault));
+        }
+        barrier.arrive_and_wait();
+        for (int call = 0; call < 2; ++call) {
           poison(y, mine, stream);
-          layer.run(r, x, y, stream);
+          layer.run(r, x[call], y, stream);
           const kernels::LayerTimes times = layer.step_times(r);
           for (double t : times) EXPECT_GE(t, 0.0);
-          const double err = relative_error(y, rows, shape.hidden, ref, stream);
+          const double err = relative_error(y, rows, shape.hidden, ref[call], stream);
           if (!(err < 1e-2))
             throw Error(Errc::internal, variant.name + " call " + std::to_string(call) + ": relative error " + std::to_string(err));
         }
-        (void)hipFree(x), (void)hipFree(y), (void)hipFree(ref);
+        barrier.arrive_and_wait();  // every rank done before any frees (a free waits for the device)
+        for (int call = 0; call < 2; ++call) (void)hipFree(x[call]), (void)hipFree(ref[call]);
+        (void)hipFree(y);
       });
     }
     team.heap().release_to(mark);
