@@ -182,6 +182,10 @@ void initiator_leaves_while_a_peer_puts(Runtime& rt, bool kill) {
     // while the writer still holds puts for its buffer.
     ASSERT_TRUE(held.wait_for(30s));  // the copy runs here too by then (every part got `go`)
     EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
+    // The part's buffers are given back (or held) just after it leaves the active copies.
+    EXPECT_TRUE(engine_reaches(10s, [&](const dma::EngineStats& s) {
+      return bytes_in(s.quarantined_buffers, reader_reg) > 0 || bytes_in(s.idle_buffers, reader_reg) > 0;
+    }));
     auto stats = dma::Engine::current().stats();
     EXPECT_GT(bytes_in(stats.quarantined_buffers, reader_reg), 0u) << "the REG buffer the writer still puts into was not held";
     EXPECT_EQ(bytes_in(stats.idle_buffers, reader_reg), 0u) << "the REG buffer the writer still puts into went back to the pool";
