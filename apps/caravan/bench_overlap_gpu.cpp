@@ -392,6 +392,9 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
       runner.measure(ctx, std::string("ce-push x2 parts") + (lanes == 2 ? " 2 lanes" : ""),
                      [&] { split.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_push, ctx.stream, lanes); },
                      poison_out, check_out);
+    if (op.low_latency())
+      runner.measure(ctx, "ll-bulk", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ll_bulk, ctx.stream); },
+                     poison_out, check_out);
   });
 }
 

@@ -117,14 +117,35 @@ __device__ inline uint4 load_line(const uint4* src) {
 // resident blocks always completes them; the grid is capped at kLlMaxBytes to stay small.
 // Calls of one rank must run in order (LowLatencyAllGather::run keeps them so): they share
 // the device-side epoch and block counter.
-__global__ void ll_allgather_kernel(HeapView heap, const uint2* in, std::size_t pairs, uint4* lines, uint2* out,
-                                    LlState* state) {
-  // The epoch lives on the device, so that a captured graph replays with fresh epochs: every
-  // block reads it first, and the last block to finish advances it.
+// The epoch of a low-latency call lives on the device, so that a captured graph replays with
+// fresh epochs: every block reads it first (ll_epoch_begin), and the last block to finish
+// advances it (ll_epoch_end).
+__device__ inline std::uint32_t ll_epoch_begin(LlState* state) {
   __shared__ std::uint32_t shared_epoch;
   if (threadIdx.x == 0) shared_epoch = *reinterpret_cast<volatile std::uint32_t*>(&state->epoch) + 1;
   __syncthreads();
-  const std::uint32_t epoch = shared_epoch;
+  return shared_epoch;
+}
+__device__ inline void ll_epoch_end(LlState* state, std::uint32_t epoch) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&state->blocks_done, 1u) == gridDim.x - 1) {
+      state->blocks_done = 0;
+      atomicExch(&state->epoch, epoch);
+    }
+  }
+}
+
+__device__ inline uint4 wait_line(const uint4* src, std::uint32_t epoch) {
+  uint4 got = load_line(src);
+  while (got.y != epoch || got.w != epoch) got = load_line(src);
+  return got;
+}
+
+__global__ void ll_allgather_kernel(HeapView heap, const uint2* in, std::size_t pairs, uint4* lines, uint2* out,
+                                    LlState* state) {
+  const std::uint32_t epoch = ll_epoch_begin(state);
   const int world = heap.world, me = heap.rank;
   uint4* half = lines + static_cast<std::size_t>(epoch & 1u) * world * pairs;
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
@@ -138,20 +159,48 @@ __global__ void ll_allgather_kernel(HeapView heap, const uint2* in, std::size_t 
     out[static_cast<std::size_t>(me) * pairs + i] = mine;
     for (int step = 1; step < world; ++step) {
       const int peer = (me - step + world) % world;  // the first to have written to us
-      const uint4* src = half + static_cast<std::size_t>(peer) * pairs + i;
-      uint4 got = load_line(src);
-      while (got.y != epoch || got.w != epoch) got = load_line(src);
+      const uint4 got = wait_line(half + static_cast<std::size_t>(peer) * pairs + i, epoch);
       out[static_cast<std::size_t>(peer) * pairs + i] = uint2{got.x, got.z};
     }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&state->blocks_done, 1u) == gridDim.x - 1) {
-      state->blocks_done = 0;
-      atomicExch(&state->epoch, epoch);
+  ll_epoch_end(state, epoch);
+}
+
+__device__ inline void add_pair(float (&acc)[4], std::uint32_t x, std::uint32_t y) {
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&y));
+  acc[0] += a.x, acc[1] += a.y, acc[2] += b.x, acc[3] += b.y;
+}
+
+// The low-latency ReduceScatter: thread i sends pair i of every peer's rows to that peer as a
+// line, then sums pair i of its own rows and of every peer's line for it, in rank order (the
+// order of reduce_sum), in fp32. Progress as in ll_allgather_kernel.
+__global__ void ll_reduce_scatter_kernel(HeapView heap, const uint2* partial, std::size_t pairs, uint4* lines, uint2* out,
+                                         LlState* state) {
+  const std::uint32_t epoch = ll_epoch_begin(state);
+  const int world = heap.world, me = heap.rank;
+  uint4* half = lines + static_cast<std::size_t>(epoch & 1u) * world * pairs;
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < pairs) {
+    for (int step = 1; step < world; ++step) {
+      const int peer = (me + step) % world;
+      const uint2 v = partial[static_cast<std::size_t>(peer) * pairs + i];
+      store_line(dev::translate(heap, half + static_cast<std::size_t>(me) * pairs + i, peer), uint4{v.x, epoch, v.y, epoch});
     }
+    float acc[4] = {};
+    for (int q = 0; q < world; ++q) {
+      if (q == me) {
+        const uint2 v = partial[static_cast<std::size_t>(me) * pairs + i];
+        add_pair(acc, v.x, v.y);
+      } else {
+        const uint4 got = wait_line(half + static_cast<std::size_t>(q) * pairs + i, epoch);
+        add_pair(acc, got.x, got.z);
+      }
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[0], acc[1]), hi = __floats2bfloat162_rn(acc[2], acc[3]);
+    out[i] = uint2{*reinterpret_cast<const std::uint32_t*>(&lo), *reinterpret_cast<const std::uint32_t*>(&hi)};
   }
+  ll_epoch_end(state, epoch);
 }
 
 int blocks_for(long work, int threads, int cap = 4096) {
@@ -196,6 +245,7 @@ void preload_kernels() {
   // launch of their module while a peer spins (see warm_up in overlap.cpp).
   hipFuncAttributes attributes{};
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll_allgather_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll_reduce_scatter_kernel)));
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&reduce_sum_kernel)));
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&reduce_sum_tail_kernel)));
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&compare_kernel)));
@@ -217,6 +267,21 @@ void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void*
   const std::size_t pairs = bytes / 8;
   ll_allgather_kernel<<<blocks_for(static_cast<long>(pairs), 128, 1 << 16), 128, 0, stream>>>(
       heap, static_cast<const uint2*>(in), pairs, static_cast<uint4*>(lines), static_cast<uint2*>(out), state);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void ll_reduce_scatter(const HeapView& heap, const bf16* partial, std::size_t bytes, void* lines, bf16* out, LlState* state,
+                       hipStream_t stream) {
+  if (bytes == 0 || bytes % 8 != 0 || bytes > kLlMaxBytes)
+    throw Error(Errc::invalid_argument,
+                "ll_reduce_scatter: bytes per rank must be a positive multiple of 8 up to " + std::to_string(kLlMaxBytes) +
+                    " (twice the bytes travel as lines; use the copy-engine ReduceScatter above that), got " +
+                    std::to_string(bytes));
+  if (heap.world < 1 || heap.world > kMaxHeapRanks)
+    throw Error(Errc::invalid_argument, "ll_reduce_scatter: heap view has no valid world size");
+  const std::size_t pairs = bytes / 8;
+  ll_reduce_scatter_kernel<<<blocks_for(static_cast<long>(pairs), 128, 1 << 16), 128, 0, stream>>>(
+      heap, reinterpret_cast<const uint2*>(partial), pairs, static_cast<uint4*>(lines), reinterpret_cast<uint2*>(out), state);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 

@@ -410,7 +410,13 @@ std::string AllGatherGemm::describe_flags() const {
 }
 
 // ---------------------------------------------------------------------------------------------
-std::string_view to_string(GemmRsVariant v) { return v == GemmRsVariant::ce_push ? "ce-push" : "ce-bulk"; }
+std::string_view to_string(GemmRsVariant v) {
+  switch (v) {
+    case GemmRsVariant::ce_push: return "ce-push";
+    case GemmRsVariant::ll_bulk: return "ll-bulk";
+    default: return "ce-bulk";
+  }
+}
 
 // Flags of GemmReduceScatter, per rank: arrived[p] (p's partial for my rows is in my slot p),
 // freed[p] (p finished reducing the slot I pushed to it).
@@ -423,6 +429,11 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   require((m / world) * n % 8 == 0, "GemmReduceScatter: (m / world) x n must be a multiple of 8 (16-byte vectors)");
   received_ = team.heap().allocate(static_cast<std::uint64_t>(m) * n * sizeof(bf16));
   flags_ = team.heap().allocate(rs_groups * static_cast<std::uint64_t>(world) * kFlagBytes);
+  const std::size_t out_bytes = static_cast<std::size_t>(m / world) * n * sizeof(bf16);
+  if (out_bytes <= kLlMaxBytes) {
+    ll_lines_ = team.heap().allocate(ll_buffer_bytes(world, out_bytes));
+    ll_state_ = team.heap().allocate(sizeof(LlState));
+  }
   try {
     for (int r = 0; r < world; ++r) {
       team.use(r);
@@ -457,6 +468,9 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   const std::size_t chunk_elems = static_cast<std::size_t>(rows) * n_;
   const std::size_t part_elems = static_cast<std::size_t>(part_rows) * n_;
   require_call("GemmReduceScatter", rank, world, lanes);
+  require(variant != GemmRsVariant::ll_bulk || low_latency(),
+          fmt::format("GemmReduceScatter: ll_bulk needs an output of at most {} bytes per rank, this one has {}", kLlMaxBytes,
+                      chunk_elems * sizeof(bf16)));
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = s.enter(stream);
   hipStream_t comm = team_.comm_stream(rank);
@@ -464,6 +478,16 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), world}; };
   auto slot = [&](int owner, int from) { return team_.heap().at<bf16>(received_, owner) + from * chunk_elems; };
   const FlagArrays my = flags(rank);
+
+  if (variant == GemmRsVariant::ll_bulk) {
+    // The partials travel as lines into the peers' line buffers: no slot of received_ is used,
+    // so this rank's slots stay free for the peers' next copy-engine call at once.
+    team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
+    ll_reduce_scatter(team_.heap().view(rank), partial, chunk_elems * sizeof(bf16), team_.heap().at(ll_lines_, rank), out,
+                      team_.heap().at<LlState>(ll_state_, rank), stream);
+    for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
+    return;
+  }
 
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));

@@ -128,6 +128,8 @@ class AllGatherGemm {
 enum class GemmRsVariant {
   ce_push,  // GEMM row chunks in destination order; each chunk pushed as it is done; fp32 reduce
   ce_bulk,  // one GEMM, then push every chunk, then reduce: Caravan without overlap
+  ll_bulk,  // one GEMM, then the low-latency ReduceScatter (SM-driven, flags inside the data):
+            // for small outputs (at most kLlMaxBytes per rank), where copy-engine latency dominates
 };
 std::string_view to_string(GemmRsVariant v);
 
@@ -139,6 +141,8 @@ class GemmReduceScatter {
   GemmReduceScatter(GpuTeam& team, long m, long k, long n, int splits = 1);
   ~GemmReduceScatter();
   void run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant, hipStream_t stream, int lanes = 1);
+  // Whether the ll_bulk variant is available (an output of at most kLlMaxBytes per rank).
+  bool low_latency() const { return ll_lines_.bytes > 0; }
 
  private:
   GpuTeam& team_;
@@ -147,6 +151,7 @@ class GemmReduceScatter {
   long m_, k_, n_;
   int splits_;
   SymmetricRegion received_, flags_;
+  SymmetricRegion ll_lines_, ll_state_;  // only when the output fits the low-latency protocol
   std::vector<bf16*> partial_;
   std::vector<std::unique_ptr<RankSync>> sync_;
 };
