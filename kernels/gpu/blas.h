@@ -10,8 +10,10 @@ namespace caravan::gpu {
 
 class Blas {
  public:
-  // A handle on the current device. Throws Error(device) when the library cannot start.
-  Blas();
+  // A handle on the current device, bound for life to `home` (a stream of its own when null):
+  // calls on other streams are ordered into it with events, never by rebinding the handle (see
+  // blas.cpp). Throws Error(device) when the library cannot start.
+  explicit Blas(hipStream_t home = nullptr);
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;

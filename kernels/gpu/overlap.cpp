@@ -94,7 +94,7 @@ GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank) : 
     CARAVAN_HIP_CHECK(hipStreamCreateWithPriority(&rank->comm, hipStreamNonBlocking, greatest));
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&rank->lane, hipStreamNonBlocking));
     rank->blas = std::make_unique<Blas>();
-    rank->lane_blas = std::make_unique<Blas>();
+    rank->lane_blas = std::make_unique<Blas>(rank->lane);  // lane 1's GEMMs run on its own stream
     ranks_.push_back(std::move(rank));
   }
 }
