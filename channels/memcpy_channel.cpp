@@ -2,6 +2,7 @@
 
 #include <caravan/settings.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -217,6 +218,10 @@ void MemcpyChannel::submit(const dma::Request& request, Completion done) {
   }
   if (!helpers_.empty() && request.bytes >= split_bytes_) run_split(request);
   else dma::copy_host_ops(request.ops, request.src->host(), request.dst->host(), stream_bytes_);
+  // The tile has landed (its earlier requests ran before this one; split shares joined above,
+  // streamed runs fenced): publish it. The engine checked the flag is 8-byte aligned host memory.
+  if (request.signal_flag)
+    std::atomic_ref<std::uint64_t>(*request.signal_flag).store(request.signal_value, std::memory_order_release);
   done(nullptr);
 }
 

@@ -20,6 +20,8 @@ class MemcpyChannel final : public dma::Channel {
   ~MemcpyChannel() override;
   ChannelKind kind() const noexcept override { return ChannelKind::memcpy; }
   bool serves(MemoryId src, MemoryId dst) const noexcept override;
+  // Landing flags: a release store after the request's copies (host memory).
+  dma::FlagWriter flag_writer() const noexcept override { return dma::FlagWriter::cpu; }
   void submit(const dma::Request& request, Completion done) override;
 
  private:

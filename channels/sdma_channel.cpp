@@ -26,7 +26,8 @@ void SdmaChannel::submit(const dma::Request& request, Completion done) {
     done(make_failure(Errc::internal, fmt::format("sdma {} given a request on file-backed storage", memory_.to_string())));
     return;
   }
-  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_ops(request.ops, ends, stream); }, std::move(done));
+  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_ops(request.ops, ends, stream); }, std::move(done),
+                 request.signal_flag, request.signal_value);
 }
 
 }  // namespace caravan::channels

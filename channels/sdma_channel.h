@@ -26,6 +26,8 @@ class SdmaChannel final : public dma::Channel {
   // Host memory (sys, zcm, reg) <-> this GPU's fbm, and fbm -> the same fbm.
   bool serves(MemoryId src, MemoryId dst) const noexcept override;
   int window() const noexcept override { return window_; }
+  // Landing flags: hipStreamWriteValue64 behind the request's copies (runtime/gpu/copy_queue.h).
+  dma::FlagWriter flag_writer() const noexcept override { return dma::FlagWriter::gpu; }
   void submit(const dma::Request& request, Completion done) override;
 
  private:

@@ -28,7 +28,8 @@ void XgmiChannel::submit(const dma::Request& request, Completion done) {
     done(make_failure(Errc::internal, fmt::format("xgmi {}->{} given a request on host storage", src_.to_string(), dst_.to_string())));
     return;
   }
-  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_ops(request.ops, ends, stream); }, std::move(done));
+  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_ops(request.ops, ends, stream); }, std::move(done),
+                 request.signal_flag, request.signal_value);
 }
 
 }  // namespace caravan::channels

@@ -24,6 +24,8 @@ class XgmiChannel final : public dma::Channel {
   // Its own pair: fbm of one GPU -> fbm of another GPU of the same node and rank that it reaches.
   bool serves(MemoryId src, MemoryId dst) const noexcept override;
   int window() const noexcept override { return window_; }
+  // Landing flags: hipStreamWriteValue64 behind the request's copies (runtime/gpu/copy_queue.h).
+  dma::FlagWriter flag_writer() const noexcept override { return dma::FlagWriter::gpu; }
   void submit(const dma::Request& request, Completion done) override;
 
  private:

@@ -101,6 +101,26 @@ struct HopTimeline {
   double end_us = 0;                   // the end of the hop's last request
 };
 
+// One tile of a copy: the unit the DMA engine pipelines through a path's hops and, with a
+// TileSignal, the unit whose landing it signals. Tiles are slabs of the index space: whole
+// extents in the dimensions below some dimension s, a range of s, single coordinates above s.
+// So in the order that runs dimension 0 fastest (the points of a row-major array whose column is
+// x, or of an "F,x" / "F,x,y" instance in footprint order), tile i holds the consecutive points
+// [first_point, first_point + points), and tile i + 1 starts where tile i ends.
+struct CopyTile {
+  Rect rect;                      // its points (inclusive bounds, as every Rect)
+  std::uint64_t first_point = 0;  // the linear index of rect.lo(), dimension 0 fastest, from the space's lo()
+  std::uint64_t points = 0;       // rect.volume()
+};
+
+// How a copy is cut into tiles: tiles[i] is what flag i of a TileSignal guards. For an instance
+// whose layout is "F,x", "F,x,y"... (fields innermost, then the dimensions in order), tile i is
+// the byte range [first_point * |F|, (first_point + points) * |F|) of the footprint.
+struct CopyTiling {
+  std::uint64_t tile_points = 0;  // the most points a tile holds (tiles[0].points)
+  std::vector<CopyTile> tiles;
+};
+
 // What a finished copy did, for inspection and tests. Filled in before the copy's event triggers.
 struct CopyReport {
   std::string route;                          // the planned path, e.g. "node0/rank0/dsk -[file]-> ..."
@@ -116,6 +136,29 @@ struct CopyReport {
   double elapsed_us = 0;                      // from the copy's start to its last request's end
   double teardown_us = 0;                     // from there until the event is about to trigger
   std::vector<HopTimeline> timeline;          // one per hop (see HopTimeline); none of a copy across ranks
+  CopyTiling tiling;                          // which points each tile covered (tiling.tiles.size() == tiles)
+};
+
+// Per-tile landing flags, for consumers (GPU kernels, CPU tasks) that start on a copy's tiles
+// as they arrive instead of waiting for its event. Once every byte of tile i (CopyTiling) has
+// landed in the destination, the copy's last hop sets flags[i] = value, ordered after those
+// bytes (release ordering): a consumer that reads flags[i] == value with acquire ordering (a
+// volatile load followed by a fence in a kernel) then reads tile i's bytes.
+//   - sdma, xgmi (GPU copy engines): hipStreamWriteValue64 on the channel's stream right behind
+//     the tile's last copy (the stream's memory barrier before the write; with several streams,
+//     behind the tile's copies on all of them). flags may be GPU memory (of any GPU the copy's
+//     GPU reaches) or pinned host memory mapped into the GPUs (zcm), not pageable host memory.
+//   - memcpy (host memories): a release store by the CPU after the tile's copies; flags must
+//     be host memory (sys, or zcm for a GPU kernel to watch), not GPU memory.
+// Tiles land in order. Flags of tiles that did not land (a failed or cancelled copy) are left as
+// they were; the copy's event triggers after every flag it writes. flags is not reset: use a new
+// value (an epoch) per copy. The copy does not touch flags after its event has triggered.
+// Not for fill(), copies across ranks, or copies whose last hop is the file or nic channel
+// (Error(invalid_argument), naming the rule).
+struct TileSignal {
+  std::uint64_t* flags = nullptr;  // null: no signal; else 8-byte aligned, `tiles` entries, alive until the event triggers
+  std::uint64_t value = 0;         // written to each flag; nonzero (flags start at 0)
+  std::uint64_t tiles = 0;         // entries of flags: must equal the copy's tile count (copy_tiling(src, dst).tiles.size())
 };
 
 struct CopyOptions {
@@ -123,6 +166,7 @@ struct CopyOptions {
   int priority = 0;        // [kMinPriority, kMaxPriority]: higher takes a channel at the next request
   PlannerChoice planner = PlannerChoice::automatic;  // automatic: simple below CARAVAN_PLANNER_FULL_MIN_BYTES
   CopyReport* report = nullptr;  // optional; must stay alive until the copy's event triggers
+  TileSignal signal;             // optional per-tile landing flags (copy() only; see TileSignal)
 };
 
 // Copies every (point, field) of `src` into `dst`. Both must have the same index space and field
@@ -141,6 +185,13 @@ bool cancel(Event copy_event);
 // The plan copy() would use now, without copying.
 std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instance& dst,
                                                PlannerChoice planner = PlannerChoice::automatic);
+
+// The tiles copy(src, dst) with this planner choice is cut into, without copying: for sizing a
+// TileSignal's flags and telling its consumer which points each flag guards. Planning is
+// deterministic (and cached) and tile sizes follow from the plan and settings
+// (CARAVAN_DMA_TILE_BYTES, CARAVAN_GPU_REQUEST_US...), so a copy made after this call with the
+// same settings has the same tiling; pass tiles.size() as TileSignal::tiles and copy() checks it.
+CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner = PlannerChoice::automatic);
 
 // A copy as a task-graph node: started at each launch after its dependencies.
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority = 0,

@@ -29,6 +29,20 @@ struct Request {
   // as the request is done. memcpy, file and the GPU channels run their requests to the end; a
   // request stuck in them ends the copy only when it returns.
   const std::atomic<bool>* cancelled = nullptr;
+  // Set on the last request of a tile of a copy's last hop when the copy signals its tiles
+  // (CopyOptions::signal): once this request's bytes, and those of the tile's earlier requests
+  // (submitted before it to this channel), have landed in dst, the channel writes signal_value
+  // to *signal_flag, ordered after them (release), before it completes the request. Only sent
+  // to channels whose flag_writer() is not none; the engine has checked the flag's memory.
+  std::uint64_t* signal_flag = nullptr;
+  std::uint64_t signal_value = 0;
+};
+
+// Who writes a request's landing flag (Request::signal_flag), which decides where it may live.
+enum class FlagWriter : std::uint8_t {
+  none,  // the channel cannot signal tiles
+  cpu,   // a release store by the host after the copy: host memory (sys, zcm)
+  gpu,   // a stream write behind the copy-engine copies: GPU memory or pinned mapped host memory
 };
 
 class Channel {
@@ -39,6 +53,8 @@ class Channel {
   virtual bool serves(MemoryId src, MemoryId dst) const noexcept = 0;
   // How many requests the DMA worker keeps in flight to saturate the channel.
   virtual int window() const noexcept { return 1; }
+  // How the channel writes landing flags (Request::signal_flag); none: it does not.
+  virtual FlagWriter flag_writer() const noexcept { return FlagWriter::none; }
   // Starts a request; `done` runs exactly once when it finishes (nullptr: success). Synchronous
   // channels run it inline before returning; asynchronous ones from their progress.
   using Completion = std::function<void(const FailureCause&)>;

@@ -116,6 +116,10 @@ std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instan
   return dma::Engine::current().plan(src, dst, planner);
 }
 
+CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner) {
+  return dma::Engine::current().tiling(src, dst, planner);
+}
+
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority,
                            std::span<const TaskGraph::NodeId> dependencies) {
   if (!src.valid() || !dst.valid()) throw Error(Errc::invalid_argument, "add_copy: an instance is empty");

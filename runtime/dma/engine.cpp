@@ -5,12 +5,12 @@
 #include "channels/nic_channel.h"
 #include "runtime/dma/calibrate.h"
 #include "runtime/dma/instance_impl.h"
+#include "runtime/gpu/devices.h"
 #include "runtime/log.h"
 #include "runtime/net/network.h"
 #if CARAVAN_HAVE_GPU
 #include "channels/sdma_channel.h"
 #include "channels/xgmi_channel.h"
-#include "runtime/gpu/devices.h"
 #endif
 
 #include <caravan/settings.h>
@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <cstdint>
 
 namespace caravan::dma {
 namespace {
@@ -275,6 +276,12 @@ void DmaWorker::loop() {
                                    : op.buffers[chosen->hop - 1].storage.get();
     request.dst = chosen->hop == last ? op.dst_storage.get() : op.buffers[chosen->hop].storage.get();
     request.cancelled = &op.cancelled;
+    // The tile's last request on the last hop carries its landing flag: the channel writes it
+    // once this request and the tile's earlier ones (submitted before it) have landed.
+    if (op.signal_flags && chosen->hop == last && tile.next_op == tile.ops.size()) {
+      request.signal_flag = op.signal_flags + tile.index;
+      request.signal_value = op.signal_value;
+    }
     chosen->last_issue_ns = now_ns();
     ++tile.outstanding;
     ++chosen->in_flight;
@@ -375,6 +382,25 @@ std::vector<HopTimeline> hop_timelines(const CopyOperation& op) {
     h.end_us = covered;
     out.push_back(std::move(h));
   }
+  return out;
+}
+
+CopyTiling describe_tiling(const TileGrid& grid, const Rect& space) {
+  CopyTiling out;
+  out.tiles.reserve(grid.count());
+  for (std::uint64_t i = 0; i < grid.count(); ++i) {
+    CopyTile t;
+    t.rect = grid.tile(i);
+    std::uint64_t stride = 1;
+    for (int d = 0; d < space.dims(); ++d) {
+      auto k = static_cast<std::size_t>(d);
+      t.first_point += static_cast<std::uint64_t>(t.rect.lo()[k] - space.lo()[k]) * stride;
+      stride *= static_cast<std::uint64_t>(space.extent(d));
+    }
+    t.points = t.rect.volume();
+    out.tiles.push_back(t);
+  }
+  out.tile_points = out.tiles.empty() ? 0 : out.tiles.front().points;
   return out;
 }
 
@@ -523,30 +549,37 @@ std::uint64_t full_speed_request_bytes(const planner::Channel& channel) {
 
 // Sizes tiles and intermediate buffers: each buffer is a ring of `slots` tile slots and stays
 // within the planner's buffer threshold TH; each hop gets one XD.
-void Engine::prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops) {
-  const std::uint64_t point_bytes = std::max<std::uint64_t>(op.fields.total_size(), 1);
-  op.slots = slots_;
+std::uint64_t Engine::choose_tile_points(const Rect& space, const FieldSpace& fields, const std::vector<planner::Hop>& hops,
+                                         std::vector<std::uint64_t>& slot_bytes) const {
+  const std::uint64_t point_bytes = std::max<std::uint64_t>(fields.total_size(), 1);
+  const auto slots = static_cast<std::uint64_t>(slots_);
   std::uint64_t tile_bytes = tile_bytes_;
-  if (hops.size() > 1) tile_bytes = std::min(tile_bytes, planner_->options().buffer_threshold / static_cast<std::uint64_t>(op.slots));
+  if (hops.size() > 1) tile_bytes = std::min(tile_bytes, planner_->options().buffer_threshold / slots);
   // One hop has no intermediate buffer: its tiles may hold a full-speed request of its channel.
   else if (hops.size() == 1) tile_bytes = std::max(tile_bytes, full_speed_request_bytes(graph_->channel(hops[0].channel)));
   std::uint64_t tile_points = 1;
-  std::vector<std::uint64_t> slot_bytes;
   for (;;) {
     tile_points = std::max<std::uint64_t>(tile_bytes / point_bytes, 1);
-    TileGrid grid(op.space, tile_points);
+    TileGrid grid(space, tile_points);
     slot_bytes.clear();
     bool fits = true;
     Rect largest = grid.largest();
     for (std::size_t i = 0; i + 1 < hops.size(); ++i) {
       // Every tile fits in the largest tile's footprint: extents only shrink, and so does padding.
-      std::uint64_t bytes = (total_bytes(slot_layout(hops[i].dst_layout, largest), largest, op.fields) + 63) / 64 * 64;
-      if (bytes * static_cast<std::uint64_t>(op.slots) > planner_->options().buffer_threshold) fits = false;
+      std::uint64_t bytes = (total_bytes(slot_layout(hops[i].dst_layout, largest), largest, fields) + 63) / 64 * 64;
+      if (bytes * slots > planner_->options().buffer_threshold) fits = false;
       slot_bytes.push_back(bytes);
     }
     if (fits || tile_bytes <= point_bytes) break;
     tile_bytes /= 2;  // padding of blocked layouts made a slot too big: smaller tiles
   }
+  return tile_points;
+}
+
+void Engine::prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops) {
+  op.slots = slots_;
+  std::vector<std::uint64_t> slot_bytes;
+  const std::uint64_t tile_points = choose_tile_points(op.space, op.fields, hops, slot_bytes);
   std::vector<std::uint64_t> request_bytes;
   for (const planner::Hop& hop : hops) {
     // At least the size where the channel's calibrated throughput reaches 90% of its peak: the
@@ -631,13 +664,83 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
   const auto me = static_cast<std::uint32_t>(runtime_.rank());
   bool spans_ranks = src.memory().rank != me || dst.memory().rank != me;
   for (const planner::Hop& hop : plan->hops) spans_ranks = spans_ranks || hop.src.rank != me || hop.dst.rank != me;
+  if (spans_ranks && options.signal.flags)
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: CopyOptions::signal is not supported for copies across ranks yet ({} -> {}, "
+                            "route {}): landing flags are written only by copies whose hops all run on this rank",
+                            src.memory().to_string(), dst.memory().to_string(), plan->route()));
   if (spans_ranks) {
     op->dist = std::make_unique<DistributedState>();
     op->dist->hops = plan->hops;
   }
   prepare_pipeline(*op, plan->hops);
+  check_signal(*op, options.signal);
   if (op->dist) dist_prepare(*op);
   return submit(std::move(op), options.precondition);
+}
+
+namespace {
+// The rules of CopyOptions::signal that need no plan.
+void check_signal_fields(const TileSignal& signal, const char* call) {
+  if (!signal.flags) {
+    if (signal.value != 0 || signal.tiles != 0)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("{}: CopyOptions::signal.flags is null but signal.value ({}) or signal.tiles ({}) is set; "
+                              "give the landing-flag array, or leave the whole signal empty for no flags",
+                              call, signal.value, signal.tiles));
+    return;
+  }
+  if (signal.value == 0)
+    throw Error(Errc::invalid_argument,
+                fmt::format("{}: CopyOptions::signal.value must be nonzero: flags start at 0, so 0 cannot say "
+                            "'landed' (use an epoch that grows with every copy)", call));
+  if (reinterpret_cast<std::uintptr_t>(signal.flags) % alignof(std::uint64_t) != 0)
+    throw Error(Errc::invalid_argument,
+                fmt::format("{}: CopyOptions::signal.flags ({}) must be 8-byte aligned (each flag is written as one "
+                            "64-bit word)", call, static_cast<const void*>(signal.flags)));
+  if (signal.tiles == 0)
+    throw Error(Errc::invalid_argument,
+                fmt::format("{}: CopyOptions::signal.tiles must give the number of flags at signal.flags (the copy's "
+                            "tile count: copy_tiling(src, dst).tiles.size())", call));
+}
+}  // namespace
+
+void Engine::check_signal(CopyOperation& op, const TileSignal& signal) const {
+  check_signal_fields(signal, "copy");
+  if (!signal.flags) return;
+  if (op.grid.count() != signal.tiles)
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: CopyOptions::signal.tiles is {}, but this copy ({}) is cut into {} tile(s) of up to "
+                            "{} points; size the flags by copy_tiling(src, dst)", signal.tiles, op.route,
+                            op.grid.count(), op.grid.largest().volume()));
+  const Xd& last = *op.xds.back();
+  const Channel& channel = last.worker->channel();
+  const FlagWriter writer = channel.flag_writer();
+  if (writer == FlagWriter::none)
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: CopyOptions::signal: the copy's last hop runs on the {} channel ('{}', route {}), "
+                            "which cannot write landing flags (memcpy, sdma and xgmi can)",
+                            to_string(channel.kind()), last.worker->name(), op.route));
+  const gpu::PointerKind where = gpu::pointer_kind(signal.flags);
+  if (writer == FlagWriter::cpu && where == gpu::PointerKind::device)
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: CopyOptions::signal.flags is GPU memory, but the copy's last hop runs on the {} "
+                            "channel (route {}), whose flags the CPU stores: use host memory (zcm for a GPU to "
+                            "watch them)", to_string(channel.kind()), op.route));
+  if (writer == FlagWriter::gpu && where == gpu::PointerKind::pageable)
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: CopyOptions::signal.flags is pageable host memory, but the copy's last hop runs on "
+                            "the {} channel (route {}), whose flags a GPU stream writes: use GPU memory or pinned "
+                            "host memory mapped into the GPUs (zcm)", to_string(channel.kind()), op.route));
+  op.signal_flags = signal.flags;
+  op.signal_value = signal.value;
+}
+
+CopyTiling Engine::tiling(const Instance& src, const Instance& dst, PlannerChoice choice) {
+  std::shared_ptr<const planner::Plan> plan = this->plan(src, dst, choice);
+  std::vector<std::uint64_t> slot_bytes;
+  const std::uint64_t points = choose_tile_points(src.space(), src.fields(), plan->hops, slot_bytes);
+  return describe_tiling(TileGrid(src.space(), points), src.space());
 }
 
 Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const CopyOptions& options) {
@@ -651,6 +754,8 @@ Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const 
   if (options.priority < kMinPriority || options.priority > kMaxPriority)
     throw Error(Errc::invalid_argument, fmt::format("fill: priority {} is outside [{}, {}]", options.priority,
                                                     kMinPriority, kMaxPriority));
+  if (options.signal.flags || options.signal.value || options.signal.tiles)
+    throw Error(Errc::invalid_argument, "fill: CopyOptions::signal is for copy() only; fill() does not write landing flags");
   // A fill is one hop from the host memory holding the value to the destination.
   MemoryId host{dst.memory().node, dst.memory().rank, MemoryKind::sys, 0};
   std::optional<std::uint32_t> from = graph_->find(host), to = graph_->find(dst.memory());
@@ -841,6 +946,7 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
       r.hop_interleaved.push_back(xd->requests ? xd->last_seq - xd->first_seq + 1 - xd->requests : 0);
     }
     r.slots = static_cast<std::uint64_t>(op->slots);
+    r.tiling = describe_tiling(op->grid, op->space);
     // Copies across ranks record no timeline yet (their hops run on several ranks).
     if (!op->dist) r.timeline = hop_timelines(*op);
     else r.timeline.clear();

@@ -178,6 +178,10 @@ struct CopyOperation {
   int priority = 0;
   std::uint64_t sequence = 0;
   CopyReport* report = nullptr;
+  // CopyOptions::signal (checked): the last hop's request that completes tile t writes
+  // signal_value to signal_flags[t].
+  std::uint64_t* signal_flags = nullptr;
+  std::uint64_t signal_value = 0;
   std::string route;
   double predicted_gbps = 0;
 
@@ -231,6 +235,9 @@ struct EngineStats {
 
 // The per-hop timeline of a finished copy that recorded one (CopyReport::timeline).
 std::vector<HopTimeline> hop_timelines(const CopyOperation& op);
+// The public description of a copy's tiles (CopyTiling): each tile's rectangle and its range of
+// points in the order that runs dimension 0 fastest.
+CopyTiling describe_tiling(const TileGrid& grid, const Rect& space);
 
 class Engine final : public RuntimeService {
  public:
@@ -246,6 +253,8 @@ class Engine final : public RuntimeService {
   // Stops a copy with `cause` (cancel() uses Errc::cancelled, shutdown Errc::shut_down).
   bool stop_copy(Event copy_event, const FailureCause& cause);
   std::shared_ptr<const planner::Plan> plan(const Instance& src, const Instance& dst, PlannerChoice choice);
+  // The tiles copy(src, dst) with `choice` is cut into (copy_tiling).
+  CopyTiling tiling(const Instance& src, const Instance& dst, PlannerChoice choice);
   void shutdown() override;
 
   // Test seam: runs the transfer-graph channel named `worker_name` (as in stall reports, e.g.
@@ -286,6 +295,12 @@ class Engine final : public RuntimeService {
   void check_common(const Instance& inst, const char* what) const;
   Event submit(std::shared_ptr<CopyOperation> op, Event precondition);
   void prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops);
+  // Points per tile for a copy of `space` along `hops`, and each intermediate buffer's slot size.
+  std::uint64_t choose_tile_points(const Rect& space, const FieldSpace& fields, const std::vector<planner::Hop>& hops,
+                                   std::vector<std::uint64_t>& slot_bytes) const;
+  // CopyOptions::signal against the prepared copy (its tiles, its last hop's channel, where the
+  // flags live); sets op.signal_*. Throws Error(invalid_argument) naming the rule.
+  void check_signal(CopyOperation& op, const TileSignal& signal) const;
   // Tiles, buffers and XDs from sizes already chosen (by this rank, or by the initiator of a
   // cross-rank copy): XDs of hops that `runs_here` get this rank's workers.
   void build_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops, std::uint64_t tile_points,

@@ -179,6 +179,7 @@ CopyQueue::~CopyQueue() {
     (void)hipStreamDestroy(s);
   }
   for (hipEvent_t ev : free_events_) (void)hipEventDestroy(ev);
+  for (hipEvent_t ev : fences_) (void)hipEventDestroy(ev);
 }
 
 hipEvent_t CopyQueue::take_event() {
@@ -192,7 +193,38 @@ hipEvent_t CopyQueue::take_event() {
   return ev;
 }
 
-void CopyQueue::submit(const std::function<void(hipStream_t)>& enqueue, dma::Channel::Completion done) {
+// A landing flag behind everything this queue was given so far. On one stream the stream's order
+// is enough: the request's copies and every earlier request run before the write. With several
+// streams a tile's earlier requests may sit on the others, so the flag's stream first waits for
+// an event recorded on each of them now (a wait takes the event's latest record at the call, so
+// one event per stream, recorded again each time, serves). hipStreamWriteValue64 with flags 0
+// orders the write after the stream's earlier memory operations (a system-scope barrier).
+void CopyQueue::enqueue_flag(hipStream_t stream, std::uint64_t* flag, std::uint64_t value) {
+  if (streams_.size() > 1) {
+    std::lock_guard lock(mutex_);
+    if (fences_.empty()) {
+      std::vector<hipEvent_t> made;
+      for (std::size_t i = 0; i < streams_.size(); ++i) {
+        hipEvent_t ev = nullptr;
+        if (hipError_t status = hipEventCreateWithFlags(&ev, hipEventDisableTiming); status != hipSuccess) {
+          for (hipEvent_t m : made) (void)hipEventDestroy(m);
+          throw_hip_error(status, "hipEventCreateWithFlags(&ev, hipEventDisableTiming)", __FILE__, __LINE__);
+        }
+        made.push_back(ev);
+      }
+      fences_ = std::move(made);
+    }
+    for (std::size_t i = 0; i < streams_.size(); ++i) {
+      if (streams_[i] == stream) continue;
+      CARAVAN_HIP_CHECK(hipEventRecord(fences_[i], streams_[i]));
+      CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, fences_[i], 0));
+    }
+  }
+  CARAVAN_HIP_CHECK(hipStreamWriteValue64(stream, flag, value, 0));
+}
+
+void CopyQueue::submit(const std::function<void(hipStream_t)>& enqueue, dma::Channel::Completion done,
+                       std::uint64_t* flag, std::uint64_t flag_value) {
   Pending p;
   p.done = std::move(done);
   // Events belong to the device that is current when they are made, and must be recorded on a
@@ -219,6 +251,7 @@ void CopyQueue::submit(const std::function<void(hipStream_t)>& enqueue, dma::Cha
   if (!p.failure) {
     try {
       enqueue(stream);
+      if (flag) enqueue_flag(stream, flag, flag_value);
     } catch (const Error& e) {
       p.failure = failure_of(Error(e.code(), fmt::format("{}: {}", name_, e.what())));
     } catch (const std::exception& e) {

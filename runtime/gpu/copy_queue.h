@@ -15,6 +15,7 @@
 #include "runtime/gpu/platform.h"
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -39,7 +40,12 @@ class CopyQueue {
   // Calls `enqueue(stream)` to put a request's copies on a stream, then arranges for `done` to
   // run (on the completion thread) once they have finished. A HIP error while enqueueing is
   // reported through `done` too, after whatever was enqueued before it has finished.
-  void submit(const std::function<void(hipStream_t)>& enqueue, dma::Channel::Completion done);
+  // With `flag`: once those copies, and everything submitted to this queue before them, have
+  // finished, the GPU writes `flag_value` to *flag (hipStreamWriteValue64 behind them on the same
+  // stream, after the other streams' work through events), before `done` runs. Not written when
+  // enqueueing failed.
+  void submit(const std::function<void(hipStream_t)>& enqueue, dma::Channel::Completion done,
+              std::uint64_t* flag = nullptr, std::uint64_t flag_value = 0);
 
  private:
   struct Pending {
@@ -48,6 +54,7 @@ class CopyQueue {
     FailureCause failure;
   };
   hipEvent_t take_event();  // mutex_ held
+  void enqueue_flag(hipStream_t stream, std::uint64_t* flag, std::uint64_t value);
   void completion_main();
 
   int device_;
@@ -58,6 +65,9 @@ class CopyQueue {
   std::condition_variable cv_;
   std::deque<Pending> pending_;
   std::vector<hipEvent_t> free_events_;
+  // One per stream, made at the first flag with several streams: recorded on each other stream
+  // and waited for on the flag's stream, so the flag follows every request submitted before it.
+  std::vector<hipEvent_t> fences_;  // mutex_
   bool stop_ = false;
   bool dropping_ = false;  // destructor: wait for events, skip completions
   std::thread thread_;

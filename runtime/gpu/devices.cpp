@@ -168,6 +168,21 @@ void copy_sync(void* dst, const void* src, std::uint64_t bytes) {
   CARAVAN_HIP_CHECK(hipMemcpy(dst, src, bytes, hipMemcpyDefault));
 }
 
+PointerKind pointer_kind(const void* ptr) {
+  if (topology().devices.empty()) return PointerKind::pageable;
+  hipPointerAttribute_t attributes{};
+  if (hipPointerGetAttributes(&attributes, ptr) != hipSuccess) {
+    (void)hipGetLastError();  // older runtimes fail for memory they do not know: pageable
+    return PointerKind::pageable;
+  }
+  switch (attributes.type) {
+    case hipMemoryTypeDevice: return PointerKind::device;
+    case hipMemoryTypeHost: return PointerKind::pinned;
+    case hipMemoryTypeManaged: return PointerKind::managed;
+    default: return PointerKind::pageable;
+  }
+}
+
 std::vector<double> time_raw_copies(const RawCopy& c, int repetitions) {
   DeviceGuard guard(c.device);
   const int n_streams = std::max(c.streams, 1);

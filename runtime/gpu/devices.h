@@ -46,6 +46,16 @@ void free_pinned(void* ptr) noexcept;
 // Synchronous copy between any two unified addresses (host, pinned or device).
 void copy_sync(void* dst, const void* src, std::uint64_t bytes);
 
+// What memory an address points into, as the GPU runtime knows it (for checking addresses
+// applications hand in, e.g. landing flags). Without a GPU every address is pageable host memory.
+enum class PointerKind : std::uint8_t {
+  pageable,  // host memory the GPU runtime does not know (malloc, stack, sys instances)
+  pinned,    // host memory pinned and mapped for the GPUs (hipHostMalloc, zcm instances)
+  device,    // memory of a GPU (hipMalloc, fbm instances)
+  managed,   // unified memory, reachable by the host and the GPUs
+};
+PointerKind pointer_kind(const void* ptr);
+
 // Raw copies for benchmarks (the baseline Caravan is measured against): `repetitions` copies of
 // `bytes` bytes on one new stream of `device`, each timed from enqueue to stream synchronize
 // (seconds). `peer` uses hipMemcpyPeerAsync from src_device to dst_device, otherwise

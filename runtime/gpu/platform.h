@@ -55,6 +55,16 @@ inline hipError_t hipFree(void* ptr) { return cudaFree(ptr); }
 inline hipError_t hipHostMalloc(void** ptr, std::size_t bytes, unsigned flags) { return cudaHostAlloc(ptr, bytes, flags); }
 inline hipError_t hipHostFree(void* ptr) { return cudaFreeHost(ptr); }
 inline hipError_t hipMemset(void* ptr, int value, std::size_t bytes) { return cudaMemset(ptr, value, bytes); }
+// What an address points into (device, pinned host, managed, or memory the runtime does not know).
+using hipPointerAttribute_t = cudaPointerAttributes;
+using hipMemoryType = cudaMemoryType;
+inline constexpr hipMemoryType hipMemoryTypeUnregistered = cudaMemoryTypeUnregistered;
+inline constexpr hipMemoryType hipMemoryTypeHost = cudaMemoryTypeHost;
+inline constexpr hipMemoryType hipMemoryTypeDevice = cudaMemoryTypeDevice;
+inline constexpr hipMemoryType hipMemoryTypeManaged = cudaMemoryTypeManaged;
+inline hipError_t hipPointerGetAttributes(hipPointerAttribute_t* attributes, const void* ptr) {
+  return cudaPointerGetAttributes(attributes, ptr);
+}
 
 // Copies (every pointer is a unified address: hipMemcpyDefault infers the direction).
 inline hipError_t hipMemcpy(void* dst, const void* src, std::size_t bytes, hipMemcpyKind kind) {

@@ -2,8 +2,10 @@
 // fbm -> peer fbm over xgmi, zcm <-> fbm) with layout changes, on fresh random data and with the
 // destination poisoned first, verified per (point, field); the copy engine's op translation
 // (runs, batched runs, 2-D, 3-D, fills, the per-element fallback) against the host reference;
-// priorities on the copy engine; HIP errors as caravan::Error. Every test that needs a device
-// skips with the reason when there is none (CI has nvcc but no GPU).
+// priorities on the copy engine; HIP errors as caravan::Error; landing flags (CopyOptions::signal)
+// written by the sdma and xgmi channels and observed by a kernel that was waiting on them before
+// the copy started. Every test that needs a device skips with the reason when there is none (CI
+// has nvcc but no GPU).
 #include "runtime/dma/calibrate.h"
 #include "runtime/dma/channel.h"
 #include "runtime/dma/storage.h"
@@ -12,17 +14,24 @@
 
 #include <caravan/planner/plan.h>
 #include <caravan/platform.h>
+#include <caravan/settings.h>
 
 #if CARAVAN_HAVE_GPU
 #include "channels/sdma_channel.h"
 #include "channels/xgmi_channel.h"
+#include "runtime/dma/instance_impl.h"
 #include "runtime/gpu/platform.h"
+#include "tests/gpu/tile_consumer.h"
 #endif
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <random>
+#include <span>
+#include <thread>
 
 namespace caravan {
 namespace {
@@ -397,6 +406,254 @@ TEST(GpuChannelOps, EveryOpShapeOverThePeerLink) {
     check_channel_ops(forward, *a, *b, fresh_seed());
     check_channel_ops(backward, *b, *a, fresh_seed());
   }
+}
+
+// ------------------------------------------------------------------------------------ landing flags
+
+// Device memory, pinned memory and a stream for one consumer run, released however the test ends.
+struct DeviceFree {
+  void operator()(void* p) const noexcept { gpu::free_device(p); }
+};
+struct PinnedFree {
+  void operator()(void* p) const noexcept { gpu::free_pinned(p); }
+};
+using DeviceBytes = std::unique_ptr<void, DeviceFree>;
+using PinnedBytes = std::unique_ptr<void, PinnedFree>;
+
+class OwnedStream {
+ public:
+  explicit OwnedStream(int device) {
+    CARAVAN_HIP_CHECK(hipSetDevice(device));
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream_, hipStreamNonBlocking));
+  }
+  ~OwnedStream() {
+    // Waits for the consumer (it gives up on its own after its timeout) before its memory goes.
+    if (hipStreamSynchronize(stream_) != hipSuccess) (void)hipGetLastError();
+    (void)hipStreamDestroy(stream_);
+  }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  hipStream_t get() const { return stream_; }
+
+ private:
+  hipStream_t stream_ = nullptr;
+};
+
+// A tile consumer kernel on `device` over `data` (that GPU's memory), one block per tile of
+// `ranges`, watching `flags`. run() launches it and returns once every block has read its flag
+// once; finish() waits for it and returns what each block saw.
+class RunningConsumer {
+ public:
+  static constexpr std::uint64_t kTimeoutNs = 10'000'000'000;  // a lost flag fails the test in 10 s
+  static constexpr std::uint64_t kMaxPolls = std::uint64_t{1} << 28;
+
+  RunningConsumer(int device, const std::vector<gpu::test::TileBytes>& ranges)
+      : device_(device),
+        tiles_(ranges.size()),
+        ranges_(gpu::allocate_device(device, tiles_ * sizeof(gpu::test::TileBytes))),
+        seen_(gpu::allocate_device(device, tiles_ * sizeof(gpu::test::TileSeen))),
+        started_(gpu::allocate_pinned(tiles_ * sizeof(unsigned))),
+        stream_(device) {
+    gpu::copy_sync(ranges_.get(), ranges.data(), tiles_ * sizeof(gpu::test::TileBytes));
+  }
+
+  // Launches the consumer and waits (at most 10 s) until each block has looked at its flag once.
+  bool run(const std::uint64_t* flags, std::uint64_t value, const std::byte* data) {
+    auto* started = static_cast<unsigned*>(started_.get());
+    std::memset(started, 0, tiles_ * sizeof(unsigned));
+    CARAVAN_HIP_CHECK(hipSetDevice(device_));
+    gpu::test::launch_tile_consumer(flags, value, data, static_cast<const gpu::test::TileBytes*>(ranges_.get()), tiles_,
+                                    kMaxPolls, kTimeoutNs, static_cast<gpu::test::TileSeen*>(seen_.get()), started,
+                                    stream_.get());
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    for (;;) {
+      std::uint64_t polling = 0;
+      for (std::uint64_t i = 0; i < tiles_; ++i)
+        polling += std::atomic_ref<unsigned>(started[i]).load(std::memory_order_acquire) ? 1 : 0;
+      if (polling == tiles_) return true;
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(50us);
+    }
+  }
+
+  std::vector<gpu::test::TileSeen> finish() {
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(stream_.get()));
+    std::vector<gpu::test::TileSeen> seen(tiles_);
+    gpu::copy_sync(seen.data(), seen_.get(), tiles_ * sizeof(gpu::test::TileSeen));
+    return seen;
+  }
+
+ private:
+  int device_;
+  std::uint64_t tiles_;
+  DeviceBytes ranges_, seen_;
+  PinnedBytes started_;
+  OwnedStream stream_;  // last member: destroyed first, waiting for the kernel before the memory goes
+};
+
+// Every block saw its flag rise after it started polling (the copy began after every first
+// look), and checksummed exactly the bytes the host expects there.
+void expect_tiles_seen(const std::vector<gpu::test::TileSeen>& seen, const std::vector<std::uint64_t>& expected,
+                       const std::string& what) {
+  ASSERT_EQ(seen.size(), expected.size());
+  std::string polls;
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].status, 1u) << what << ": tile " << i << "'s flag never showed the value (2: timeout)";
+    EXPECT_GT(seen[i].polls, 0u) << what << ": tile " << i << "'s flag was set before the kernel first looked";
+    EXPECT_EQ(seen[i].checksum, expected[i]) << what << ": tile " << i << " was read before its bytes had all landed";
+    polls += " " + std::to_string(seen[i].polls);
+  }
+  std::printf("[ signal ] %s: %zu tiles; polls before each flag rose:%s\n", what.c_str(), seen.size(), polls.c_str());
+}
+
+struct SignalCase {
+  MemoryId from, to;
+  const char* channel;
+  std::uint64_t bytes;
+  bool flags_in_zcm;  // pinned host flags, else the consumer GPU's memory
+};
+
+// Copies fresh random 8-byte words from `from` to `to` (one hop on `channel`) with landing flags
+// in two epochs, each into a consumer kernel on the destination's GPU that was polling every
+// tile's flag before the copy started; checks every tile's checksum, every flag, every byte.
+void copy_into_a_waiting_kernel(const SignalCase& c) {
+  const int device = static_cast<int>(c.to.index);
+  const FieldSpace words({{"w", 8}});
+  const Rect space = Rect::from_extents({static_cast<std::int64_t>(c.bytes / 8)});
+  Instance src = Instance::create(c.from, space, words, Layout::parse("F,x"));
+  Instance dst = Instance::create(c.to, space, words, Layout::parse("F,x"));
+  auto plan = plan_copy(src, dst);
+  ASSERT_EQ(plan->hops.size(), 1u) << plan->route();
+  ASSERT_TRUE(uses(plan->route(), c.channel)) << plan->route();
+  const CopyTiling tiling = copy_tiling(src, dst);
+  const std::uint64_t n = tiling.tiles.size();
+  ASSERT_GE(n, 2u) << "too few tiles to watch them land one after another";
+  std::vector<gpu::test::TileBytes> ranges;
+  for (const CopyTile& t : tiling.tiles) ranges.push_back({t.first_point * 8, (t.first_point + t.points) * 8});
+  EXPECT_EQ(ranges.back().end, c.bytes);
+
+  void* flag_memory = c.flags_in_zcm ? gpu::allocate_pinned(n * 8) : gpu::allocate_device(device, n * 8);
+  std::unique_ptr<void, void (*)(void*)> flags_owner(flag_memory, c.flags_in_zcm ? +[](void* p) { gpu::free_pinned(p); }
+                                                                                 : +[](void* p) { gpu::free_device(p); });
+  auto* flags = static_cast<std::uint64_t*>(flag_memory);
+  const auto* data = reinterpret_cast<const std::byte*>(dst.impl()->storage->gpu_address());
+  RunningConsumer consumer(device, ranges);
+  const std::string what = c.from.to_string() + " -> " + c.to.to_string() + (c.flags_in_zcm ? ", flags in zcm" : "");
+
+  std::vector<std::uint64_t> host(c.bytes / 8);
+  for (std::uint64_t epoch = 1; epoch <= 2; ++epoch) {
+    const std::uint64_t seed = fresh_seed();
+    std::mt19937_64 rng(seed);
+    for (auto& w : host) w = rng();
+    src.write_bytes(0, std::as_bytes(std::span(host)));
+    test::poison(dst);
+    std::vector<std::uint64_t> expected;
+    for (const auto& r : ranges) expected.push_back(gpu::test::tile_checksum(reinterpret_cast<const std::byte*>(host.data()), r.begin, r.end));
+
+    ASSERT_TRUE(consumer.run(flags, epoch, data)) << what << ": the consumer's blocks did not all start polling within 10 s";
+    CopyReport report;
+    Event done = copy(src, dst, {.report = &report, .signal = {.flags = flags, .value = epoch, .tiles = n}});
+    ASSERT_TRUE(done.wait_for(60s)) << what;
+    EXPECT_EQ(report.tiles, n);
+    expect_tiles_seen(consumer.finish(), expected, what + " (" + report.route + ", epoch " + std::to_string(epoch) + ")");
+
+    std::vector<std::uint64_t> flag_values(n);
+    gpu::copy_sync(flag_values.data(), flags, n * 8);
+    for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(flag_values[i], epoch) << what << ": flag " << i;
+    std::vector<std::uint64_t> landed(c.bytes / 8);
+    dst.read_bytes(0, std::as_writable_bytes(std::span(landed)));
+    EXPECT_TRUE(landed == host) << what << ": the destination differs from the source (seed " << seed << ")";
+  }
+}
+
+class GpuSignalTest : public ::testing::Test {
+ protected:
+  // Shorter GPU requests than the default 250 us, so a copy of a few hundred MiB has several
+  // tiles (a one-hop copy's tile is one full-speed request).
+  settings::ScopedOverride request_us_{"CARAVAN_GPU_REQUEST_US", "20"};
+  Runtime rt_{RuntimeOptions{.cpu_workers = 2}};
+};
+
+TEST_F(GpuSignalTest, SdmaFlagsObservedByAWaitingKernel) {
+  CARAVAN_REQUIRE_GPUS(1);
+  copy_into_a_waiting_kernel({zcm(), fbm(0), "sdma", 192u << 20, false});
+  copy_into_a_waiting_kernel({zcm(), fbm(0), "sdma", 192u << 20, true});
+}
+
+TEST_F(GpuSignalTest, XgmiFlagsObservedByAWaitingKernelOnThePeer) {
+  CARAVAN_REQUIRE_GPUS(2);
+  copy_into_a_waiting_kernel({fbm(0), fbm(1), "xgmi", 512u << 20, false});
+}
+
+TEST_F(GpuSignalTest, FlagsInTheWrongMemoryAreRejected) {
+  CARAVAN_REQUIRE_GPUS(1);
+  const FieldSpace words({{"w", 8}});
+  const Rect space = Rect::from_extents({1 << 20});
+  Instance gpu_src = Instance::create(zcm(), space, words, Layout::parse("F,x"));
+  Instance gpu_dst = Instance::create(fbm(0), space, words, Layout::parse("F,x"));
+  Instance host_dst = Instance::create(sys(), space, words, Layout::parse("F,x"));
+  DeviceBytes device_flags(gpu::allocate_device(0, 4096));
+  std::vector<std::uint64_t> pageable_flags(512, 0);
+  const std::uint64_t gpu_tiles = copy_tiling(gpu_src, gpu_dst).tiles.size();
+  const std::uint64_t host_tiles = copy_tiling(gpu_src, host_dst).tiles.size();
+  ASSERT_LE(std::max(gpu_tiles, host_tiles), 512u);
+  // A GPU stream cannot write pageable host memory; a CPU store cannot write GPU memory.
+  CARAVAN_EXPECT_ERROR(copy(gpu_src, gpu_dst, {.signal = {.flags = pageable_flags.data(), .value = 1, .tiles = gpu_tiles}}),
+                       Errc::invalid_argument, "is pageable host memory");
+  CARAVAN_EXPECT_ERROR(copy(gpu_src, host_dst, {.signal = {.flags = static_cast<std::uint64_t*>(device_flags.get()),
+                                                           .value = 1, .tiles = host_tiles}}),
+                       Errc::invalid_argument, "is GPU memory");
+}
+
+// Several streams on one channel: a tile's earlier requests may run on other streams than its
+// last one. Each tile here is three large requests and a 4 KiB last one carrying the flag, so
+// a flag that waited only for its own stream would rise long before its tile landed.
+TEST(GpuChannelSignals, FlagsWaitForTheTilesRequestsOnEveryStream) {
+  CARAVAN_REQUIRE_GPUS(1);
+  constexpr std::uint64_t kTiles = 8, kTileBytes = 8u << 20, kLast = 4096;
+  const std::uint64_t region = kTiles * kTileBytes;
+  auto src = dma::Storage::allocate_pinned(zcm(), region);
+  auto dst = dma::Storage::allocate_device(fbm(0), 0, region);
+  std::mt19937_64 rng(fresh_seed());
+  auto* words = reinterpret_cast<std::uint64_t*>(src->host());
+  for (std::uint64_t i = 0; i < region / 8; ++i) words[i] = rng();
+  std::vector<dma::TransferOp> ops;
+  std::vector<gpu::test::TileBytes> ranges;
+  std::vector<std::uint64_t> expected;
+  for (std::uint64_t t = 0; t < kTiles; ++t) {
+    const std::uint64_t base = t * kTileBytes, big = (kTileBytes - kLast) / 3 / 8 * 8;
+    ops.push_back({base, base, big, 1, 0, 0});
+    ops.push_back({base + big, base + big, big, 1, 0, 0});
+    ops.push_back({base + 2 * big, base + 2 * big, kTileBytes - kLast - 2 * big, 1, 0, 0});
+    ops.push_back({base + kTileBytes - kLast, base + kTileBytes - kLast, kLast, 1, 0, 0});
+    ranges.push_back({base, base + kTileBytes});
+    expected.push_back(gpu::test::tile_checksum(src->host(), base, base + kTileBytes));
+  }
+  DeviceBytes flag_memory(gpu::allocate_device(0, kTiles * 8));
+  auto* flags = static_cast<std::uint64_t*>(flag_memory.get());
+  // The promises outlive the channel: if the test stops early, the channel is gone (its
+  // completions dropped) before they are.
+  std::vector<std::promise<FailureCause>> results(ops.size());
+  std::vector<std::future<FailureCause>> futures;
+  RunningConsumer consumer(0, ranges);
+  channels::SdmaChannel sdma(fbm(0), 3, 3);
+  ASSERT_TRUE(consumer.run(flags, 7, reinterpret_cast<const std::byte*>(dst->gpu_address())))
+      << "the consumer's blocks did not all start polling within 10 s";
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    dma::Request r{std::span<const dma::TransferOp>(&ops[i], 1), ops[i].bytes(), src.get(), dst.get()};
+    if (i % 4 == 3) {
+      r.signal_flag = flags + i / 4;
+      r.signal_value = 7;
+    }
+    futures.push_back(results[i].get_future());
+    sdma.submit(r, [p = &results[i]](const FailureCause& f) { p->set_value(f); });
+  }
+  for (auto& f : futures) {
+    ASSERT_EQ(f.wait_for(60s), std::future_status::ready);
+    FailureCause failure = f.get();
+    ASSERT_FALSE(failure) << failure->what();
+  }
+  expect_tiles_seen(consumer.finish(), expected, "sdma zcm -> fbm0 on 3 streams");
 }
 
 #endif  // CARAVAN_HAVE_GPU
