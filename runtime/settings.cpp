@@ -70,6 +70,10 @@ const Definition kTable[] = {
    "Intermediate-buffer bytes all copies together may hold in one memory", 1, kInf},
   {"CARAVAN_DMA_IDLE_BUFFER_BYTES", Kind::bytes, "64M",
    "Intermediate-buffer bytes per host memory kept allocated after copies finish, for the next copies to reuse", 0, kInf},
+  {"CARAVAN_DMA_MULTIPATH_MIN_BYTES", Kind::bytes, "0",
+   "Copies of at least this many bytes with PlannerChoice::automatic are split over several paths at once when the "
+   "multi-path planner finds them (copies within this rank, without landing flags); 0: only copies that ask for "
+   "PlannerChoice::multipath", 0, kInf},
   {"CARAVAN_DMA_STALL_S", Kind::real, "10",
    "A copy that makes no progress for this many seconds is reported in the log", 0.01, kInf},
   {"CARAVAN_MEMCPY_THREADS", Kind::integer, "1",
@@ -119,6 +123,11 @@ const Definition kTable[] = {
    "Columns of a CPU GEMM tile (a multiple of 32)", 32, 1 << 20},
   {"CARAVAN_OVERLAP_TIMEOUT_S", Kind::real, "30",
    "Longest a CPU overlapped operation waits for one flag (a chunk, a peer's entry) before it fails (seconds)", 0.001, 86400},
+  {"CARAVAN_OVERLAP_GPU_PACE", Kind::boolean, "true",
+   "GPU overlapped operations (AllGather+GEMM, GEMM+ReduceScatter, GEMM+All-Scatter): a call waits on the host until "
+   "the same object's previous call on that rank has finished before it is queued. On by default: queuing calls of "
+   "one object back to back hung on 4 x H200 (cause open, docs/overlap.md); off lets the next call's launches overlap "
+   "the previous call"},
   // --- GPU ---
   {"CARAVAN_GPU_STREAMS", Kind::integer, "1",
    "Streams each GPU channel (sdma, xgmi) spreads its requests over; 1 queues them behind each other on one link, "

@@ -1,12 +1,15 @@
 #include "kernels/gpu/overlap.h"
 
 #include <caravan/error.h>
+#include <caravan/settings.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
+#include <thread>
+#include <chrono>
 
 namespace caravan::gpu {
 namespace {
@@ -109,7 +112,7 @@ Blas& GpuTeam::blas(int rank, int lane) {
 }
 void GpuTeam::use(int rank) const { CARAVAN_HIP_CHECK(hipSetDevice(device(rank))); }
 
-RankSync::RankSync(int chunk_events) {
+RankSync::RankSync(int chunk_events, bool pace) : pace_(pace) {
   chunk.resize(static_cast<std::size_t>(chunk_events));
   try {
     for (hipEvent_t* e : {&start, &comm_done, &lane_done, &call_done_})
@@ -125,6 +128,21 @@ RankSync::RankSync(int chunk_events) {
 }
 
 std::uint64_t RankSync::enter(hipStream_t stream) {
+  if (pace_ && epoch > 0) {
+    CARAVAN_HIP_CHECK(hipEventRecord(call_done_, last_stream_));
+    const auto limit = std::chrono::duration<double>(settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S"));
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      const hipError_t status = hipEventQuery(call_done_);
+      if (status == hipSuccess) break;
+      if (status != hipErrorNotReady) CARAVAN_HIP_CHECK(status);
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error(Errc::timeout, fmt::format("overlapped GPU operation: call {} of this rank did not finish within {} s "
+                                               "(CARAVAN_OVERLAP_TIMEOUT_S; a peer missing or behind?)",
+                                               epoch, limit.count()));
+      std::this_thread::sleep_for(std::chrono::microseconds(10));
+    }
+  }
   order_after_last_call(stream);
   last_stream_ = stream;
   return ++epoch;
@@ -213,11 +231,12 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
 }
 
 // Events live on the device that was current when they were made: make one set per rank there.
-std::vector<std::unique_ptr<RankSync>> make_sync(GpuTeam& team, int chunk_events) {
+std::vector<std::unique_ptr<RankSync>> make_sync(GpuTeam& team, int chunk_events, bool pace = true) {
+  const bool paced = pace && settings::get_bool("CARAVAN_OVERLAP_GPU_PACE");
   std::vector<std::unique_ptr<RankSync>> sync;
   for (int r = 0; r < team.world(); ++r) {
     team.use(r);
-    sync.push_back(std::make_unique<RankSync>(chunk_events));
+    sync.push_back(std::make_unique<RankSync>(chunk_events, paced));
   }
   return sync;
 }
@@ -240,6 +259,23 @@ std::string_view to_string(AgGemmVariant v) {
 // buffer), freed[p] (p entered this epoch: its gathered buffer may receive this epoch's pushes).
 enum AgFlags { ag_ready, ag_done, ag_landed, ag_freed, ag_groups };
 
+// Pinned host memory and a stream per rank for describe_flags(), made at construction: an
+// allocation or a blocking copy while a GPU waits on a flag can hang (docs/overlap.md).
+struct AllGatherGemm::Diagnostics {
+  std::vector<int> devices;
+  std::vector<hipStream_t> streams;
+  std::vector<hipEvent_t> done;
+  std::uint64_t* words = nullptr;  // world x (ag_groups x count), pinned
+  ~Diagnostics() {
+    for (std::size_t r = 0; r < streams.size(); ++r) {
+      (void)hipSetDevice(devices[r]);
+      if (streams[r]) (void)hipStreamDestroy(streams[r]);
+      if (done[r]) (void)hipEventDestroy(done[r]);
+    }
+    if (words) (void)hipHostFree(words);
+  }
+};
+
 AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
     : team_(team), m_(m), k_(k), n_(n), splits_(splits) {
   const int world = team.world();
@@ -252,6 +288,18 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
     ll_state_ = team.heap().allocate(sizeof(LlState));
   }
   sync_ = make_sync(team, 0);
+  diagnostics_ = std::make_unique<Diagnostics>();
+  const std::size_t words = static_cast<std::size_t>(world) * ag_groups * static_cast<std::size_t>(world) * splits;
+  CARAVAN_HIP_CHECK(hipHostMalloc(reinterpret_cast<void**>(&diagnostics_->words), words * sizeof(std::uint64_t),
+                                  hipHostMallocPortable));
+  for (int r = 0; r < world; ++r) {
+    team.use(r);
+    diagnostics_->devices.push_back(team.device(r));
+    diagnostics_->streams.push_back(nullptr);
+    diagnostics_->done.push_back(nullptr);
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&diagnostics_->streams.back(), hipStreamNonBlocking));
+    CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&diagnostics_->done.back(), hipEventDisableTiming));
+  }
   const long shard_rows = m / world;
   std::vector<GemmShape> shapes = {{m, n, k, n}, {shard_rows, n, k, n}, {shard_rows / splits, n, k, n}};
   for (int r = 2; r < world; ++r) shapes.push_back({r * shard_rows, n, k, n});  // the runs variants' peer runs
@@ -390,20 +438,33 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
 std::string AllGatherGemm::describe_flags() const {
   const int world = team_.world();
   const long count = static_cast<long>(world) * splits_;
+  const std::size_t per_rank = static_cast<std::size_t>(ag_groups * count);
   static constexpr const char* kNames[] = {"ready", "done", "landed", "freed"};
   std::string out;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::uint64_t> words(static_cast<std::size_t>(ag_groups * count));
-    const hipError_t status = hipMemcpy(words.data(), team_.heap().at<std::uint64_t>(flags_, r),
-                                        words.size() * sizeof(std::uint64_t), hipMemcpyDefault);
+    std::uint64_t* words = diagnostics_->words + static_cast<std::size_t>(r) * per_rank;
     out += fmt::format("rank {}: {} calls;", r, sync_[static_cast<std::size_t>(r)]->epoch);
+    hipError_t status = hipSetDevice(diagnostics_->devices[static_cast<std::size_t>(r)]);
+    if (status == hipSuccess)
+      status = hipMemcpyAsync(words, team_.heap().at<std::uint64_t>(flags_, r), per_rank * sizeof(std::uint64_t),
+                              hipMemcpyDefault, diagnostics_->streams[static_cast<std::size_t>(r)]);
+    if (status == hipSuccess)
+      status = hipEventRecord(diagnostics_->done[static_cast<std::size_t>(r)], diagnostics_->streams[static_cast<std::size_t>(r)]);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (status == hipSuccess) {
+      status = hipEventQuery(diagnostics_->done[static_cast<std::size_t>(r)]);
+      if (status != hipErrorNotReady) break;
+      if (std::chrono::steady_clock::now() > deadline) break;
+      status = hipSuccess;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     if (status != hipSuccess) {
-      out += fmt::format(" flags unreadable ({})\n", hipGetErrorName(status));
+      out += fmt::format(" flags unreadable ({})\n", status == hipErrorNotReady ? "the copy did not finish in 2 s"
+                                                                              : hipGetErrorName(status));
       continue;
     }
     for (int g = 0; g < ag_groups; ++g)
-      out += fmt::format(" {} [{}]", kNames[g],
-                         fmt::join(words.begin() + g * count, words.begin() + (g + 1) * count, " "));
+      out += fmt::format(" {} [{}]", kNames[g], fmt::join(words + g * count, words + (g + 1) * count, " "));
     out += "\n";
   }
   return out;
@@ -624,7 +685,7 @@ LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_ra
     team.use(r);
     preload_kernels();
   }
-  sync_ = make_sync(team, 0);
+  sync_ = make_sync(team, 0, /*pace=*/false);
 }
 
 LowLatencyAllGather::~LowLatencyAllGather() = default;

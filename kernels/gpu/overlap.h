@@ -57,7 +57,10 @@ class GpuTeam {
 // Per-rank events and epoch of one operation (internal helper, shared by the operations).
 class RankSync {
  public:
-  explicit RankSync(int chunk_events);
+  // `pace`: enter() first waits (polling, bounded by CARAVAN_OVERLAP_TIMEOUT_S) until the rank's
+  // previous call has finished on the GPU (CARAVAN_OVERLAP_GPU_PACE; see docs/overlap.md,
+  // "Open: run-ahead"). The LL AllGather is never paced: its calls may be captured in a graph.
+  RankSync(int chunk_events, bool pace);
   ~RankSync();
   RankSync(const RankSync&) = delete;
   RankSync& operator=(const RankSync&) = delete;
@@ -67,7 +70,8 @@ class RankSync {
 
   // Starts a call on `stream`: the next epoch. A call on another stream than the previous one
   // first waits for the previous call, so the calls of one rank stay in order whatever streams
-  // the caller uses (the previous call's stream must still exist then).
+  // the caller uses (the previous call's stream must still exist then). Paced: waits on the
+  // host first (throws Error(timeout) without taking an epoch if that wait runs out).
   std::uint64_t enter(hipStream_t stream);
   // Makes `stream` wait until the last call of this rank has finished.
   void order_after_last_call(hipStream_t stream);
@@ -75,6 +79,7 @@ class RankSync {
  private:
   hipEvent_t call_done_ = nullptr;
   hipStream_t last_stream_ = nullptr;
+  bool pace_ = false;
 };
 
 enum class AgGemmVariant {
@@ -113,7 +118,9 @@ class AllGatherGemm {
   // with the same variant sequence.
   // `lanes` (1 or 2): compute streams the chunk GEMMs alternate on.
   void run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes = 1);
-  // Every rank's call count and flag words, read now (for a hang report; does not wait).
+  // Every rank's call count and flag words, for a hang report: copied on streams of their own
+  // into pinned memory allocated at construction, each copy given up after 2 s (a copy stuck
+  // behind a blocked queue is reported as such instead of hanging the report).
   std::string describe_flags() const;
 
  private:
@@ -123,6 +130,8 @@ class AllGatherGemm {
   SymmetricRegion gathered_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when a shard fits the low-latency protocol
   std::vector<std::unique_ptr<RankSync>> sync_;
+  struct Diagnostics;
+  std::unique_ptr<Diagnostics> diagnostics_;
 };
 
 enum class GemmRsVariant {
