@@ -2,10 +2,14 @@
 // allocation has the same offset in each, so a kernel on one GPU reaches another GPU's copy by
 // pointer translation (kernels/gpu/symmetric.cuh) over NVLink/xGMI.
 //
-// This is the in-process form: one process drives the team's GPUs, the heaps are plain device
-// allocations and peer access is enabled between every pair, so each rank's base is the same
-// address on every GPU. (Across processes the bases come from IPC handles exchanged at start;
-// the HeapView a kernel sees is the same either way.)
+// Two forms, the same HeapView for kernels:
+//  - in-process: one process drives the team's GPUs, the heaps are plain device allocations and
+//    peer access is enabled between every pair, so each rank's base is the same address on
+//    every GPU;
+//  - across processes (join_node): each process of a node is one rank driving one GPU; each
+//    allocates its heap, exports an IPC handle, the handles are exchanged through the job's
+//    runtime, and each process maps its peers' heaps (their bases are addresses in this
+//    process).
 #pragma once
 
 #include "kernels/gpu/heap_view.h"
@@ -14,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace caravan::gpu {
@@ -27,11 +32,20 @@ class GpuSymmetricHeap {
   // peer access between every pair. Throws Error(invalid_argument) for an empty or too long
   // device list, a device listed twice, or a pair of GPUs that cannot reach each other.
   GpuSymmetricHeap(std::vector<int> devices, std::uint64_t bytes_per_rank);
+  // The cross-process form, collective over every rank of the running job (each calls it once,
+  // in the same order as its other collectives): this process's rank becomes rank `local_rank`
+  // of its node's team, whose world is the ranks of the node. Its heap is `bytes_per_rank` on
+  // `device`; a peer's is mapped through its IPC handle. Throws Error(invalid_argument) when
+  // ranks of a node ask for different sizes or the same GPU, Error(device) when a handle cannot
+  // be mapped (no peer path), and what the runtime's collective throws (a rank lost, ...).
+  static std::unique_ptr<GpuSymmetricHeap> join_node(int device, std::uint64_t bytes_per_rank);
   ~GpuSymmetricHeap();
   GpuSymmetricHeap(const GpuSymmetricHeap&) = delete;
   GpuSymmetricHeap& operator=(const GpuSymmetricHeap&) = delete;
 
   int world() const { return static_cast<int>(devices_.size()); }
+  // The rank this process drives in the cross-process form; -1 in-process (it drives all).
+  int own_rank() const { return own_rank_; }
   int device(int rank) const { return devices_.at(static_cast<std::size_t>(rank)); }
   std::uint64_t capacity() const { return bytes_; }
   std::uint64_t used() const { return used_; }
@@ -49,14 +63,20 @@ class GpuSymmetricHeap {
 
   // Scoped reuse: everything allocated after mark() is released by release_to(mark) (and zeroed
   // again), e.g. between benchmark cases. The caller guarantees that nothing uses it any more.
+  // Cross-process: every rank calls it (each zeroes its own heap), and the caller synchronises
+  // the ranks before a peer writes into the released part again.
   std::uint64_t mark() const { return used_; }
   void release_to(std::uint64_t mark);
 
  private:
+  GpuSymmetricHeap() = default;
+  void free_all() noexcept;
+
   std::vector<int> devices_;
   std::vector<char*> bases_;
   std::uint64_t bytes_ = 0;
   std::uint64_t used_ = 0;
+  int own_rank_ = -1;  // cross-process: the only base this process allocated; the others are mapped
 };
 
 }  // namespace caravan::gpu

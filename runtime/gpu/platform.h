@@ -119,6 +119,16 @@ inline hipError_t hipFuncGetAttributes(hipFuncAttributes* attributes, const void
   return cudaFuncGetAttributes(attributes, func);
 }
 
+// Inter-process memory handles: one process exports a device allocation, others on the same
+// host map it (the cross-process GPU symmetric heap).
+using hipIpcMemHandle_t = cudaIpcMemHandle_t;
+inline constexpr unsigned hipIpcMemLazyEnablePeerAccess = cudaIpcMemLazyEnablePeerAccess;
+inline hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t* handle, void* ptr) { return cudaIpcGetMemHandle(handle, ptr); }
+inline hipError_t hipIpcOpenMemHandle(void** ptr, hipIpcMemHandle_t handle, unsigned flags) {
+  return cudaIpcOpenMemHandle(ptr, handle, flags);
+}
+inline hipError_t hipIpcCloseMemHandle(void* ptr) { return cudaIpcCloseMemHandle(ptr); }
+
 // Graphs: a stream's work captured once and replayed with one launch.
 using hipGraph_t = cudaGraph_t;
 using hipGraphExec_t = cudaGraphExec_t;

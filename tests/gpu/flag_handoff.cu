@@ -34,11 +34,22 @@ __global__ void handoff_kernel(HeapView heap, std::uint64_t* slots, int peer, bo
   result->flag_skips = skips;
 }
 
+__global__ void remote_adds_kernel(HeapView heap, std::uint64_t* counter, int target, int threads, int per_thread) {
+  if (static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x) >= threads) return;
+  for (int i = 0; i < per_thread; ++i) dev::atomic_add(heap, counter, std::uint64_t{1}, target, dev::Order::relaxed);
+}
+
 }  // namespace
 
 void launch_handoff(const HeapView& heap, std::uint64_t* slots, int peer, bool first, std::uint64_t rounds,
                     HandoffResult* result, hipStream_t stream) {
   handoff_kernel<<<1, 1, 0, stream>>>(heap, slots, peer, first, rounds, result);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void launch_remote_adds(const HeapView& heap, std::uint64_t* counter, int target, int threads, int per_thread,
+                        hipStream_t stream) {
+  remote_adds_kernel<<<(threads + 127) / 128, 128, 0, stream>>>(heap, counter, target, threads, per_thread);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 

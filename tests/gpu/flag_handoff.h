@@ -18,3 +18,10 @@ void launch_handoff(const HeapView& heap, std::uint64_t* slots, int peer, bool f
                     HandoffResult* result, hipStream_t stream);
 
 }  // namespace caravan::gpu::test
+
+namespace caravan::gpu::test {
+// `threads` device threads each add 1 to the 64-bit word `counter` (this rank's copy of a
+// symmetric region) on rank `target`, `per_thread` times, with system-scope atomics.
+void launch_remote_adds(const HeapView& heap, std::uint64_t* counter, int target, int threads, int per_thread,
+                        hipStream_t stream);
+}  // namespace caravan::gpu::test
