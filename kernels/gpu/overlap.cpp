@@ -1,6 +1,7 @@
 #include "kernels/gpu/overlap.h"
 
 #include <caravan/error.h>
+#include <caravan/runtime.h>
 #include <caravan/settings.h>
 
 #include <fmt/format.h>
@@ -32,8 +33,10 @@ void require_shape(const char* op, long m, long k, long n, int world, int splits
 }
 
 // Checks a call's arguments before it takes an epoch (see overlap.h).
-void require_call(const char* op, int rank, int world, int lanes) {
+void require_call(const GpuTeam& team, const char* op, int rank, int lanes) {
+  const int world = team.world();
   require(rank >= 0 && rank < world, fmt::format("{}::run: rank {} outside 0..{}", op, rank, world - 1));
+  require(team.drives(rank), fmt::format("{}::run: rank {} is driven by another process", op, rank));
   require(lanes == 1 || lanes == 2, fmt::format("{}::run: lanes must be 1 or 2, got {}", op, lanes));
 }
 
@@ -85,10 +88,38 @@ struct GpuTeam::Rank {
   }
 };
 
-GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank) : heap_(std::move(devices), heap_bytes_per_rank) {
-  for (int r = 0; r < heap_.world(); ++r) {
+GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank)
+    : heap_(std::make_unique<GpuSymmetricHeap>(std::move(devices), heap_bytes_per_rank)) {
+  ranks_.resize(static_cast<std::size_t>(heap_->world()));
+  for (int r = 0; r < heap_->world(); ++r) add_rank(r);
+}
+
+GpuTeam::GpuTeam(std::unique_ptr<GpuSymmetricHeap> cross_process_heap) : heap_(std::move(cross_process_heap)) {
+  if (!heap_ || heap_->own_rank() < 0)
+    throw Error(Errc::invalid_argument, "GpuTeam: the cross-process form needs a heap from GpuSymmetricHeap::join_node");
+  ranks_.resize(static_cast<std::size_t>(heap_->world()));
+  add_rank(heap_->own_rank());
+}
+
+bool GpuTeam::drives(int rank) const {
+  return rank >= 0 && rank < world() && ranks_[static_cast<std::size_t>(rank)] != nullptr;
+}
+
+std::vector<int> GpuTeam::driven_ranks() const {
+  std::vector<int> out;
+  for (int r = 0; r < world(); ++r)
+    if (drives(r)) out.push_back(r);
+  return out;
+}
+
+void GpuTeam::construction_done() {
+  if (heap_->own_rank() >= 0 && Runtime::is_running()) Runtime::current().barrier();
+}
+
+void GpuTeam::add_rank(int r) {
+  {
     auto rank = std::make_unique<Rank>();
-    rank->device = heap_.device(r);
+    rank->device = heap_->device(r);
     CARAVAN_HIP_CHECK(hipSetDevice(rank->device));
     // The communication stream gets the highest priority: its work is tiny (copy-engine
     // launches and flag operations) and others wait on it.
@@ -98,16 +129,32 @@ GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank) : 
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&rank->lane, hipStreamNonBlocking));
     rank->blas = std::make_unique<Blas>();
     rank->lane_blas = std::make_unique<Blas>(rank->lane);  // lane 1's GEMMs run on its own stream
-    ranks_.push_back(std::move(rank));
+    ranks_[static_cast<std::size_t>(r)] = std::move(rank);
   }
 }
 
 GpuTeam::~GpuTeam() = default;
 
-hipStream_t GpuTeam::comm_stream(int rank) const { return ranks_.at(static_cast<std::size_t>(rank))->comm; }
-hipStream_t GpuTeam::lane_stream(int rank) const { return ranks_.at(static_cast<std::size_t>(rank))->lane; }
+namespace {
+void require_driven(const GpuTeam& team, int rank) {
+  if (!team.drives(rank))
+    throw Error(Errc::invalid_argument,
+                fmt::format("GpuTeam: rank {} is {}", rank,
+                            rank >= 0 && rank < team.world() ? "driven by another process" : "outside the team"));
+}
+}  // namespace
+
+hipStream_t GpuTeam::comm_stream(int rank) const {
+  require_driven(*this, rank);
+  return ranks_[static_cast<std::size_t>(rank)]->comm;
+}
+hipStream_t GpuTeam::lane_stream(int rank) const {
+  require_driven(*this, rank);
+  return ranks_[static_cast<std::size_t>(rank)]->lane;
+}
 Blas& GpuTeam::blas(int rank, int lane) {
-  auto& r = *ranks_.at(static_cast<std::size_t>(rank));
+  require_driven(*this, rank);
+  auto& r = *ranks_[static_cast<std::size_t>(rank)];
   return lane == 0 ? *r.blas : *r.lane_blas;
 }
 void GpuTeam::use(int rank) const { CARAVAN_HIP_CHECK(hipSetDevice(device(rank))); }
@@ -198,7 +245,7 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
     c_elems = std::max(c_elems, g.m * g.ldc);
   }
   c_elems = std::max<long>(c_elems, static_cast<long>(reduce_elements));
-  for (int r = 0; r < team.world(); ++r) {
+  for (int r : team.driven_ranks()) {
     team.use(r);
     preload_kernels();
     void *a = nullptr, *b = nullptr, *c = nullptr;
@@ -233,10 +280,10 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
 // Events live on the device that was current when they were made: make one set per rank there.
 std::vector<std::unique_ptr<RankSync>> make_sync(GpuTeam& team, int chunk_events, bool pace = true) {
   const bool paced = pace && settings::get_bool("CARAVAN_OVERLAP_GPU_PACE");
-  std::vector<std::unique_ptr<RankSync>> sync;
-  for (int r = 0; r < team.world(); ++r) {
+  std::vector<std::unique_ptr<RankSync>> sync(static_cast<std::size_t>(team.world()));
+  for (int r : team.driven_ranks()) {
     team.use(r);
-    sync.push_back(std::make_unique<RankSync>(chunk_events, paced));
+    sync[static_cast<std::size_t>(r)] = std::make_unique<RankSync>(chunk_events, paced);
   }
   return sync;
 }
@@ -292,7 +339,8 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   const std::size_t words = static_cast<std::size_t>(world) * ag_groups * static_cast<std::size_t>(world) * splits;
   CARAVAN_HIP_CHECK(hipHostMalloc(reinterpret_cast<void**>(&diagnostics_->words), words * sizeof(std::uint64_t),
                                   hipHostMallocPortable));
-  for (int r = 0; r < world; ++r) {
+  // One copy stream per rank this process drives; a peer's flags are read from the first one.
+  for (int r : team.driven_ranks()) {
     team.use(r);
     diagnostics_->devices.push_back(team.device(r));
     diagnostics_->streams.push_back(nullptr);
@@ -304,6 +352,7 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   std::vector<GemmShape> shapes = {{m, n, k, n}, {shard_rows, n, k, n}, {shard_rows / splits, n, k, n}};
   for (int r = 2; r < world; ++r) shapes.push_back({r * shard_rows, n, k, n});  // the runs variants' peer runs
   warm_up(team, shapes);
+  team.construction_done();
 }
 
 AllGatherGemm::~AllGatherGemm() = default;
@@ -314,7 +363,7 @@ bf16* AllGatherGemm::shard(int rank) const {
 const bf16* AllGatherGemm::gathered(int rank) const { return team_.heap().at<bf16>(gathered_, rank); }
 
 void AllGatherGemm::wait_shard_free(int rank, hipStream_t stream) {
-  require_call("AllGatherGemm", rank, team_.world(), 1);
+  require_call(team_, "AllGatherGemm", rank, 1);
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t last = s.epoch;
   // This rank's own last call (its GEMM on the shard, its pushes of it) is done.
@@ -328,7 +377,7 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   const long count = static_cast<long>(world) * splits_;
   const long shard_rows = m_ / world, chunk_rows = shard_rows / splits_;
   const std::size_t chunk_bytes = static_cast<std::size_t>(chunk_rows) * k_ * sizeof(bf16);
-  require_call("AllGatherGemm", rank, world, lanes);
+  require_call(team_, "AllGatherGemm", rank, lanes);
   require(variant != AgGemmVariant::ll_bulk || low_latency(),
           fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}", kLlMaxBytes,
                       static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16)));
@@ -441,18 +490,21 @@ std::string AllGatherGemm::describe_flags() const {
   const std::size_t per_rank = static_cast<std::size_t>(ag_groups * count);
   static constexpr const char* kNames[] = {"ready", "done", "landed", "freed"};
   std::string out;
+  const std::vector<int> driven = team_.driven_ranks();
   for (int r = 0; r < world; ++r) {
     std::uint64_t* words = diagnostics_->words + static_cast<std::size_t>(r) * per_rank;
-    out += fmt::format("rank {}: {} calls;", r, sync_[static_cast<std::size_t>(r)]->epoch);
-    hipError_t status = hipSetDevice(diagnostics_->devices[static_cast<std::size_t>(r)]);
+    const auto* sync = sync_[static_cast<std::size_t>(r)].get();
+    out += sync ? fmt::format("rank {}: {} calls;", r, sync->epoch) : fmt::format("rank {} (another process):", r);
+    const auto mine = std::find(driven.begin(), driven.end(), r);
+    const std::size_t d = mine != driven.end() ? static_cast<std::size_t>(mine - driven.begin()) : 0;
+    hipError_t status = hipSetDevice(diagnostics_->devices[d]);
     if (status == hipSuccess)
       status = hipMemcpyAsync(words, team_.heap().at<std::uint64_t>(flags_, r), per_rank * sizeof(std::uint64_t),
-                              hipMemcpyDefault, diagnostics_->streams[static_cast<std::size_t>(r)]);
-    if (status == hipSuccess)
-      status = hipEventRecord(diagnostics_->done[static_cast<std::size_t>(r)], diagnostics_->streams[static_cast<std::size_t>(r)]);
+                              hipMemcpyDefault, diagnostics_->streams[d]);
+    if (status == hipSuccess) status = hipEventRecord(diagnostics_->done[d], diagnostics_->streams[d]);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while (status == hipSuccess) {
-      status = hipEventQuery(diagnostics_->done[static_cast<std::size_t>(r)]);
+      status = hipEventQuery(diagnostics_->done[d]);
       if (status != hipErrorNotReady) break;
       if (std::chrono::steady_clock::now() > deadline) break;
       status = hipSuccess;
@@ -496,11 +548,12 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
     ll_state_ = team.heap().allocate(sizeof(LlState));
   }
   try {
-    for (int r = 0; r < world; ++r) {
+    partial_.resize(static_cast<std::size_t>(world), nullptr);
+    for (int r : team.driven_ranks()) {
       team.use(r);
       void* p = nullptr;
       CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(m) * n * sizeof(bf16)));
-      partial_.push_back(static_cast<bf16*>(p));
+      partial_[static_cast<std::size_t>(r)] = static_cast<bf16*>(p);
     }
     sync_ = make_sync(team, world * splits);
     warm_up(team, {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}},
@@ -509,10 +562,12 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
     free_partials();
     throw;
   }
+  team.construction_done();
 }
 
 void GemmReduceScatter::free_partials() {
   for (std::size_t r = 0; r < partial_.size(); ++r) {
+    if (!partial_[r]) continue;
     (void)hipSetDevice(team_.device(static_cast<int>(r)));
     (void)hipFree(partial_[r]);
   }
@@ -528,7 +583,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   const long rows = m_ / world, part_rows = rows / splits_;
   const std::size_t chunk_elems = static_cast<std::size_t>(rows) * n_;
   const std::size_t part_elems = static_cast<std::size_t>(part_rows) * n_;
-  require_call("GemmReduceScatter", rank, world, lanes);
+  require_call(team_, "GemmReduceScatter", rank, lanes);
   require(variant != GemmRsVariant::ll_bulk || low_latency(),
           fmt::format("GemmReduceScatter: ll_bulk needs an output of at most {} bytes per rank, this one has {}", kLlMaxBytes,
                       chunk_elems * sizeof(bf16)));
@@ -617,6 +672,7 @@ GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks
   flags_ = team.heap().allocate((static_cast<std::uint64_t>(world) * chunks + world) * kFlagBytes);
   sync_ = make_sync(team, chunks);
   warm_up(team, {{m, n / world, k, n}, {m / chunks, n / world, k, n}});
+  team.construction_done();
 }
 
 GemmAllScatter::~GemmAllScatter() = default;
@@ -627,7 +683,7 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
                          int lanes) {
   const int world = team_.world();
   const long block = n_ / world, rows = m_ / chunks_;
-  require_call("GemmAllScatter", rank, world, lanes);
+  require_call(team_, "GemmAllScatter", rank, lanes);
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = s.enter(stream);
   hipStream_t comm = team_.comm_stream(rank);
@@ -681,17 +737,18 @@ LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_ra
                       bytes_per_rank));
   lines_ = team.heap().allocate(ll_buffer_bytes(team.world(), bytes_per_rank));
   state_ = team.heap().allocate(sizeof(LlState));  // zero: epoch 0, no block done
-  for (int r = 0; r < team.world(); ++r) {
+  for (int r : team.driven_ranks()) {
     team.use(r);
     preload_kernels();
   }
   sync_ = make_sync(team, 0, /*pace=*/false);
+  team.construction_done();
 }
 
 LowLatencyAllGather::~LowLatencyAllGather() = default;
 
 void LowLatencyAllGather::run(int rank, const void* in, void* out, hipStream_t stream) {
-  require_call("LowLatencyAllGather", rank, team_.world(), 1);
+  require_call(team_, "LowLatencyAllGather", rank, 1);
   require(reinterpret_cast<std::uintptr_t>(in) % 8 == 0 && reinterpret_cast<std::uintptr_t>(out) % 8 == 0,
           "LowLatencyAllGather::run: in and out must be 8-byte aligned");
   // The device-side epoch and block counter are shared by the rank's calls: keep them in order.

@@ -26,19 +26,31 @@
 
 namespace caravan::gpu {
 
-// The GPUs of a node driven by this process, one rank each: the symmetric heap, and per rank a
-// communication stream and a BLAS handle. Thread-compatible per rank: one host thread drives
-// each rank (as one process would).
+// The GPUs of a node, one rank each: the symmetric heap, and per rank this process drives a
+// communication stream and BLAS handles. Two forms, like the heap's: in-process (this process
+// drives every rank, one host thread per rank) and cross-process (each process of the node
+// drives its own rank; GpuSymmetricHeap::join_node). Operations are built and called the same
+// way in both; in the cross-process form a process calls run() for its own rank only.
+// Thread-compatible per rank.
 class GpuTeam {
  public:
   GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank);
+  explicit GpuTeam(std::unique_ptr<GpuSymmetricHeap> cross_process_heap);
   ~GpuTeam();
   GpuTeam(const GpuTeam&) = delete;
   GpuTeam& operator=(const GpuTeam&) = delete;
 
-  int world() const { return heap_.world(); }
-  int device(int rank) const { return heap_.device(rank); }
-  GpuSymmetricHeap& heap() { return heap_; }
+  int world() const { return heap_->world(); }
+  int device(int rank) const { return heap_->device(rank); }
+  GpuSymmetricHeap& heap() { return *heap_; }
+  const GpuSymmetricHeap& heap() const { return *heap_; }
+  // Whether this process drives `rank` (every rank in-process; its own one cross-process).
+  bool drives(int rank) const;
+  std::vector<int> driven_ranks() const;
+  // Called at the end of an operation's construction: cross-process, a barrier of the job, so
+  // that no rank's first call finds a peer still allocating or loading kernels (see overlap.md,
+  // the rules); in-process nothing.
+  void construction_done();
   hipStream_t comm_stream(int rank) const;
   // A second compute stream per rank ("lane" 1; lane 0 is the caller's stream) with its own
   // BLAS handle: chunk GEMMs alternate between the two lanes, so one chunk's last, partly
@@ -50,8 +62,9 @@ class GpuTeam {
 
  private:
   struct Rank;
-  GpuSymmetricHeap heap_;
-  std::vector<std::unique_ptr<Rank>> ranks_;
+  void add_rank(int rank);
+  std::unique_ptr<GpuSymmetricHeap> heap_;
+  std::vector<std::unique_ptr<Rank>> ranks_;  // null for ranks another process drives
 };
 
 // Per-rank events and epoch of one operation (internal helper, shared by the operations).

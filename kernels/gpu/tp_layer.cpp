@@ -93,7 +93,8 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
     up_gate_op_ = std::make_unique<AllGatherGemm>(team, m, h, 2 * f_local_);
     down_op_ = std::make_unique<GemmReduceScatter>(team, m, f_local_, h, splits);
   }
-  for (int rank = 0; rank < world_; ++rank) {
+  ranks_.resize(static_cast<std::size_t>(world_));
+  for (int rank : team.driven_ranks()) {
     team.use(rank);
     preload_layer_kernels();
     auto r = std::make_unique<Rank>();
@@ -118,10 +119,10 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
     r->x2 = r->allocate<bf16>(rows_ * h);
     r->up_gate = r->allocate<bf16>(m * 2 * f_local_);
     r->act = r->allocate<bf16>(m * f_local_);
-    ranks_.push_back(std::move(r));
+    ranks_[static_cast<std::size_t>(rank)] = std::move(r);
   }
   // Every GEMM shape and kernel once, with nothing in flight (the operations warmed up theirs).
-  for (int rank = 0; rank < world_; ++rank) {
+  for (int rank : team.driven_ranks()) {
     team.use(rank);
     Rank& r = *ranks_[static_cast<std::size_t>(rank)];
     hipStream_t stream = team.lane_stream(rank);
@@ -138,6 +139,7 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
     swiglu(r.up_gate, m, f_local_, r.act, stream);
     CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
   }
+  team.construction_done();
 }
 
 GpuTpLayer::~GpuTpLayer() = default;
@@ -150,7 +152,7 @@ void GpuTpLayer::set_weights(const kernels::TpLayerWeights& wt) {
               wt.down.size() == static_cast<std::size_t>(f * h),
           "set_weights: the weights do not match the layer's shape");
   static_assert(sizeof(kernels::Bf16) == sizeof(bf16));
-  for (int rank = 0; rank < world_; ++rank) {
+  for (int rank : team_.driven_ranks()) {
     team_.use(rank);
     Rank& r = *ranks_[static_cast<std::size_t>(rank)];
     // This rank's query heads, then its key heads, then its value heads: [H, qkv_cols].
@@ -188,7 +190,7 @@ void GpuTpLayer::set_random_weights(std::uint64_t seed) {
   std::uniform_real_distribution<float> near_one(0.8f, 1.2f);
   std::vector<float> norms(static_cast<std::size_t>(2 * h));
   for (auto& v : norms) v = near_one(rng);
-  for (int rank = 0; rank < world_; ++rank) {
+  for (int rank : team_.driven_ranks()) {
     team_.use(rank);
     Rank& r = *ranks_[static_cast<std::size_t>(rank)];
     hipStream_t stream = team_.lane_stream(rank);
@@ -230,7 +232,7 @@ void GpuTpLayer::attention(int rank, hipStream_t stream) {
 
 
 void GpuTpLayer::run(int rank, const bf16* x, bf16* y, hipStream_t stream) {
-  require(rank >= 0 && rank < world_, fmt::format("run: rank {} outside 0..{}", rank, world_ - 1));
+  require(team_.drives(rank), fmt::format("run: rank {} is outside 0..{} or driven by another process", rank, world_ - 1));
   Rank& r = *ranks_[static_cast<std::size_t>(rank)];
   const LayerCommunication& c = communication_;
   const long m = shape_.tokens, h = shape_.hidden;
@@ -287,7 +289,7 @@ void GpuTpLayer::run(int rank, const bf16* x, bf16* y, hipStream_t stream) {
 }
 
 kernels::LayerTimes GpuTpLayer::step_times(int rank) {
-  require(rank >= 0 && rank < world_, fmt::format("step_times: rank {} outside 0..{}", rank, world_ - 1));
+  require(team_.drives(rank), fmt::format("step_times: rank {} is outside 0..{} or driven by another process", rank, world_ - 1));
   Rank& r = *ranks_[static_cast<std::size_t>(rank)];
   hipEvent_t last = r.events[step_index(LayerStep::count)];
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);

@@ -5,12 +5,15 @@
 // exactly, and 10^5 flag hand-offs between pairs of GPUs lose or duplicate none. Skips with the
 // reason where there is no job or fewer GPUs than ranks on the node.
 #include "kernels/gpu/gpu_heap.h"
+#include "kernels/gpu/overlap.h"
 #include "tests/gpu/flag_handoff.h"
 #include "tests/net/net_test_util.h"
 
 #include <caravan/platform.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <thread>
 
 namespace caravan::gpu {
@@ -124,6 +127,125 @@ TEST_F(GpuHeapAcrossProcesses, RanksAskingForDifferentSizesAreTold) {
     EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
     EXPECT_NE(std::string(e.what()).find("same size"), std::string::npos) << e.what();
   }
+}
+
+// The overlapped operations with one process per rank (GpuTeam's cross-process form), every
+// variant call after call against a float32 reference on fresh random data, outputs poisoned.
+class OverlapAcrossProcesses : public JobTest {
+ protected:
+  void SetUp() override {
+    JobTest::SetUp();
+    if (IsSkipped()) return;
+    const GpuProbe probe = probe_gpus();
+    const int on_node = static_cast<int>(rt().ranks_on_node(rt().node()).size());
+    if (probe.device_count < on_node || on_node < 2)
+      GTEST_SKIP() << "needs 2+ ranks on the node and a GPU for each (" << on_node << " ranks); "
+                   << (probe.device_count == 0 ? probe.reason : "this machine has " + std::to_string(probe.device_count));
+    local_ = rt().rank_info(rank()).local_rank;
+    team_ = std::make_unique<GpuTeam>(GpuSymmetricHeap::join_node(local_, 64 << 20));
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream_, hipStreamNonBlocking));
+    CARAVAN_HIP_CHECK(hipMalloc(reinterpret_cast<void**>(&sums_), sizeof(ErrorSums)));
+  }
+  void TearDown() override {
+    if (team_) rt().barrier(60s);  // nobody unmaps a heap a peer still uses
+    if (stream_) (void)hipStreamDestroy(stream_);
+    if (sums_) (void)hipFree(sums_);
+    team_.reset();
+  }
+  template <class T>
+  T* alloc(std::size_t count) {
+    void* p = nullptr;
+    CARAVAN_HIP_CHECK(hipMalloc(&p, count * sizeof(T)));
+    buffers_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  void free_buffers() {
+    for (void* p : buffers_) (void)hipFree(p);
+    buffers_.clear();
+  }
+  double relative_error(const bf16* out, long rows, long cols, const float* ref) {
+    compare(out, rows, cols, cols, ref, cols, sums_, stream_);
+    finish(stream_);
+    ErrorSums host;
+    CARAVAN_HIP_CHECK(hipMemcpy(&host, sums_, sizeof(host), hipMemcpyDefault));
+    if (host.nonfinite > 0) return std::numeric_limits<double>::infinity();
+    return host.ref2 > 0 ? std::sqrt(host.diff2 / host.ref2) : 0.0;
+  }
+  std::uint64_t fresh_seed() {
+    const auto mine = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    return caravan::test::all_gather(rt(), mine)[0] * 0x9E3779B97F4A7C15ull;  // the same on every rank
+  }
+  int local_ = 0;
+  std::unique_ptr<GpuTeam> team_;
+  hipStream_t stream_ = nullptr;
+  ErrorSums* sums_ = nullptr;
+  std::vector<void*> buffers_;
+};
+
+TEST_F(OverlapAcrossProcesses, AllGatherGemmEveryVariantMatchesTheReference) {
+  const int world = team_->world(), r = local_;
+  const long m = 64L * world, k = 128, n = 192, rows = m / world;
+  AllGatherGemm op(*team_, m, k, n);
+  EXPECT_THROW(op.run((r + 1) % world, nullptr, nullptr, AgGemmVariant::ce_push, stream_), Error);  // a peer's rank
+  bf16 *b = alloc<bf16>(static_cast<std::size_t>(k) * n), *c = alloc<bf16>(static_cast<std::size_t>(m) * n);
+  float *a32 = alloc<float>(static_cast<std::size_t>(m) * k), *b32 = alloc<float>(static_cast<std::size_t>(k) * n),
+        *ref = alloc<float>(static_cast<std::size_t>(m) * n);
+  rt().barrier(60s);  // every rank allocated before any calls
+  const std::uint64_t seed = fresh_seed();
+  const std::vector<std::pair<AgGemmVariant, int>> runs = {
+      {AgGemmVariant::ce_pull, 1}, {AgGemmVariant::ce_push, 2}, {AgGemmVariant::ce_bulk, 1},
+      {AgGemmVariant::ce_push_runs, 1}, {AgGemmVariant::ce_pull_runs, 2}, {AgGemmVariant::ll_bulk, 1}};
+  for (std::size_t call = 0; call < runs.size(); ++call) {
+    const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 1 + static_cast<std::uint64_t>(r);
+    op.wait_shard_free(r, stream_);
+    fill_random(op.shard(r), rows, k, k, sa, r * rows, 0, 1.0f, stream_);
+    fill_random(b, k, n, n, sb, 0, 0, 1.0f, stream_);
+    CARAVAN_HIP_CHECK(hipMemsetAsync(c, 0xFF, static_cast<std::size_t>(m) * n * sizeof(bf16), stream_));
+    op.run(r, b, c, runs[call].first, stream_, runs[call].second);
+    finish(stream_);
+    rt().barrier(60s);  // every rank's call done before any launches its reference GEMM
+    fill_random(a32, m, k, k, sa, 0, 0, 1.0f, stream_);
+    fill_random(b32, k, n, n, sb, 0, 0, 1.0f, stream_);
+    team_->blas(r).gemm_reference(stream_, m, n, k, a32, k, b32, n, ref, n);
+    const double err = relative_error(c, m, n, ref);
+    EXPECT_LT(err, 1e-2) << to_string(runs[call].first) << " lanes " << runs[call].second << " call " << call;
+    rt().barrier(60s);
+  }
+  free_buffers();
+}
+
+TEST_F(OverlapAcrossProcesses, GemmReduceScatterEveryVariantMatchesTheReference) {
+  const int world = team_->world(), r = local_;
+  const long m = 64L * world, k = 160, n = 256, rows = m / world, kk = k * world;
+  GemmReduceScatter op(*team_, m, k, n, 2);
+  ASSERT_TRUE(op.low_latency());
+  bf16 *a = alloc<bf16>(static_cast<std::size_t>(m) * k), *b = alloc<bf16>(static_cast<std::size_t>(k) * n),
+       *out = alloc<bf16>(static_cast<std::size_t>(rows) * n);
+  float *a32 = alloc<float>(static_cast<std::size_t>(rows) * kk), *b32 = alloc<float>(static_cast<std::size_t>(kk) * n),
+        *ref = alloc<float>(static_cast<std::size_t>(rows) * n);
+  rt().barrier(60s);
+  const std::uint64_t seed = fresh_seed();
+  const std::vector<std::pair<GemmRsVariant, int>> runs = {
+      {GemmRsVariant::ce_push, 1}, {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::ce_push, 2}};
+  for (std::size_t call = 0; call < runs.size(); ++call) {
+    const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 50;
+    fill_random(a, m, k, k, sa + static_cast<std::uint64_t>(r), 0, 0, 1.0f, stream_);
+    fill_random(b, k, n, n, sb + static_cast<std::uint64_t>(r), 0, 0, 1.0f, stream_);
+    CARAVAN_HIP_CHECK(hipMemsetAsync(out, 0xFF, static_cast<std::size_t>(rows) * n * sizeof(bf16), stream_));
+    op.run(r, a, b, out, runs[call].first, stream_, runs[call].second);
+    finish(stream_);
+    rt().barrier(60s);
+    // The reference: rows r of sum_q A_q B_q = [A_0 | A_1 | ...] (rows r) x [B_0; B_1; ...].
+    for (int q = 0; q < world; ++q) {
+      fill_random(a32 + q * k, rows, k, kk, sa + static_cast<std::uint64_t>(q), r * rows, 0, 1.0f, stream_);
+      fill_random(b32 + q * k * n, k, n, n, sb + static_cast<std::uint64_t>(q), 0, 0, 1.0f, stream_);
+    }
+    team_->blas(r).gemm_reference(stream_, rows, n, kk, a32, kk, b32, n, ref, n);
+    const double err = relative_error(out, rows, n, ref);
+    EXPECT_LT(err, 1e-2) << to_string(runs[call].first) << " lanes " << runs[call].second << " call " << call;
+    rt().barrier(60s);
+  }
+  free_buffers();
 }
 
 }  // namespace
