@@ -40,6 +40,7 @@ struct LlmOptions {
   std::vector<std::string> variants;  // empty: all four
   bool check = true;
   std::string json_path, plot_path, out;
+  bool sweep = false;  // GPU backend: the matrix of models, token counts and TP degrees
 };
 LlmOptions g_llm, g_llm_rank;
 
@@ -361,7 +362,83 @@ BenchReport run_llm_bench_gpu(const LlmOptions& given) {
 #endif
 }
 
+// The matrix on the GPU backend: Llama-3 70B and 8B, prefill of 4096, 8192 and 16384
+// tokens, TP 2 and 4 (those the GPUs allow), every variant each; one summary table, and each
+// configuration's full figures in the JSON. The float32 check runs in the first configuration
+// of each TP degree (its shape depends only on the TP degree); every configuration compares its
+// outputs with the baseline's.
+BenchReport run_llm_sweep_gpu(const LlmOptions& given) {
+  if (given.tokens != 0 || given.world != 0 || !given.model.empty() || given.hidden != 0 || given.heads != 0 ||
+      given.kv_heads != 0 || given.ffn != 0 || !given.plot_path.empty())
+    throw Error(Errc::invalid_argument,
+                "bench llm --sweep: runs its own matrix of models, tokens and TP degrees; drop --model, --tokens, --world, "
+                "--hidden, --heads, --kv-heads, --ffn and --plot");
+  const int gpus = probe_gpus().device_count;
+  BenchReport summary;
+  BenchTable table{"Llama-3 layers, ms per layer (slowest rank; median)",
+                   {"model", "TP", "tokens", "NCCL bulk", "best Caravan", "best", "speedup", "no-comm bound", "bound speedup",
+                    "share of possible gain", "check"},
+                   {}};
+  nlohmann::json all = nlohmann::json::array();
+  bool all_correct = true;
+  for (int world : {4, 2}) {
+    if (world > gpus) continue;
+    bool first = true;
+    for (const char* model : {"llama3-70b", "llama3-8b"})
+      for (long tokens : {4096L, 8192L, 16384L}) {
+        LlmOptions o = given;
+        o.model = model;
+        o.tokens = tokens;
+        o.world = world;
+        o.check = given.check && first;
+        o.json_path.clear();
+        first = false;
+        fmt::print(stderr, "bench llm --sweep: {} TP {} tokens {}\n", model, world, tokens);
+        const BenchReport r = run_llm_bench_gpu(o);
+        const nlohmann::json& f = r.figures;
+        double bulk = 0, bound = f.value("bound_ms", 0.0), best = 0;
+        for (const auto& v : f["variants"]) {
+          if (v["variant"] == f["baseline"]) bulk = v["median_ms"].get<double>();
+          if (v["variant"] == f["best"]) best = v["median_ms"].get<double>();
+        }
+        const bool correct = f.value("correct", false);
+        all_correct = all_correct && correct;
+        table.rows.push_back({model, std::to_string(world), std::to_string(tokens), fmt::format("{:.2f}", bulk),
+                              fmt::format("{:.2f}", best), f["best"].get<std::string>(), fmt::format("{:.2f}x", bulk / best),
+                              fmt::format("{:.2f}", bound), fmt::format("{:.2f}x", bound > 0 ? bulk / bound : 0.0),
+                              bound > 0 && bulk > bound ? fmt::format("{:.0f}%", 100.0 * (bulk - best) / (bulk - bound)) : "-",
+                              correct ? "ok" : "FAIL"});
+        nlohmann::json entry = f;
+        entry["model"] = model;
+        all.push_back(std::move(entry));
+      }
+  }
+  if (all.empty())
+    throw Error(Errc::invalid_argument, fmt::format("bench llm --sweep: needs at least 2 GPUs; this machine has {}", gpus));
+  summary.tables.push_back(std::move(table));
+  summary.notes.push_back("each row is one `caravan bench llm` configuration (its variants, checks and per-step times are in "
+                          "the JSON); baseline NCCL all_gather / reduce_scatter + cuBLAS on one stream");
+  summary.headlines.push_back(all_correct ? "check: every configuration's variants match the reference and the baseline"
+                                          : "check: FAILED in a configuration (see the check column)");
+  summary.figures = {{"backend", "gpu"}, {"configurations", all}};
+  if (!given.json_path.empty()) {
+    std::ofstream out(given.json_path);
+    nlohmann::json file = summary.figures;
+    file["bench"] = "llm --sweep";
+    file["machine"] = describe_machine();
+    out << file.dump(2) << "\n";
+    if (!out) throw Error(Errc::invalid_argument, fmt::format("bench llm --json: cannot write '{}'", given.json_path));
+  }
+  if (!all_correct) summary.failure = "bench llm --sweep: a variant does not match";
+  return summary;
+}
+
 BenchReport run_llm_bench(const LlmOptions& given) {
+  if (given.sweep) {
+    if (given.backend == "cpu" || !kGpuBackendBuilt || probe_gpus().device_count < 2)
+      throw Error(Errc::invalid_argument, "bench llm --sweep: the matrix of Llama-3 layers needs the GPU backend and 2+ GPUs");
+    return run_llm_sweep_gpu(given);
+  }
   if (given.backend != "auto" && given.backend != "cpu" && given.backend != "gpu")
     throw Error(Errc::invalid_argument, fmt::format("--backend {}: expected auto, cpu or gpu", given.backend));
   const bool launched_as_ranks = std::getenv("WORLD_SIZE") != nullptr;
@@ -423,6 +500,9 @@ void add_bench_llm(CLI::App& bench) {
   sub.add_option("--nodes", g_llm.nodes, "Logical nodes the ranks are split into (2+: UCX between them)")->capture_default_str();
   sub.add_option("--json", g_llm.json_path, "Also write the figures as JSON to this file");
   sub.add_option("--plot", g_llm.plot_path, "Also write an SVG plot of the per-step times to this file");
+  sub.add_flag("--sweep", g_llm.sweep,
+               "GPU backend: Llama-3 70B and 8B x 4096/8192/16384 tokens x TP 4 and 2, one summary table (several "
+               "minutes on 4 x H200; use --iterations/--warmup to shorten)");
   add_shape_options(sub, g_llm);
   CLI::App* rank = bench.add_subcommand("llm-rank", "One rank of `bench llm` (internal)");
   rank->group("");
