@@ -22,6 +22,7 @@ namespace caravan {
 
 namespace planner {
 struct Plan;
+struct MultiPlan;
 }
 
 class InstanceImpl;
@@ -73,7 +74,19 @@ class Instance {
   std::shared_ptr<InstanceImpl> impl_;
 };
 
-enum class PlannerChoice : std::uint8_t { automatic, simple, full };
+// How copy() plans its path.
+//   automatic  the simple planner below CARAVAN_PLANNER_FULL_MIN_BYTES, the full planner from
+//              there; and, from CARAVAN_DMA_MULTIPATH_MIN_BYTES (when set, > 0), as multipath for
+//              copies within this rank that ask for no landing flags.
+//   simple     the simple planner (Isometry section 4.4).
+//   full       the full planner (section 4.2).
+//   multipath  the multi-path planner: the index space is cut into slabs along the outermost
+//              dimension of the source layout, in proportion to each path's share, and every
+//              slab moves on its own path at the same time, under one event. When the planner
+//              finds one path (or several that would not beat the best one), the copy is the
+//              full planner's. Not for copies across ranks, nor (with several paths) together
+//              with CopyOptions::signal: Error(invalid_argument).
+enum class PlannerChoice : std::uint8_t { automatic, simple, full, multipath };
 
 // One request a hop sent to its channel; times in microseconds since the copy started running
 // (its buffers reserved and its hops handed to their DMA workers).
@@ -121,6 +134,8 @@ struct CopyTiling {
   std::vector<CopyTile> tiles;
 };
 
+struct CopyPathReport;
+
 // What a finished copy did, for inspection and tests. Filled in before the copy's event triggers.
 struct CopyReport {
   std::string route;                          // the planned path, e.g. "node0/rank0/dsk -[file]-> ..."
@@ -137,6 +152,27 @@ struct CopyReport {
   double teardown_us = 0;                     // from there until the event is about to trigger
   std::vector<HopTimeline> timeline;          // one per hop (see HopTimeline); none of a copy across ranks
   CopyTiling tiling;                          // which points each tile covered (tiling.tiles.size() == tiles)
+  std::uint64_t bytes = 0;                    // payload moved: points x |F|
+  // A copy split over several paths (PlannerChoice::multipath): one entry per path, in the order
+  // of their slabs along the split dimension. The fields above then describe the whole copy:
+  // route lists the paths ("3 paths: A | B | C"), predicted_gbps is the multi-path plan's,
+  // tiles adds up the paths' tiles, and setup_us, elapsed_us and teardown_us run from the call
+  // to the first path's start, from there to the last request's end, and on to the event.
+  // buffer_bytes, hop_requests, hop_interleaved, timeline and tiling are each path's own (in
+  // paths[i].report) and empty here. Empty for a copy on one path.
+  std::vector<CopyPathReport> paths;
+};
+
+// One path of a multi-path copy.
+struct CopyPathReport {
+  Rect piece;                // the slab of the index space this path moved (whole in every other dimension)
+  std::uint64_t bytes = 0;   // payload bytes it carried: piece.volume() x |F|
+  double share_gbps = 0;     // the rate the planner gave it (its share of the predicted total)
+  double start_us = 0;       // when it started (buffers reserved), from the copy's start (its first path's)
+  double end_us = 0;         // when its last request ended, on the same clock
+  // Its own report as a copy of `piece`: route, buffers, requests, timeline (on a clock that
+  // starts at start_us) and tiling (first_point counted within `piece`).
+  CopyReport report;
 };
 
 // Per-tile landing flags, for consumers (GPU kernels, CPU tasks) that start on a copy's tiles
@@ -164,7 +200,7 @@ struct TileSignal {
 struct CopyOptions {
   Event precondition;      // the copy starts after this; if it is poisoned, no byte moves
   int priority = 0;        // [kMinPriority, kMaxPriority]: higher takes a channel at the next request
-  PlannerChoice planner = PlannerChoice::automatic;  // automatic: simple below CARAVAN_PLANNER_FULL_MIN_BYTES
+  PlannerChoice planner = PlannerChoice::automatic;  // see PlannerChoice (multipath: several paths at once)
   CopyReport* report = nullptr;  // optional; must stay alive until the copy's event triggers
   TileSignal signal;             // optional per-tile landing flags (copy() only; see TileSignal)
 };
@@ -172,25 +208,38 @@ struct CopyOptions {
 // Copies every (point, field) of `src` into `dst`. Both must have the same index space and field
 // space; layouts and memories may differ (a layout change is a conversion). Bad input (different
 // spaces or fields, a memory without a path, a priority out of range) throws before any byte moves.
+// A copy split over several paths (PlannerChoice::multipath) still has one event: it triggers
+// once every path has finished, poisoned with the first failure's cause if any path fails (the
+// other paths are then stopped with that cause).
 Event copy(const Instance& src, const Instance& dst, const CopyOptions& options = {});
 
 // Writes `point_value` (|F| bytes: one point's fields in declaration order) to every point of `dst`.
 Event fill(const Instance& dst, std::span<const std::byte> point_value, const CopyOptions& options = {});
 
 // Cancels a copy or fill: its event is poisoned with Errc::cancelled, its requests stop at the
-// next request boundary and its buffers go back to their pools. Returns false if `copy_event`
-// is not a copy that is still running.
+// next request boundary and its buffers go back to their pools (every path of a multi-path
+// copy). Returns false if `copy_event` is not a copy that is still running.
 bool cancel(Event copy_event);
 
-// The plan copy() would use now, without copying.
+// The plan copy() would use now, without copying. With PlannerChoice::multipath: the one path
+// of a multi-path plan that found one; Error(invalid_argument) when it found several (see
+// plan_copy_multipath). PlannerChoice::automatic gives the single-path plan, as copy() uses it
+// below CARAVAN_DMA_MULTIPATH_MIN_BYTES.
 std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instance& dst,
                                                PlannerChoice planner = PlannerChoice::automatic);
+
+// The multi-path plan copy(src, dst, {.planner = PlannerChoice::multipath}) would run now: its
+// paths with their slabs (PathShare::piece) and rates; one share when it stays on one path.
+std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& src, const Instance& dst);
 
 // The tiles copy(src, dst) with this planner choice is cut into, without copying: for sizing a
 // TileSignal's flags and telling its consumer which points each flag guards. Planning is
 // deterministic (and cached) and tile sizes follow from the plan and settings
 // (CARAVAN_DMA_TILE_BYTES, CARAVAN_GPU_REQUEST_US...), so a copy made after this call with the
 // same settings has the same tiling; pass tiles.size() as TileSignal::tiles and copy() checks it.
+// PlannerChoice::automatic gives the single-path tiling (a copy with landing flags is never split
+// over paths automatically); PlannerChoice::multipath throws Error(invalid_argument) when the
+// multi-path plan has several paths, since landing flags do not combine with those yet.
 CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner = PlannerChoice::automatic);
 
 // A copy as a task-graph node: started at each launch after its dependencies.

@@ -116,6 +116,10 @@ std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instan
   return dma::Engine::current().plan(src, dst, planner);
 }
 
+std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& src, const Instance& dst) {
+  return dma::Engine::current().plan_multipath(src, dst);
+}
+
 CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner) {
   return dma::Engine::current().tiling(src, dst, planner);
 }

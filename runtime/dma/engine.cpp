@@ -420,35 +420,45 @@ Engine::Engine(RuntimeImpl& runtime)
   stall_ns_ = static_cast<std::int64_t>(settings::get_double("CARAVAN_DMA_STALL_S") * 1e9);
   network_ = runtime.network();
   auto machine = live_machine(static_cast<std::uint32_t>(runtime.rank()), runtime.ranks());
+  multipath_min_bytes_ = settings::get_bytes("CARAVAN_DMA_MULTIPATH_MIN_BYTES");
   graph_ = std::make_shared<const planner::TransferGraph>(machine);
   planner_ = std::make_unique<planner::Planner>(graph_);
+  workers_ = make_workers(*graph_);
+  for (std::size_t v = 0; v < graph_->memory_count(); ++v)
+    pools_[graph_->memory(static_cast<std::uint32_t>(v)).id].capacity = pool_bytes_;
+  watchdog_ = std::thread([this] { watchdog_main(); });
+  dist_init();
+  log::get("dma")->info("DMA engine started: {} channels on {}", graph_->channel_count(), graph_->name());
+}
+
+std::vector<std::unique_ptr<DmaWorker>> Engine::make_workers(const planner::TransferGraph& graph) {
+  std::vector<std::unique_ptr<DmaWorker>> workers(graph.channel_count());
   int memcpy_threads = static_cast<int>(settings::get_int("CARAVAN_MEMCPY_THREADS"));
   std::uint64_t split = settings::get_bytes("CARAVAN_MEMCPY_SPLIT_BYTES");
   [[maybe_unused]] int gpu_streams = static_cast<int>(settings::get_int("CARAVAN_GPU_STREAMS"));
   [[maybe_unused]] int gpu_window = static_cast<int>(settings::get_int("CARAVAN_GPU_WINDOW"));
-  workers_.resize(graph_->channel_count());
-  for (std::uint32_t c = 0; c < graph_->channel_count(); ++c) {
-    const auto& ch = graph_->channel(c);
-    std::string name = fmt::format("{} {}->{}", to_string(ch.kind), graph_->memory(ch.src).id.to_string(),
-                                   graph_->memory(ch.dst).id.to_string());
+  for (std::uint32_t c = 0; c < graph.channel_count(); ++c) {
+    const auto& ch = graph.channel(c);
+    std::string name = fmt::format("{} {}->{}", to_string(ch.kind), graph.memory(ch.src).id.to_string(),
+                                   graph.memory(ch.dst).id.to_string());
     std::unique_ptr<Channel> impl;
     // A channel is run by the rank that owns its source memory; other ranks' channels (in the
     // graph of a job) get no worker here.
-    if (graph_->memory(ch.src).id.rank != static_cast<std::uint32_t>(runtime.rank())) continue;
+    if (graph.memory(ch.src).id.rank != static_cast<std::uint32_t>(runtime_.rank())) continue;
     if (ch.kind == ChannelKind::memcpy) impl = std::make_unique<channels::MemcpyChannel>(memcpy_threads, split);
     else if (ch.kind == ChannelKind::file) impl = std::make_unique<channels::FileChannel>();
     else if (ch.kind == ChannelKind::nic && network_)
-      impl = std::make_unique<channels::NicChannel>(network_->rma(), graph_->memory(ch.src).id, graph_->memory(ch.dst).id,
+      impl = std::make_unique<channels::NicChannel>(network_->rma(), graph.memory(ch.src).id, graph.memory(ch.dst).id,
                                                     static_cast<int>(settings::get_int("CARAVAN_NIC_WINDOW")));
 #if CARAVAN_HAVE_GPU
     // GPU channels of the live machine: sdma on the GPU of its fbm end, xgmi on the source GPU.
     // On a planning-only machine (a machine file) with no such GPU here, there is no
     // implementation, and copies that need one fail with "no implementation of channel".
     else if (ch.kind == ChannelKind::sdma || ch.kind == ChannelKind::xgmi) {
-      MemoryId src = graph_->memory(ch.src).id, dst = graph_->memory(ch.dst).id;
+      MemoryId src = graph.memory(ch.src).id, dst = graph.memory(ch.dst).id;
       MemoryId gpu_end = src.kind == MemoryKind::fbm ? src : dst;
       const auto& devices = gpu::topology().devices;
-      const auto me = static_cast<std::uint32_t>(runtime.rank());
+      const auto me = static_cast<std::uint32_t>(runtime_.rank());
       bool here = gpu_end.kind == MemoryKind::fbm && src.rank == me && dst.rank == me &&
                   gpu_end.index < devices.size() && (dst.kind != MemoryKind::fbm || dst.index < devices.size());
       if (here && ch.kind == ChannelKind::sdma) impl = std::make_unique<channels::SdmaChannel>(gpu_end, gpu_streams, gpu_window);
@@ -457,13 +467,9 @@ Engine::Engine(RuntimeImpl& runtime)
         impl = std::make_unique<channels::XgmiChannel>(src, dst, gpu_streams, gpu_window);
     }
 #endif
-    if (impl) workers_[c] = std::make_unique<DmaWorker>(*this, std::move(impl), std::move(name));
+    if (impl) workers[c] = std::make_unique<DmaWorker>(*this, std::move(impl), std::move(name));
   }
-  for (std::size_t v = 0; v < graph_->memory_count(); ++v)
-    pools_[graph_->memory(static_cast<std::uint32_t>(v)).id].capacity = pool_bytes_;
-  watchdog_ = std::thread([this] { watchdog_main(); });
-  dist_init();
-  log::get("dma")->info("DMA engine started: {} channels on {}", graph_->channel_count(), graph_->name());
+  return workers;
 }
 
 Engine::~Engine() { shutdown(); }
@@ -525,6 +531,14 @@ std::shared_ptr<const planner::Plan> Engine::plan(const Instance& src, const Ins
     case PlannerChoice::automatic: return planner_->plan(request);
     case PlannerChoice::simple: return std::make_shared<planner::Plan>(planner::plan_simple(*graph_, request, planner_->options()));
     case PlannerChoice::full: return std::make_shared<planner::Plan>(planner::plan_full(*graph_, request, planner_->options()));
+    case PlannerChoice::multipath: {
+      planner::MultiPlan multi = planner_->plan_multipath(request);
+      if (multi.shares.size() != 1)
+        throw Error(Errc::invalid_argument,
+                    fmt::format("plan: the multi-path plan of {} -> {} has {} paths, not one plan (see plan_copy_multipath)",
+                                request.src.to_string(), request.dst.to_string(), multi.shares.size()));
+      return std::make_shared<planner::Plan>(std::move(multi.shares.front().plan));
+    }
   }
   throw Error(Errc::invalid_argument, "copy: unknown planner choice");
 }
@@ -639,46 +653,6 @@ void Engine::build_pipeline(CopyOperation& op, const std::vector<planner::Hop>& 
   }
 }
 
-Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& options) {
-  if (options.priority < kMinPriority || options.priority > kMaxPriority)
-    throw Error(Errc::invalid_argument, fmt::format("copy: priority {} is outside [{}, {}]", options.priority,
-                                                    kMinPriority, kMaxPriority));
-  const std::int64_t called_ns = now_ns();
-  std::shared_ptr<const planner::Plan> plan = this->plan(src, dst, options.planner);
-  auto op = std::make_shared<CopyOperation>();
-  op->called_ns = called_ns;
-  op->engine = this;
-  op->priority = options.priority;
-  op->report = options.report;
-  op->route = plan->route();
-  op->predicted_gbps = plan->predicted_gbps;
-  op->src_instance = src;
-  op->dst_instance = dst;
-  op->src_storage = src.impl()->storage;
-  op->dst_storage = dst.impl()->storage;
-  op->space = src.space();
-  op->fields = src.fields();
-  op->src_view = View::of_layout(src.layout(), op->space, op->fields, 0);
-  op->dst_view = View::of_layout(dst.layout(), op->space, op->fields, 0);
-  // Hops or instances on other ranks: a cross-rank copy (remote_copy.cpp).
-  const auto me = static_cast<std::uint32_t>(runtime_.rank());
-  bool spans_ranks = src.memory().rank != me || dst.memory().rank != me;
-  for (const planner::Hop& hop : plan->hops) spans_ranks = spans_ranks || hop.src.rank != me || hop.dst.rank != me;
-  if (spans_ranks && options.signal.flags)
-    throw Error(Errc::invalid_argument,
-                fmt::format("copy: CopyOptions::signal is not supported for copies across ranks yet ({} -> {}, "
-                            "route {}): landing flags are written only by copies whose hops all run on this rank",
-                            src.memory().to_string(), dst.memory().to_string(), plan->route()));
-  if (spans_ranks) {
-    op->dist = std::make_unique<DistributedState>();
-    op->dist->hops = plan->hops;
-  }
-  prepare_pipeline(*op, plan->hops);
-  check_signal(*op, options.signal);
-  if (op->dist) dist_prepare(*op);
-  return submit(std::move(op), options.precondition);
-}
-
 namespace {
 // The rules of CopyOptions::signal that need no plan.
 void check_signal_fields(const TileSignal& signal, const char* call) {
@@ -704,6 +678,272 @@ void check_signal_fields(const TileSignal& signal, const char* call) {
                             "tile count: copy_tiling(src, dst).tiles.size())", call));
 }
 }  // namespace
+
+Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& options) {
+  if (options.priority < kMinPriority || options.priority > kMaxPriority)
+    throw Error(Errc::invalid_argument, fmt::format("copy: priority {} is outside [{}, {}]", options.priority,
+                                                    kMinPriority, kMaxPriority));
+  const std::int64_t called_ns = now_ns();
+  std::shared_ptr<const planner::Plan> plan;
+  if (wants_multipath(src, dst, options)) {
+    planner::MultiPlan multi = *plan_multipath(src, dst);
+    // Every slab is whole rows; one that rounded to nothing has no path (the planner drops
+    // those already).
+    std::erase_if(multi.shares, [](const planner::PathShare& share) { return share.piece.volume() == 0; });
+    if (multi.shares.size() > 1) return copy_multipath(src, dst, multi, options, called_ns);
+    // One path: the copy is exactly what it would be without multi-path (the full planner's
+    // path when asked for explicitly, today's automatic plan otherwise).
+    if (options.planner == PlannerChoice::multipath && !multi.shares.empty())
+      plan = std::make_shared<planner::Plan>(multi.shares.front().plan);
+  }
+  if (!plan) plan = this->plan(src, dst, options.planner);
+  auto op = prepare_copy(src, dst, *plan, src.space(), options, called_ns);
+  return submit(std::move(op), options.precondition);
+}
+
+bool Engine::wants_multipath(const Instance& src, const Instance& dst, const CopyOptions& options) const {
+  const bool asked = options.planner == PlannerChoice::multipath;
+  if (!asked && (options.planner != PlannerChoice::automatic || multipath_min_bytes_ == 0 || options.signal.flags))
+    return false;
+  if (!src.valid() || !dst.valid()) return false;  // make_request says why
+  const auto me = static_cast<std::uint32_t>(runtime_.rank());
+  const bool local = src.memory().rank == me && dst.memory().rank == me;
+  if (asked && !local)
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: PlannerChoice::multipath is for copies within this rank; {} -> {} crosses ranks "
+                            "(use PlannerChoice::automatic or full)", src.memory().to_string(), dst.memory().to_string()));
+  if (!local) return false;
+  return asked || src.space().volume() * src.fields().total_size() >= multipath_min_bytes_;
+}
+
+std::shared_ptr<CopyOperation> Engine::prepare_copy(const Instance& src, const Instance& dst, const planner::Plan& plan,
+                                                    const Rect& piece, const CopyOptions& options, std::int64_t called_ns) {
+  auto op = std::make_shared<CopyOperation>();
+  op->called_ns = called_ns;
+  op->engine = this;
+  op->priority = options.priority;
+  op->report = options.report;
+  op->route = plan.route();
+  op->predicted_gbps = plan.predicted_gbps;
+  op->src_instance = src;
+  op->dst_instance = dst;
+  op->src_storage = src.impl()->storage;
+  op->dst_storage = dst.impl()->storage;
+  op->space = piece;
+  op->fields = src.fields();
+  // The views cover the whole instances (a multi-path part's tiles address its slab in them).
+  op->src_view = View::of_layout(src.layout(), src.space(), op->fields, 0);
+  op->dst_view = View::of_layout(dst.layout(), dst.space(), op->fields, 0);
+  // Hops or instances on other ranks: a cross-rank copy (remote_copy.cpp).
+  const auto me = static_cast<std::uint32_t>(runtime_.rank());
+  bool spans_ranks = src.memory().rank != me || dst.memory().rank != me;
+  for (const planner::Hop& hop : plan.hops) spans_ranks = spans_ranks || hop.src.rank != me || hop.dst.rank != me;
+  if (spans_ranks && options.signal.flags)
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: CopyOptions::signal is not supported for copies across ranks yet ({} -> {}, "
+                            "route {}): landing flags are written only by copies whose hops all run on this rank",
+                            src.memory().to_string(), dst.memory().to_string(), plan.route()));
+  if (spans_ranks) {
+    op->dist = std::make_unique<DistributedState>();
+    op->dist->hops = plan.hops;
+  }
+  prepare_pipeline(*op, plan.hops);
+  check_signal(*op, options.signal);
+  if (op->dist) dist_prepare(*op);
+  return op;
+}
+
+namespace {
+// Runs the engine's bookkeeping when a part of a multi-path copy triggers its event.
+class PartWaiter final : public detail::EventWaiter {
+ public:
+  explicit PartWaiter(std::shared_ptr<MultiCopy> multi) : multi_(std::move(multi)) {}
+  void event_triggered(const FailureCause& failure) override {
+    multi_->engine->multipath_part_done(multi_, failure);
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<MultiCopy> multi_;
+};
+}  // namespace
+
+Event Engine::copy_multipath(const Instance& src, const Instance& dst, const planner::MultiPlan& plan,
+                             const CopyOptions& options, std::int64_t called_ns) {
+  check_signal_fields(options.signal, "copy");
+  if (options.signal.flags)
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: CopyOptions::signal cannot be combined with a multi-path copy yet: the multi-path "
+                            "planner splits {} -> {} over {} paths, whose tiles land in no single order; use "
+                            "PlannerChoice::full or simple for a copy with landing flags",
+                            src.memory().to_string(), dst.memory().to_string(), plan.shares.size()));
+  auto multi = std::make_shared<MultiCopy>();
+  multi->engine = this;
+  multi->report = options.report;
+  multi->called_ns = called_ns;
+  multi->predicted_gbps = plan.predicted_gbps;
+  multi->bytes = plan.bytes;
+  multi->route = fmt::format("{} paths:", plan.shares.size());
+  for (std::size_t i = 0; i < plan.shares.size(); ++i)
+    multi->route += fmt::format("{} {}", i ? " |" : "", plan.shares[i].plan.route());
+  multi->shares = plan.shares;
+  multi->part_reports.resize(plan.shares.size());
+  // Every part is prepared (and so checked: channels, pool sizes) before any is submitted.
+  CopyOptions part_options = options;
+  for (std::size_t i = 0; i < plan.shares.size(); ++i) {
+    const planner::PathShare& share = plan.shares[i];
+    part_options.report = options.report ? &multi->part_reports[i] : nullptr;
+    auto part = prepare_copy(src, dst, share.plan, share.piece, part_options, called_ns);
+    if (part->dist)
+      throw Error(Errc::internal, fmt::format("copy: path {} of a multi-path copy crosses ranks ({})", i, part->route));
+    multi->parts.push_back(std::move(part));
+  }
+  multi->remaining = multi->parts.size();
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) throw Error(Errc::shut_down, "copy: the runtime is shutting down");
+    multi->done = runtime_.events().create();
+    multi_.emplace(multi->done, multi);
+  }
+  const Event done = multi->done;
+  FailureCause refused;  // submit() refuses only once a shutdown has begun
+  std::size_t submitted = 0;
+  for (; submitted < multi->parts.size(); ++submitted) {
+    auto& part = multi->parts[submitted];
+    part->part_of = fmt::format("path {} of {} of copy {}", submitted + 1, multi->parts.size(), done.to_string());
+    Event event;
+    try {
+      event = submit(part, options.precondition);
+    } catch (const Error& e) {
+      refused = std::make_shared<const Error>(e);
+      break;
+    }
+    std::lock_guard lock(multi->mutex);
+    multi->part_events.push_back(event);
+  }
+  if (refused) {
+    {
+      std::lock_guard lock(multi->mutex);
+      if (!multi->failure) multi->failure = refused;
+    }
+    // The parts never submitted are done; the event triggers once the others have stopped.
+    for (std::size_t k = submitted; k < multi->parts.size(); ++k) multipath_part_done(multi, refused);
+  }
+  // The waiters come after every submission, so that a part that fails at once finds each
+  // sibling's event to stop.
+  std::vector<Event> parts;
+  {
+    std::lock_guard lock(multi->mutex);
+    parts = multi->part_events;
+  }
+  for (const Event& part : parts) runtime_.events().add_waiter(part, new PartWaiter(multi));
+  if (refused) {
+    for (const Event& part : parts) stop_copy(part, refused);
+    throw Error(*refused);
+  }
+  return done;
+}
+
+void Engine::multipath_part_done(const std::shared_ptr<MultiCopy>& multi, const FailureCause& failure) {
+  bool last = false, first_failure = false;
+  std::vector<Event> parts;
+  {
+    std::lock_guard lock(multi->mutex);
+    if (failure && !multi->failure) {
+      multi->failure = failure;
+      first_failure = true;
+      parts = multi->part_events;
+    }
+    last = --multi->remaining == 0;
+  }
+  // The first failure stops the other paths with the same cause (those already done are not
+  // found: stop_copy returns false for them).
+  if (first_failure)
+    for (const Event& part : parts) stop_copy(part, failure);
+  if (last) finish_multipath(multi);
+}
+
+bool Engine::stop_multipath(const std::shared_ptr<MultiCopy>& multi, const FailureCause& cause) {
+  std::vector<Event> parts;
+  {
+    std::lock_guard lock(multi->mutex);
+    if (multi->remaining == 0) return false;
+    if (!multi->failure) multi->failure = cause;
+    parts = multi->part_events;
+  }
+  for (const Event& part : parts) stop_copy(part, cause);
+  return true;
+}
+
+// Every part's event has triggered: the parts have released their buffers. Reports, then
+// triggers the user's event.
+void Engine::finish_multipath(const std::shared_ptr<MultiCopy>& multi) {
+  if (multi->report) {
+    CopyReport r;
+    r.route = multi->route;
+    r.predicted_gbps = multi->predicted_gbps;
+    r.bytes = multi->bytes;
+    r.slots = static_cast<std::uint64_t>(slots_);
+    std::int64_t first_start = 0;
+    for (const auto& part : multi->parts)
+      if (part->started_ns && (!first_start || part->started_ns < first_start)) first_start = part->started_ns;
+    for (std::size_t i = 0; i < multi->parts.size(); ++i) {
+      const CopyOperation& part = *multi->parts[i];
+      CopyPathReport path;
+      path.piece = part.space;
+      path.bytes = part.space.volume() * part.fields.total_size();
+      path.share_gbps = multi->shares[i].gbps;
+      path.report = std::move(multi->part_reports[i]);
+      if (part.started_ns) {
+        path.start_us = static_cast<double>(part.started_ns - first_start) / 1e3;
+        path.end_us = path.start_us + path.report.elapsed_us;
+      }
+      r.tiles += path.report.tiles;
+      r.elapsed_us = std::max(r.elapsed_us, path.end_us);
+      r.paths.push_back(std::move(path));
+    }
+    if (first_start) {
+      r.setup_us = static_cast<double>(first_start - multi->called_ns) / 1e3;
+      r.teardown_us = us_since(first_start) - r.elapsed_us;
+    }
+    *multi->report = std::move(r);
+  }
+  FailureCause failure;
+  {
+    std::lock_guard lock(multi->mutex);
+    failure = multi->failure;
+  }
+  // Gone from the engine before its event triggers, as a copy leaves active_ (so that stats()
+  // after the event shows it done; cancel() now returns false).
+  {
+    std::lock_guard lock(mutex_);
+    multi_.erase(multi->done);
+  }
+  runtime_.events().trigger(multi->done, failure);
+  std::lock_guard lock(mutex_);
+  if (active_.empty() && multi_.empty()) idle_cv_.notify_all();
+}
+
+std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance& src, const Instance& dst) {
+  planner::TransferRequest request = make_request(src, dst);
+  std::string key = fmt::format("{} {} {} {} {}", request.src.to_string(), request.dst.to_string(), request.space.to_string(),
+                                request.src_layout.to_string(), request.dst_layout.to_string());
+  for (const Field& f : request.fields.fields()) key += fmt::format(" {}", f.size);
+  const std::size_t entries = planner_->options().cache_entries;
+  {
+    std::lock_guard lock(multiplan_mutex_);
+    auto it = multiplans_.find(key);
+    if (it != multiplans_.end()) return it->second;
+  }
+  auto plan = std::make_shared<const planner::MultiPlan>(planner_->plan_multipath(request));
+  if (entries > 0) {
+    std::lock_guard lock(multiplan_mutex_);
+    if (multiplans_.size() >= entries) multiplans_.clear();
+    multiplans_.emplace(std::move(key), plan);
+  }
+  return plan;
+}
+
 
 void Engine::check_signal(CopyOperation& op, const TileSignal& signal) const {
   check_signal_fields(signal, "copy");
@@ -737,6 +977,16 @@ void Engine::check_signal(CopyOperation& op, const TileSignal& signal) const {
 }
 
 CopyTiling Engine::tiling(const Instance& src, const Instance& dst, PlannerChoice choice) {
+  if (choice == PlannerChoice::multipath) {
+    // copy() with landing flags refuses several paths; say so here already.
+    std::shared_ptr<const planner::MultiPlan> multi = plan_multipath(src, dst);
+    if (multi->shares.size() > 1)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("copy_tiling: the multi-path plan splits {} -> {} over {} paths, and landing flags "
+                              "(CopyOptions::signal) cannot be combined with a multi-path copy yet; use "
+                              "PlannerChoice::full or simple", src.memory().to_string(), dst.memory().to_string(),
+                              multi->shares.size()));
+  }
   std::shared_ptr<const planner::Plan> plan = this->plan(src, dst, choice);
   std::vector<std::uint64_t> slot_bytes;
   const std::uint64_t points = choose_tile_points(src.space(), src.fields(), plan->hops, slot_bytes);
@@ -947,6 +1197,8 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
     }
     r.slots = static_cast<std::uint64_t>(op->slots);
     r.tiling = describe_tiling(op->grid, op->space);
+    r.bytes = op->space.volume() * op->fields.total_size();
+    r.paths.clear();
     // Copies across ranks record no timeline yet (their hops run on several ranks).
     if (!op->dist) r.timeline = hop_timelines(*op);
     else r.timeline.clear();
@@ -975,7 +1227,7 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
   runtime_.events().trigger(op->done, failure);
   {
     std::lock_guard lock(mutex_);
-    if (active_.empty()) idle_cv_.notify_all();
+    if (active_.empty() && multi_.empty()) idle_cv_.notify_all();
   }
 }
 
@@ -987,9 +1239,15 @@ bool Engine::stop_copy(Event copy_event, const FailureCause& cause) {
   std::shared_ptr<CopyOperation> op;
   CopyOperation::State state;
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     auto it = active_.find(copy_event);
-    if (it == active_.end()) return false;
+    if (it == active_.end()) {
+      auto multi = multi_.find(copy_event);
+      if (multi == multi_.end()) return false;
+      std::shared_ptr<MultiCopy> found = multi->second;
+      lock.unlock();
+      return stop_multipath(found, cause);
+    }
     op = it->second;
     state = op->state;
     // A cross-rank copy past its precondition is stopped by its own protocol: the initiator
@@ -1032,8 +1290,8 @@ void Engine::shutdown() {
   {
     std::unique_lock lock(mutex_);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    if (!idle_cv_.wait_until(lock, deadline, [&] { return active_.empty(); }))
-      log::get("dma")->error("shutdown: {} copies did not stop within 30 s", active_.size());
+    if (!idle_cv_.wait_until(lock, deadline, [&] { return active_.empty() && multi_.empty(); }))
+      log::get("dma")->error("shutdown: {} copies ({} multi-path) did not stop within 30 s", active_.size(), multi_.size());
   }
   watchdog_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
@@ -1065,6 +1323,35 @@ void Engine::replace_channel_for_testing(const std::string& worker_name, std::un
   old->stop();
 }
 
+void Engine::replace_machine_for_testing(const planner::MachineDescription& machine) {
+  auto graph = std::make_shared<const planner::TransferGraph>(machine);
+  std::vector<std::unique_ptr<DmaWorker>> old;
+  {
+    std::lock_guard lock(mutex_);
+    if (!active_.empty() || !multi_.empty())
+      throw Error(Errc::invalid_argument, fmt::format("replace_machine_for_testing('{}'): {} copies are active; the "
+                                                      "machine is replaced only while none is",
+                                                      machine.name, active_.size() + multi_.size()));
+    for (const auto& [memory, pool] : pools_)
+      if (pool.used != 0 || !pool.waiters.empty())
+        throw Error(Errc::internal, fmt::format("replace_machine_for_testing: the pool of {} is in use", memory.to_string()));
+    old = std::move(workers_);
+    graph_ = graph;
+    planner_ = std::make_unique<planner::Planner>(graph_);
+    {
+      std::lock_guard plans(multiplan_mutex_);
+      multiplans_.clear();
+    }
+    workers_ = make_workers(*graph_);
+    pools_.clear();
+    for (std::size_t v = 0; v < graph_->memory_count(); ++v)
+      pools_[graph_->memory(static_cast<std::uint32_t>(v)).id].capacity = pool_bytes_;
+  }
+  // Stopped outside the engine lock (see replace_channel_for_testing).
+  for (auto& worker : old)
+    if (worker) worker->stop();
+}
+
 EngineStats Engine::stats() {
   std::lock_guard lock(mutex_);
   EngineStats s;
@@ -1077,6 +1364,7 @@ EngineStats Engine::stats() {
   for (const auto& [id, held] : quarantine_)
     for (const auto& storage : held.storages) s.quarantined_buffers[storage->memory()] += storage->bytes();
   s.remote_keys = remote_keys_.size();
+  s.multipath_copies = multi_.size();
   return s;
 }
 
@@ -1105,8 +1393,8 @@ void Engine::watchdog_main() {
         where += fmt::format("; hop {} on '{}': {}/{} tiles done, {}", xd->hop, xd->worker->name(),
                              xd->tiles_done.load(), op->grid.count(), xd->worker->describe(*xd));
       }
-      log::get("dma")->warn("copy {} ({}) made no progress for {:.1f} s{}", event.to_string(), op->route,
-                            static_cast<double>(idle) / 1e9, where);
+      log::get("dma")->warn("copy {} ({}{}{}) made no progress for {:.1f} s{}", event.to_string(), op->part_of,
+                            op->part_of.empty() ? "" : ": ", op->route, static_cast<double>(idle) / 1e9, where);
     }
   }
 }

@@ -218,9 +218,35 @@ struct CopyOperation {
   std::int64_t last_warned_ns = 0;
 
   std::unique_ptr<DistributedState> dist;  // null: every hop and instance on this rank
+  // A path of a multi-path copy: "path 2 of 4 of copy <event>" (for stall reports); else empty.
+  std::string part_of;
 
   void fail(const FailureCause& cause);
   void touch();
+};
+
+// A copy split over several paths at once (PlannerChoice::multipath). Each path moves one slab
+// of the index space (PathShare::piece) as a copy of its own, a *part*: a CopyOperation with its
+// own internal event, plan, tiles, buffers and XDs, run by the usual machinery (pools, priorities,
+// cancellation, stall reports, timelines). The user holds `done`, which triggers once every
+// part's event has, poisoned with the first part's failure; that failure stops the other parts
+// with the same cause, and cancel(done) stops them all.
+struct MultiCopy {
+  Engine* engine = nullptr;
+  Event done;
+  CopyReport* report = nullptr;  // the caller's; filled in from part_reports before done triggers
+  std::int64_t called_ns = 0;
+  std::string route;             // "N paths: A | B | ..."
+  double predicted_gbps = 0;
+  std::uint64_t bytes = 0;
+  std::vector<planner::PathShare> shares;  // each part's plan, piece, bytes and rate
+  std::vector<std::shared_ptr<CopyOperation>> parts;
+  std::vector<CopyReport> part_reports;    // sized once, before any part runs
+
+  std::mutex mutex;                // guards the fields below
+  std::vector<Event> part_events;  // of the parts submitted so far
+  std::size_t remaining = 0;       // parts whose event has not triggered (or that were never submitted)
+  FailureCause failure;            // the first failure (or the cancel / shutdown cause)
 };
 
 struct EngineStats {
@@ -231,6 +257,8 @@ struct EngineStats {
   // did not end cleanly), kept out of the pool until that rank's puts are over.
   std::map<MemoryId, std::uint64_t> quarantined_buffers;
   std::size_t remote_keys = 0;  // imported remote keys cached for nic hops
+  // Multi-path copies whose event has not triggered; their parts count in active_copies.
+  std::size_t multipath_copies = 0;
 };
 
 // The per-hop timeline of a finished copy that recorded one (CopyReport::timeline).
@@ -253,6 +281,8 @@ class Engine final : public RuntimeService {
   // Stops a copy with `cause` (cancel() uses Errc::cancelled, shutdown Errc::shut_down).
   bool stop_copy(Event copy_event, const FailureCause& cause);
   std::shared_ptr<const planner::Plan> plan(const Instance& src, const Instance& dst, PlannerChoice choice);
+  // The multi-path plan of copying src to dst (plan_copy_multipath).
+  std::shared_ptr<const planner::MultiPlan> plan_multipath(const Instance& src, const Instance& dst);
   // The tiles copy(src, dst) with `choice` is cut into (copy_tiling).
   CopyTiling tiling(const Instance& src, const Instance& dst, PlannerChoice choice);
   void shutdown() override;
@@ -262,6 +292,12 @@ class Engine final : public RuntimeService {
   // Tests use it to make a channel hang. Only while no copy is active: Error(invalid_argument)
   // otherwise, and Error(not_found) for an unknown name.
   void replace_channel_for_testing(const std::string& worker_name, std::unique_ptr<Channel> channel);
+  // Test seam: plans and runs copies on `machine` from now on instead of the live machine (a new
+  // transfer graph, planner, buffer pools, and a worker per channel the engine can implement
+  // here: memcpy and file channels between this rank's host memories and dsk, GPU channels as
+  // on the live machine). Tests use it to get several paths on a CPU host, e.g. relays through
+  // extra host memories (sys1, reg...). Only while no copy is active (Error(invalid_argument)).
+  void replace_machine_for_testing(const planner::MachineDescription& machine);
 
   EngineStats stats();
   // Instances of other ranks (remote_copy.cpp): what Instance::descriptor and from_descriptor do.
@@ -279,6 +315,8 @@ class Engine final : public RuntimeService {
 
   // Called when a copy's precondition triggers, and by workers.
   void on_precondition(const std::shared_ptr<CopyOperation>& op, const FailureCause& failure);
+  // A part of a multi-path copy has triggered its event (with its failure, or null).
+  void multipath_part_done(const std::shared_ptr<MultiCopy>& multi, const FailureCause& failure);
   void xd_retired(CopyOperation* op);
   void tile_finished(Xd* xd);
   int my_rank() const { return runtime_.rank(); }
@@ -292,6 +330,19 @@ class Engine final : public RuntimeService {
   };
 
   planner::TransferRequest make_request(const Instance& src, const Instance& dst) const;
+  // One DmaWorker per channel of `graph` that has an implementation on this rank (null otherwise).
+  std::vector<std::unique_ptr<DmaWorker>> make_workers(const planner::TransferGraph& graph);
+  // A copy of `piece` (the whole space, or a slab of a multi-path copy) along `plan`, prepared
+  // (tiles, buffers, XDs) and checked, not yet submitted.
+  std::shared_ptr<CopyOperation> prepare_copy(const Instance& src, const Instance& dst, const planner::Plan& plan,
+                                              const Rect& piece, const CopyOptions& options, std::int64_t called_ns);
+  // Whether copy(src, dst, options) runs as a multi-path copy: asked for, or automatic from
+  // CARAVAN_DMA_MULTIPATH_MIN_BYTES. Throws for an explicit request it cannot honour (across ranks).
+  bool wants_multipath(const Instance& src, const Instance& dst, const CopyOptions& options) const;
+  Event copy_multipath(const Instance& src, const Instance& dst, const planner::MultiPlan& plan, const CopyOptions& options,
+                       std::int64_t called_ns);
+  bool stop_multipath(const std::shared_ptr<MultiCopy>& multi, const FailureCause& cause);
+  void finish_multipath(const std::shared_ptr<MultiCopy>& multi);
   void check_common(const Instance& inst, const char* what) const;
   Event submit(std::shared_ptr<CopyOperation> op, Event precondition);
   void prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>& hops);
@@ -357,11 +408,17 @@ class Engine final : public RuntimeService {
   std::condition_variable idle_cv_;
   std::map<MemoryId, BufferPool> pools_;
   std::unordered_map<Event, std::shared_ptr<CopyOperation>> active_;
+  std::unordered_map<Event, std::shared_ptr<MultiCopy>> multi_;  // multi-path copies, by the user's event
+  // Multi-path plans by request (planning one solves several paths: tens of microseconds on a
+  // 4-GPU machine, repeated for every copy of the same instances otherwise). At most
+  // CARAVAN_PLANNER_CACHE_ENTRIES, emptied when full.
+  std::mutex multiplan_mutex_;
+  std::map<std::string, std::shared_ptr<const planner::MultiPlan>> multiplans_;
   std::uint64_t next_sequence_ = 0;
   bool stopping_ = false;
   std::thread watchdog_;
   std::condition_variable watchdog_cv_;
-  std::uint64_t request_floor_bytes_, tile_bytes_, pool_bytes_;
+  std::uint64_t request_floor_bytes_, tile_bytes_, pool_bytes_, multipath_min_bytes_;
   std::int64_t stall_ns_;
   int slots_;
 
