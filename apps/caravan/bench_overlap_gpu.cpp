@@ -332,6 +332,14 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
       for (auto variant : {gpu::AgGemmVariant::ce_pull_runs, gpu::AgGemmVariant::ce_push_runs})
         runner.measure(ctx, std::string(gpu::to_string(variant)) + (lanes == 2 ? " 2 lanes" : ""),
                        [&] { pulled.run(r, b.get(), c.get(), variant, ctx.stream, lanes); }, poison_c, check_c);
+    for (auto variant : {gpu::AgGemmVariant::tile_pull, gpu::AgGemmVariant::tile_push})
+      runner.measure(ctx, std::string(gpu::to_string(variant)),
+                     [&] { pulled.run(r, b.get(), c.get(), variant, ctx.stream); }, poison_c, check_c);
+    // Diagnostic: the tile-level GEMM by itself (no flags, no communication), to compare with cuBLAS
+    // ("gemm-alone"; not named "alone": those rows make the ideal).
+    runner.measure(ctx, "flag-gemm only, no comm", [&] {
+      gpu::flag_gemm(a_full.get(), s.k, b.get(), s.n, c.get(), s.n, s.m, s.n, s.k, nullptr, 0, 0, nullptr, ctx.stream);
+    }, {}, {});
     // Diagnostic: what cutting the GEMM into per-shard chunks costs without any communication.
     runner.measure(ctx, fmt::format("gemm in {} chunks, no comm", world), [&] {
       for (int q = 0; q < world; ++q)
@@ -559,8 +567,8 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     const auto is_graph = [](const std::string& v) { return v.size() > 6 && v.compare(v.size() - 6, 6, " graph") == 0; };
     for (const auto& [variant, result] : rec.variants) {
       const Summary& st = summary.at(variant);
-      const bool caravan =
-          variant.rfind("ce-", 0) == 0 || variant.rfind("ll-", 0) == 0 || variant.rfind("caravan", 0) == 0;
+      const bool caravan = variant.rfind("ce-", 0) == 0 || variant.rfind("ll-", 0) == 0 || variant.rfind("tile-", 0) == 0 ||
+                           variant.rfind("caravan", 0) == 0;
       std::string& slot = is_graph(variant) ? best_graph : best;
       if (caravan && result.ok && (slot.empty() || st.median < summary.at(slot).median)) slot = variant;
       all_ok &= result.ok;

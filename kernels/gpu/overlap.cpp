@@ -297,6 +297,8 @@ std::string_view to_string(AgGemmVariant v) {
     case AgGemmVariant::ce_pull_runs: return "ce-pull runs";
     case AgGemmVariant::ce_push_runs: return "ce-push runs";
     case AgGemmVariant::ll_bulk: return "ll-bulk";
+    case AgGemmVariant::tile_pull: return "tile-pull";
+    case AgGemmVariant::tile_push: return "tile-push";
     default: return "ce-bulk";
   }
 }
@@ -352,10 +354,39 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   std::vector<GemmShape> shapes = {{m, n, k, n}, {shard_rows, n, k, n}, {shard_rows / splits, n, k, n}};
   for (int r = 2; r < world; ++r) shapes.push_back({r * shard_rows, n, k, n});  // the runs variants' peer runs
   warm_up(team, shapes);
+  // The tile variants launch row tiles in arrival order: own shard first, then pulls from
+  // rank+1, rank+2, ... or pushes from rank-1, rank-2, ...
+  const long tiles = flag_gemm_row_tiles(m);
+  tile_orders_.assign(static_cast<std::size_t>(world), nullptr);
+  for (int r : team.driven_ranks()) {
+    team.use(r);
+    preload_flag_gemm();
+    std::vector<int> orders;
+    for (bool push : {false, true}) {
+      std::vector<int> order(static_cast<std::size_t>(tiles));
+      for (long t = 0; t < tiles; ++t) order[static_cast<std::size_t>(t)] = static_cast<int>(t);
+      const auto arrival = [&](long tile) {
+        const int src = static_cast<int>(std::min(tile * flag_gemm_tile_rows() / shard_rows, static_cast<long>(world - 1)));
+        return push ? (r - src + world) % world : (src - r + world) % world;
+      };
+      std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return arrival(x) < arrival(y); });
+      orders.insert(orders.end(), order.begin(), order.end());
+    }
+    void* device_orders = nullptr;
+    CARAVAN_HIP_CHECK(hipMalloc(&device_orders, orders.size() * sizeof(int)));
+    tile_orders_[static_cast<std::size_t>(r)] = static_cast<int*>(device_orders);
+    CARAVAN_HIP_CHECK(hipMemcpy(device_orders, orders.data(), orders.size() * sizeof(int), hipMemcpyDefault));
+  }
   team.construction_done();
 }
 
-AllGatherGemm::~AllGatherGemm() = default;
+AllGatherGemm::~AllGatherGemm() {
+  for (std::size_t r = 0; r < tile_orders_.size(); ++r)
+    if (tile_orders_[r]) {
+      (void)hipSetDevice(team_.device(static_cast<int>(r)));
+      (void)hipFree(tile_orders_[r]);
+    }
+}
 
 bf16* AllGatherGemm::shard(int rank) const {
   return team_.heap().at<bf16>(gathered_, rank) + static_cast<long>(rank) * (m_ / team_.world()) * k_;
@@ -408,7 +439,8 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
 
-  const bool push = variant == AgGemmVariant::ce_push || variant == AgGemmVariant::ce_push_runs;
+  const bool push = variant == AgGemmVariant::ce_push || variant == AgGemmVariant::ce_push_runs ||
+                    variant == AgGemmVariant::tile_push;
   if (push) {
     // Pushing reads nothing of the peers: they may reuse their shards (a later pull call waits
     // for this).
@@ -442,6 +474,16 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   }
   CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
 
+  if (variant == AgGemmVariant::tile_pull || variant == AgGemmVariant::tile_push) {
+    // This rank's own rows need no wait: mark them landed for this epoch, in stream order after
+    // the shard was written; then one GEMM whose blocks wait for their own rows' flags.
+    for (int sp = 0; sp < splits_; ++sp) write_flag(stream, my.at(ag_landed, static_cast<long>(rank) * splits_ + sp), e);
+    const long tiles = flag_gemm_row_tiles(m_);
+    const int* order = tile_orders_[static_cast<std::size_t>(rank)] + (push ? tiles : 0);
+    flag_gemm(mine, k_, b, n_, c, n_, m_, n_, k_, my.at(ag_landed, 0), chunk_rows, e, order, stream);
+    CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+    return;
+  }
   Lanes lane(team_, rank, s, stream, variant == AgGemmVariant::ce_bulk ? 1 : lanes);
   if (variant == AgGemmVariant::ce_bulk) {
     for (int step = 1; step < world; ++step)

@@ -103,6 +103,8 @@ enum class AgGemmVariant {
   ce_push_runs,  // as ce_push, likewise
   ll_bulk,       // low-latency AllGather (SM-driven, flags inside the data), then one GEMM: for
                  // small shards (at most kLlMaxBytes), where copy-engine and NCCL latency dominate
+  tile_pull,     // as ce_pull, but one tile-level GEMM (flag_gemm) whose blocks each wait for the
+  tile_push,     // flags of their own rows (arrival order); as ce_push likewise. `lanes` unused
 };
 std::string_view to_string(AgGemmVariant v);
 
@@ -143,6 +145,9 @@ class AllGatherGemm {
   SymmetricRegion gathered_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when a shard fits the low-latency protocol
   std::vector<std::unique_ptr<RankSync>> sync_;
+  // Per rank this process drives: the tile variants' row-tile orders (device memory), pull then
+  // push (each flag_gemm_row_tiles(m) ints).
+  std::vector<int*> tile_orders_;
   struct Diagnostics;
   std::unique_ptr<Diagnostics> diagnostics_;
 };

@@ -209,7 +209,9 @@ TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
                                  {AgGemmVariant::ce_push, 1},      {AgGemmVariant::ce_pull_runs, 2},
                                  {AgGemmVariant::ce_pull, 2},      {AgGemmVariant::ll_bulk, 1},
                                  {AgGemmVariant::ce_push, 2},      {AgGemmVariant::ll_bulk, 1},
-                                 {AgGemmVariant::ce_pull, 1}};
+                                 {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::tile_push, 1},
+                                 {AgGemmVariant::tile_pull, 1},    {AgGemmVariant::ce_push, 1},
+                                 {AgGemmVariant::tile_push, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
     trace(r, "alloc");

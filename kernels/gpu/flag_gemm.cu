@@ -1,0 +1,117 @@
+// The tile-level GEMM fed by flags (kernels.h: flag_gemm): each block computes one 128 x 128 tile
+// of C, and before it loads its rows of A it waits until the flags guarding those rows hold the
+// call's epoch, so it starts as soon as its own rows have landed, not when a whole chunk has.
+// bf16 tensor cores through WMMA (16 x 16 x 16 fragments), fp32 accumulation.
+//
+// Written for correctness and clarity first: one shared-memory stage, no asynchronous copies.
+// The chunked variants (cuBLAS per chunk after the chunk's flag) remain the fast path; this is
+// the granularity Triton-distributed and Iris use, and the base for fused variants.
+#include "kernels/gpu/kernels.h"
+#include "kernels/gpu/symmetric.cuh"
+
+#include <mma.h>
+
+#include <string>
+
+namespace caravan::gpu {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int kTileM = 128, kTileN = 128, kTileK = 32, kThreads = 256;
+constexpr int kPadA = kTileK + 8, kPadB = kTileN + 8;  // 16 bytes of padding per row (bank conflicts)
+
+// Warps in a 2 x 4 grid over the tile: each warp owns 64 rows x 32 columns = 4 x 2 fragments.
+__global__ void __launch_bounds__(kThreads)
+    flag_gemm_kernel(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
+                     std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order) {
+  __shared__ __align__(128) bf16 as[kTileM][kPadA];
+  __shared__ __align__(128) bf16 bs[kTileK][kPadB];
+  __shared__ __align__(128) float cs[kThreads / 32][16][16];
+  const int m_tile = tile_order ? tile_order[blockIdx.y] : static_cast<int>(blockIdx.y);
+  const long m0 = static_cast<long>(m_tile) * kTileM, n0 = static_cast<long>(blockIdx.x) * kTileN;
+  if (flags != nullptr && threadIdx.x == 0) {
+    const long first = m0 / rows_per_flag, last = (min(m0 + kTileM, m) - 1) / rows_per_flag;
+    for (long f = first; f <= last; ++f) dev::wait_until(flags + f, dev::Compare::ge, epoch);
+  }
+  __syncthreads();  // the rows this tile needs have landed: every thread may load them now
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wm = warp / 4, wn = warp % 4;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+  for (long k0 = 0; k0 < k; k0 += kTileK) {
+    for (int v = threadIdx.x; v < kTileM * kTileK / 8; v += kThreads) {
+      const int r = v / (kTileK / 8), col = (v % (kTileK / 8)) * 8;
+      const long gr = m0 + r, gc = k0 + col;
+      uint4 value{0, 0, 0, 0};
+      // L2 only: rows written by a copy engine during this kernel must not come from a stale L1 line.
+      if (gr < m && gc < k) value = __ldcg(reinterpret_cast<const uint4*>(a + gr * lda + gc));
+      *reinterpret_cast<uint4*>(&as[r][col]) = value;
+    }
+    for (int v = threadIdx.x; v < kTileK * kTileN / 8; v += kThreads) {
+      const int r = v / (kTileN / 8), col = (v % (kTileN / 8)) * 8;
+      const long gr = k0 + r, gc = n0 + col;
+      uint4 value{0, 0, 0, 0};
+      if (gr < k && gc < n) value = *reinterpret_cast<const uint4*>(b + gr * ldb + gc);
+      *reinterpret_cast<uint4*>(&bs[r][col]) = value;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[4];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fb[2];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wmma::load_matrix_sync(fa[i], &as[wm * 64 + i * 16][kk], kPadA);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &bs[kk][wn * 32 + j * 16], kPadB);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+  // Each warp stages one fragment at a time in shared memory and writes it as bf16, in bounds.
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(&cs[warp][0][0], acc[i][j], 16, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 256; e += 32) {
+        const int r = e / 16, col = e % 16;
+        const long gr = m0 + wm * 64 + i * 16 + r, gc = n0 + wn * 32 + j * 16 + col;
+        if (gr < m && gc < n) c[gr * ldc + gc] = __float2bfloat16(cs[warp][r][col]);
+      }
+      __syncwarp();
+    }
+}
+
+}  // namespace
+
+void preload_flag_gemm() {
+  hipFuncAttributes attributes;
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&flag_gemm_kernel)));
+}
+
+long flag_gemm_row_tiles(long m) { return (m + kTileM - 1) / kTileM; }
+long flag_gemm_tile_rows() { return kTileM; }
+
+void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
+               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, hipStream_t stream) {
+  if (m <= 0 || n <= 0 || k <= 0 || k % 8 != 0 || n % 8 != 0 || lda % 8 != 0 || ldb % 8 != 0 || lda < k || ldb < n || ldc < n)
+    throw Error(Errc::invalid_argument,
+                "flag_gemm: m, n, k must be positive, k and n multiples of 8, lda >= k and ldb >= n multiples of 8, "
+                "ldc >= n; got m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k));
+  if (flags != nullptr && rows_per_flag <= 0)
+    throw Error(Errc::invalid_argument, "flag_gemm: rows_per_flag must be positive when flags are given");
+  const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>(flag_gemm_row_tiles(m)));
+  flag_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+}  // namespace caravan::gpu
