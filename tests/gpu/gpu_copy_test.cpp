@@ -4,8 +4,8 @@
 // (runs, batched runs, 2-D, 3-D, fills, the per-element fallback) against the host reference;
 // priorities on the copy engine; HIP errors as caravan::Error; landing flags (CopyOptions::signal)
 // written by the sdma and xgmi channels and observed by a kernel that was waiting on them before
-// the copy started. Every test that needs a device skips with the reason when there is none (CI
-// has nvcc but no GPU).
+// the copy started; multi-path copies between host memory and GPU 0 over every GPU. Every test
+// that needs a device skips with the reason when there is none (CI has nvcc but no GPU).
 #include "runtime/dma/calibrate.h"
 #include "runtime/dma/channel.h"
 #include "runtime/dma/storage.h"
@@ -147,6 +147,49 @@ TEST_F(GpuCopyTest, EveryGpuAndEveryPeerPair) {
       }
     }
   }
+}
+
+// Multi-path copies (PlannerChoice::multipath): host -> GPU 0 over every GPU's PCIe link, the
+// other GPUs relaying over NVLink, and the reverse; fresh random data, poisoned destinations.
+CopyReport multipath_copy_and_verify(const Rect& space, const char* a, const char* b, MemoryId from, MemoryId to) {
+  const std::uint64_t seed = fresh_seed();
+  Instance src = Instance::create(from, space, kFields, Layout::parse(a));
+  Instance dst = Instance::create(to, space, kFields, Layout::parse(b));
+  test::write_pattern(src, seed);
+  test::poison(dst);
+  CopyReport report;
+  Event e = copy(src, dst, {.planner = PlannerChoice::multipath, .report = &report});
+  EXPECT_TRUE(e.wait_for(60s)) << a << " -> " << b;
+  EXPECT_EQ(test::count_mismatches(dst, seed), 0u)
+      << from.to_string() << " " << a << " -> " << to.to_string() << " " << b << " over " << space.to_string()
+      << " via " << report.route << " (seed " << seed << ")";
+  std::uint64_t bytes = 0;
+  for (const CopyPathReport& path : report.paths) bytes += path.bytes;
+  if (!report.paths.empty()) {
+    EXPECT_EQ(bytes, space.volume() * kFields.total_size()) << report.route;
+  }
+  return report;
+}
+
+TEST_F(GpuCopyTest, MultipathHostToGpuZeroAndBack) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const Rect space = Rect::from_extents({4 << 20});  // 56 MiB
+  for (auto [from, to] : {std::pair{zcm(), fbm(0)}, std::pair{fbm(0), zcm()}}) {
+    CopyReport report = multipath_copy_and_verify(space, "F,x", "F,x", from, to);
+    EXPECT_GE(report.paths.size(), 2u) << "every GPU's link is a path: " << report.route;
+    for (const CopyPathReport& path : report.paths) {
+      const std::string& route = path.report.route;
+      EXPECT_TRUE(uses(route, "sdma")) << route;
+      if (path.report.timeline.size() > 1) {
+        EXPECT_TRUE(uses(route, "xgmi")) << "a relay crosses NVLink: " << route;
+      }
+      EXPECT_GT(path.bytes, 0u) << route;
+    }
+  }
+  // Layout changes and a 2-D space split along its outermost dimension.
+  multipath_copy_and_verify(Rect::from_extents({300001}), "F,x", "x,F", zcm(), fbm(0));
+  multipath_copy_and_verify(Rect::from_extents({997, 611}), "F,x,y", "y,x,F", fbm(0), zcm());
+  multipath_copy_and_verify(Rect::from_extents({997, 611}), "x_in=4,y_in=3,x_out,y_out,F", "F,x,y", zcm(), fbm(0));
 }
 
 TEST_F(GpuCopyTest, FillGpuMemory) {
