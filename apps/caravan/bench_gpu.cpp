@@ -5,7 +5,11 @@
 //   sdma local fbm0 -> fbm0   vs hipMemcpyAsync      (device -> device, one GPU)
 //   xgmi       fbm0 -> fbm1   vs hipMemcpyPeerAsync  (needs 2 GPUs that reach each other)
 //   sys -> fbm0 as planned    vs pageable hipMemcpyAsync
-// and a high-priority copy on the copy engine under 32 low-priority ones, alone and FIFO.
+// and a high-priority copy on the copy engine under 32 low-priority ones, alone and FIFO; and
+//   multipath host->fbm0      a 1 GiB zcm -> fbm0 copy split by the multi-path planner over
+//                             every GPU's PCIe link (GPU 0's directly, the others' relayed over
+//                             NVLink) vs one hipMemcpyAsync over GPU 0's link alone (goal >= 3x;
+//                             skipped with fewer than 2 GPUs)
 // Sources hold fresh random bytes; every destination is poisoned, copied by Caravan and
 // compared with its source after the timing. Without a GPU it says why and skips.
 #include "apps/caravan/bench_report.h"
@@ -15,6 +19,7 @@
 
 #include <caravan/caravan.h>
 #include <caravan/copy.h>
+#include <caravan/planner/plan.h>
 #include <caravan/platform.h>
 
 #include <CLI/CLI.hpp>
@@ -34,6 +39,9 @@ struct GpuBenchOptions {
   std::uint64_t mib = 256;
   int repetitions = 20;
   bool priority = true;
+  bool multipath = true;
+  bool multipath_only = false;
+  std::uint64_t multipath_mib = 1024;
 };
 GpuBenchOptions g_gpu;
 
@@ -65,6 +73,100 @@ bool verify(const Instance& src, const Instance& dst) {
   return a == b;
 }
 
+// "multipath host->fbm0": a multi-path copy from pinned host memory to GPU 0 against one raw
+// hipMemcpyAsync over GPU 0's PCIe link, on the same buffers, alternating.
+void run_multipath_case(BenchReport& out, nlohmann::json& figures, std::uint32_t rank) {
+  const std::string name = "multipath host->fbm0";
+  const gpu::Topology& topo = gpu::topology();
+  auto skip = [&](const std::string& reason) {
+    out.headlines.push_back(fmt::format("{}: skipped: {}", name, reason));
+    figures["multipath"] = {{"skipped", true}, {"reason", reason}};
+  };
+  if (topo.devices.size() < 2) {
+    skip(fmt::format("{} GPU(s); a multi-path copy to GPU 0 needs at least 2 (each GPU's PCIe link is one path)",
+                     topo.devices.size()));
+    return;
+  }
+  if (g_gpu.multipath_mib == 0) throw Error(Errc::invalid_argument, "--multipath-mib must be at least 1");
+  const MemoryId zcm{0, rank, MemoryKind::zcm, 0}, fbm0{0, rank, MemoryKind::fbm, 0};
+  const Rect space = Rect::from_extents({static_cast<std::int64_t>((g_gpu.multipath_mib << 20) / fields().total_size())});
+  const std::uint64_t bytes = space.volume() * fields().total_size();
+  const Layout aos = Layout::parse("F,x");
+  Instance src = Instance::create(zcm, space, fields(), aos), dst = Instance::create(fbm0, space, fields(), aos);
+  {  // fresh random bytes
+    std::mt19937_64 rng(std::random_device{}());
+    auto* p = reinterpret_cast<std::uint64_t*>(src.data());
+    for (std::uint64_t i = 0; i < bytes / 8; ++i) p[i] = rng();
+  }
+  std::shared_ptr<const planner::MultiPlan> plan = plan_copy_multipath(src, dst);
+  if (plan->shares.size() < 2) {
+    skip(fmt::format("the multi-path planner found one path from {} to {} ({}): no GPU relays (peer access?)",
+                     zcm.to_string(), fbm0.to_string(), plan->shares.front().plan.route()));
+    return;
+  }
+  const CopyOptions multipath{.planner = PlannerChoice::multipath};
+  copy(src, dst, multipath).wait();  // warm-up: streams, first touch of the relay buffers' pools
+  const gpu::RawCopy raw{.dst = address(dst), .src = address(src), .bytes = bytes, .device = 0};
+  gpu::time_raw_copies(raw, 1);
+  std::vector<double> caravan, baseline;
+  for (int r = 0; r < g_gpu.repetitions; ++r) {
+    baseline.push_back(gbps(bytes, gpu::time_raw_copies(raw, 1).front()));
+    auto start = Clock::now();
+    Event e = copy(src, dst, multipath);
+    while (!e.has_triggered()) {
+    }
+    e.wait();  // throws if the copy failed
+    caravan.push_back(gbps(bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+  }
+  // Verification: poison the destination, copy once more (with a report), compare every byte.
+  CopyReport report;
+  bool verified = false;
+  {
+    std::vector<std::byte> check(bytes, std::byte{0xAB});
+    dst.write_bytes(0, check);
+    copy(src, dst, {.planner = PlannerChoice::multipath, .report = &report}).wait();
+    dst.read_bytes(0, check);
+    verified = std::memcmp(check.data(), src.data(), bytes) == 0;
+  }
+  if (!verified) out.failure = fmt::format("{}: the destination differs from the source after a multi-path copy", name);
+
+  Summary sc = summarize(caravan), sb = summarize(baseline);
+  BenchTable t{fmt::format("{}: GB/s, {} MiB per copy over {} paths, each timed from submission to completion (event "
+                           "polled), alternating with one hipMemcpyAsync on GPU 0's link",
+                           name, bytes >> 20, report.paths.size()),
+               {"copy", "median", "p10", "p90", "min", "max"}, {}};
+  t.rows.push_back(row("multi-path zcm->fbm0 (caravan)", sc));
+  t.rows.push_back(row("hipMemcpyAsync H2D, one PCIe link (raw, same buffers)", sb));
+  out.tables.push_back(t);
+  const double ratio = sc.median / sb.median;
+  out.headlines.push_back(fmt::format("{}: {} paths, caravan / one PCIe link = {:.2f}x ({:.1f} vs {:.1f} GB/s; planned "
+                                      "{:.1f} GB/s) (goal >= 3x){}",
+                                      name, report.paths.size(), ratio, sc.median, sb.median, plan->predicted_gbps,
+                                      verified ? "" : " DATA MISMATCH"));
+  BenchTable paths{fmt::format("{}: the paths of the verified copy ({:.1f} GB/s overall, {:.0f} us from the first path's "
+                               "start to the last request's end)",
+                               name, report.elapsed_us > 0 ? static_cast<double>(bytes) / report.elapsed_us / 1e3 : 0.0,
+                               report.elapsed_us),
+                   {"path", "MiB", "share", "planned GB/s", "start us", "end us", "GB/s"}, {}};
+  nlohmann::json path_figures = nlohmann::json::array();
+  for (const CopyPathReport& p : report.paths) {
+    const double us = p.end_us - p.start_us;
+    const double achieved = us > 0 ? static_cast<double>(p.bytes) / us / 1e3 : 0;
+    paths.rows.push_back({p.report.route, fmt::format("{:.1f}", static_cast<double>(p.bytes) / (1 << 20)),
+                          fmt::format("{:.1f}%", 100.0 * static_cast<double>(p.bytes) / static_cast<double>(bytes)),
+                          fmt::format("{:.1f}", p.share_gbps), fmt::format("{:.0f}", p.start_us), fmt::format("{:.0f}", p.end_us),
+                          fmt::format("{:.1f}", achieved)});
+    path_figures.push_back({{"route", p.report.route}, {"bytes", p.bytes}, {"planned_gbps", p.share_gbps},
+                            {"start_us", p.start_us}, {"end_us", p.end_us}, {"gbps", achieved}});
+  }
+  out.tables.push_back(paths);
+  out.notes.push_back(fmt::format("{}: route {}; {} runs; destination verified: {}", name, report.route, g_gpu.repetitions,
+                                  verified ? "yes" : "NO"));
+  figures["multipath"] = {{"caravan_gbps", summary_json(sc)}, {"raw_one_link_gbps", summary_json(sb)}, {"ratio", ratio},
+                          {"goal", 3.0}, {"planned_gbps", plan->predicted_gbps}, {"paths", path_figures},
+                          {"bytes", bytes}, {"verified", verified}};
+}
+
 struct Pair {
   std::string name, raw_name;
   Instance src, dst;
@@ -88,6 +190,12 @@ BenchReport run_gpu_bench() {
   Runtime rt;
   const gpu::Topology& topo = gpu::topology();
   const auto rank = static_cast<std::uint32_t>(rt.rank());
+  if (g_gpu.multipath_only) {
+    nlohmann::json figures = nlohmann::json::object();
+    run_multipath_case(out, figures, rank);
+    out.figures = figures;
+    return out;
+  }
   const MemoryId sys{0, rank, MemoryKind::sys, 0}, zcm{0, rank, MemoryKind::zcm, 0}, fbm0{0, rank, MemoryKind::fbm, 0},
       fbm1{0, rank, MemoryKind::fbm, 1};
   const Rect space = Rect::from_extents({static_cast<std::int64_t>((g_gpu.mib << 20) / fields().total_size())});
@@ -256,6 +364,7 @@ BenchReport run_gpu_bench() {
     figures["priority_ms"] = {{"alone", summary_json(s_alone)}, {"prioritized", summary_json(s_prio)},
                               {"fifo", summary_json(s_fifo)}, {"interleaved", summary_json(s_inter)}};
   }
+  if (g_gpu.multipath) run_multipath_case(out, figures, rank);
   out.notes.push_back(fmt::format("GPUs: {} x {}; peer copies {}", topo.devices.size(), topo.devices[0].name,
                                   peer ? "GPU 0 -> GPU 1" : "not measured (needs 2 GPUs with peer access)"));
   out.figures = figures;
@@ -266,11 +375,15 @@ BenchReport run_gpu_bench() {
 }  // namespace
 
 void add_bench_gpu(CLI::App& bench) {
-  CLI::App& c = add_bench_case(bench, "gpu", "sdma and xgmi copies vs the raw HIP calls on the same buffers; copy-engine priorities",
+  CLI::App& c = add_bench_case(bench, "gpu", "sdma and xgmi copies vs the raw HIP calls on the same buffers; copy-engine priorities; "
+                                             "a multi-path host->fbm0 copy vs one PCIe link",
                                run_gpu_bench);
   c.add_option("--mib", g_gpu.mib, "MiB per copy")->capture_default_str();
   c.add_option("--reps", g_gpu.repetitions, "Runs of each case")->capture_default_str();
   c.add_flag("!--no-priority", g_gpu.priority, "Skip the copy-engine priority case");
+  c.add_flag("!--no-multipath", g_gpu.multipath, "Skip the multi-path host->fbm0 case");
+  c.add_flag("--multipath-only", g_gpu.multipath_only, "Run only the multi-path host->fbm0 case");
+  c.add_option("--multipath-mib", g_gpu.multipath_mib, "MiB per copy of the multi-path case")->capture_default_str();
 }
 
 }  // namespace caravan::app
