@@ -107,6 +107,8 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
     throw Error(Errc::invalid_argument,
                 "flag_gemm: m, n, k must be positive, k and n multiples of 8, lda >= k and ldb >= n multiples of 8, "
                 "ldc >= n; got m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k));
+  if (reinterpret_cast<std::uintptr_t>(a) % 16 != 0 || reinterpret_cast<std::uintptr_t>(b) % 16 != 0)
+    throw Error(Errc::invalid_argument, "flag_gemm: a and b must be 16-byte aligned (rows are loaded 16 bytes at a time)");
   if (flags != nullptr && rows_per_flag <= 0)
     throw Error(Errc::invalid_argument, "flag_gemm: rows_per_flag must be positive when flags are given");
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>(flag_gemm_row_tiles(m)));

@@ -6,10 +6,13 @@
 
 #include <caravan/error.h>
 #include <caravan/runtime.h>
+#include <caravan/settings.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <span>
 
@@ -52,15 +55,46 @@ GpuSymmetricHeap::GpuSymmetricHeap(std::vector<int> devices, std::uint64_t bytes
   }
 }
 
-// What each rank of the job tells the others in join_node().
+// What each rank of the job tells the others in join_node(). A rank that failed to set up
+// still sends one (ok = false, with its reason), so every rank takes part in every collective
+// and every rank reaches the same verdict.
 struct JoinEntry {
   int node = 0;
   int local_rank = 0;
   int device = 0;
+  int ok = 0;
   char bus_id[32] = {};  // the GPU's PCI address: two ranks of a node must not share one
+  char failure[160] = {};
   std::uint64_t bytes = 0;
   hipIpcMemHandle_t handle{};
 };
+
+namespace {
+
+std::chrono::nanoseconds join_timeout() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S")));
+}
+
+// Every rank's entry (the job's allgather; one rank alone: its own).
+std::vector<JoinEntry> exchange(net::Network* network, const JoinEntry& mine, const char* what) {
+  if (!network) return {mine};
+  std::vector<JoinEntry> out;
+  for (const auto& part : network->allgather(std::as_bytes(std::span<const JoinEntry, 1>(&mine, 1)), join_timeout(), what)) {
+    JoinEntry e;
+    if (part.size() != sizeof(e)) throw Error(Errc::internal, fmt::format("{}: a rank sent a malformed entry", what));
+    std::memcpy(&e, part.data(), sizeof(e));
+    out.push_back(e);
+  }
+  return out;
+}
+
+void set_failure(JoinEntry& e, const std::string& why) {
+  e.ok = 0;
+  std::snprintf(e.failure, sizeof(e.failure), "%s", why.c_str());
+}
+
+}  // namespace
 
 std::unique_ptr<GpuSymmetricHeap> GpuSymmetricHeap::join_node(int device, std::uint64_t bytes_per_rank) {
   Runtime& rt = Runtime::current();
@@ -72,86 +106,117 @@ std::unique_ptr<GpuSymmetricHeap> GpuSymmetricHeap::join_node(int device, std::u
   mine.local_rank = rt.rank_info(rt.rank()).local_rank;
   mine.device = device;
   mine.bytes = bytes_per_rank;
+  mine.ok = 1;
   void* base = nullptr;
   try {
-    if (bytes_per_rank == 0) throw Error(Errc::invalid_argument, "GpuSymmetricHeap::join_node: bytes_per_rank must be positive");
+    if (bytes_per_rank == 0) throw Error(Errc::invalid_argument, "bytes_per_rank must be positive");
     CARAVAN_HIP_CHECK(hipSetDevice(device));
     CARAVAN_HIP_CHECK(hipDeviceGetPCIBusId(mine.bus_id, sizeof(mine.bus_id), device));
     CARAVAN_HIP_CHECK(hipMalloc(&base, bytes_per_rank));
     CARAVAN_HIP_CHECK(hipMemset(base, 0, bytes_per_rank));
     CARAVAN_HIP_CHECK(hipDeviceSynchronize());
     CARAVAN_HIP_CHECK(hipIpcGetMemHandle(&mine.handle, base));
-  } catch (...) {
-    if (base) (void)hipFree(base);
-    throw;  // the peers' collective below fails too: this rank does not take part
+  } catch (const std::exception& e) {
+    set_failure(mine, e.what());  // still takes part in the exchange: the peers learn why
   }
+  const auto release_base = [&] {
+    if (base) (void)hipFree(base);
+    base = nullptr;
+  };
   std::vector<JoinEntry> team;
   try {
-    if (!network) {
-      team.push_back(mine);  // one rank alone
+    for (const JoinEntry& e : exchange(network, mine, "GpuSymmetricHeap::join_node"))
+      if (e.node == mine.node) team.push_back(e);
+  } catch (...) {
+    release_base();
+    throw;
+  }
+  std::sort(team.begin(), team.end(), [](const JoinEntry& a, const JoinEntry& b) { return a.local_rank < b.local_rank; });
+  // The same checks on every rank of the node, over the whole team: the same verdict everywhere.
+  std::string verdict;
+  for (std::size_t i = 0; i < team.size() && verdict.empty(); ++i) {
+    const JoinEntry& e = team[i];
+    if (!e.ok) verdict = fmt::format("local rank {} could not set up its heap: {}", e.local_rank, e.failure);
+    else if (e.bytes != team.front().bytes)
+      verdict = fmt::format("every rank of a node must ask for the same size; local rank {} asked for {} bytes, local rank "
+                            "{} for {}",
+                            e.local_rank, e.bytes, team.front().local_rank, team.front().bytes);
+    for (std::size_t j = 0; j < i && verdict.empty(); ++j)
+      if (team[j].ok && e.ok && std::strncmp(team[j].bus_id, e.bus_id, sizeof(e.bus_id)) == 0)
+        verdict = fmt::format("local ranks {} and {} both chose GPU {}; each rank needs a GPU of its own", team[j].local_rank,
+                              e.local_rank, e.bus_id);
+  }
+  if (verdict.empty() && team.size() > static_cast<std::size_t>(kMaxHeapRanks))
+    verdict = fmt::format("{} ranks on this node; at most {}", team.size(), kMaxHeapRanks);
+  if (!verdict.empty()) {
+    release_base();
+    throw Error(Errc::invalid_argument, "GpuSymmetricHeap::join_node: " + verdict);
+  }
+  for (std::size_t i = 0; i < team.size(); ++i)
+    if (team[i].local_rank == mine.local_rank) heap->own_rank_ = static_cast<int>(i);
+  JoinEntry mapped_all = mine;  // the second exchange: did this rank map every peer?
+  for (const JoinEntry& e : team) {
+    heap->devices_.push_back(e.device);
+    if (e.local_rank == mine.local_rank) {
+      heap->bases_.push_back(static_cast<char*>(base));
+      base = nullptr;  // the heap owns it now
+      continue;
+    }
+    void* mapped = nullptr;
+    const hipError_t status = mapped_all.ok ? hipIpcOpenMemHandle(&mapped, e.handle, hipIpcMemLazyEnablePeerAccess)
+                                            : hipSuccess;
+    if (!mapped_all.ok) {
+      heap->bases_.push_back(nullptr);
+    } else if (status != hipSuccess) {
+      (void)hipGetLastError();
+      set_failure(mapped_all, fmt::format("cannot map local rank {}'s heap (GPU {}, {}) on GPU {} ({}): {}", e.local_rank,
+                                          e.device, e.bus_id, device, mine.bus_id, hipGetErrorName(status)));
+      heap->bases_.push_back(nullptr);
     } else {
-      const auto parts = network->allgather(std::as_bytes(std::span<const JoinEntry, 1>(&mine, 1)), std::nullopt,
-                                            "GpuSymmetricHeap::join_node");
-      for (const auto& part : parts) {
-        JoinEntry e;
-        if (part.size() != sizeof(e)) throw Error(Errc::internal, "GpuSymmetricHeap::join_node: a rank sent a malformed entry");
-        std::memcpy(&e, part.data(), sizeof(e));
-        if (e.node == mine.node) team.push_back(e);
-      }
-    }
-    std::sort(team.begin(), team.end(), [](const JoinEntry& a, const JoinEntry& b) { return a.local_rank < b.local_rank; });
-    if (team.size() > static_cast<std::size_t>(kMaxHeapRanks))
-      throw Error(Errc::invalid_argument, fmt::format("GpuSymmetricHeap::join_node: {} ranks on this node; at most {}",
-                                                      team.size(), kMaxHeapRanks));
-    for (const JoinEntry& e : team) {
-      if (e.bytes != bytes_per_rank)
-        throw Error(Errc::invalid_argument,
-                    fmt::format("GpuSymmetricHeap::join_node: every rank of a node must ask for the same size; local rank "
-                                "{} asked for {} bytes, this one for {}",
-                                e.local_rank, e.bytes, bytes_per_rank));
-      if (e.local_rank != mine.local_rank && std::strncmp(e.bus_id, mine.bus_id, sizeof(e.bus_id)) == 0)
-        throw Error(Errc::invalid_argument,
-                    fmt::format("GpuSymmetricHeap::join_node: local ranks {} and {} both chose GPU {} ({}); each rank "
-                                "needs a GPU of its own",
-                                e.local_rank, mine.local_rank, mine.device, mine.bus_id));
-    }
-    for (std::size_t i = 0; i < team.size(); ++i)
-      if (team[i].local_rank == mine.local_rank) heap->own_rank_ = static_cast<int>(i);
-    for (const JoinEntry& e : team) {
-      heap->devices_.push_back(e.device);
-      if (e.local_rank == mine.local_rank) {
-        heap->bases_.push_back(static_cast<char*>(base));
-        base = nullptr;  // the heap owns it now
-        continue;
-      }
-      void* mapped = nullptr;
-      const hipError_t status = hipIpcOpenMemHandle(&mapped, e.handle, hipIpcMemLazyEnablePeerAccess);
-      if (status != hipSuccess) {
-        (void)hipGetLastError();
-        throw Error(Errc::device, fmt::format("GpuSymmetricHeap::join_node: cannot map local rank {}'s heap (GPU {}, {}) "
-                                              "on GPU {}: {} ({})",
-                                              e.local_rank, e.device, e.bus_id, device, hipGetErrorName(status),
-                                              hipGetErrorString(status)));
-      }
       heap->bases_.push_back(static_cast<char*>(mapped));
     }
+  }
+  std::vector<JoinEntry> statuses;
+  try {
+    statuses = exchange(network, mapped_all, "GpuSymmetricHeap::join_node (mapping)");
   } catch (...) {
-    if (base) (void)hipFree(base);  // not handed to the heap yet
     heap->free_all();
     heap->bases_.clear();
     throw;
   }
+  for (const JoinEntry& e : statuses)
+    if (e.node == mine.node && !e.ok) {
+      heap->free_all();  // nobody uses the heap: every rank of the node fails here alike
+      heap->bases_.clear();
+      throw Error(Errc::device, fmt::format("GpuSymmetricHeap::join_node: local rank {}: {}", e.local_rank, e.failure));
+    }
   return heap;
 }
 
 void GpuSymmetricHeap::free_all() noexcept {
   if (own_rank_ >= 0 && static_cast<std::size_t>(own_rank_) < devices_.size()) (void)hipSetDevice(devices_[own_rank_]);
   for (std::size_t i = 0; i < bases_.size(); ++i) {
+    if (!bases_[i]) continue;
     const bool own = own_rank_ < 0 || static_cast<int>(i) == own_rank_;
     if (own_rank_ < 0) (void)hipSetDevice(devices_[i]);
     if (own) (void)hipFree(bases_[i]);
     else (void)hipIpcCloseMemHandle(bases_[i]);
   }
+}
+
+void GpuSymmetricHeap::leave() {
+  if (own_rank_ < 0 || bases_.empty()) return;
+  // Importers unmap first; only then may the exporters free (the CUDA rule for IPC memory).
+  CARAVAN_HIP_CHECK(hipSetDevice(devices_[static_cast<std::size_t>(own_rank_)]));
+  for (std::size_t i = 0; i < bases_.size(); ++i)
+    if (bases_[i] && static_cast<int>(i) != own_rank_) {
+      (void)hipIpcCloseMemHandle(bases_[i]);
+      bases_[i] = nullptr;
+    }
+  if (Runtime::is_running()) Runtime::current().barrier(join_timeout());
+  char* own = bases_[static_cast<std::size_t>(own_rank_)];
+  bases_.clear();
+  if (own) CARAVAN_HIP_CHECK(hipFree(own));
 }
 
 GpuSymmetricHeap::~GpuSymmetricHeap() { free_all(); }
@@ -173,6 +238,10 @@ void GpuSymmetricHeap::release_to(std::uint64_t mark) {
   if (mark > used_)
     throw Error(Errc::invalid_argument,
                 fmt::format("GpuSymmetricHeap::release_to: mark {} is beyond the {} bytes in use", mark, used_));
+  // Cross-process: no peer may still write the part being zeroed, nor write it again before
+  // every rank zeroed it.
+  const bool collective = own_rank_ >= 0 && Runtime::is_running();
+  if (collective) Runtime::current().barrier(join_timeout());
   for (std::size_t i = 0; i < bases_.size(); ++i) {
     if (own_rank_ >= 0 && static_cast<int>(i) != own_rank_) continue;  // a peer zeroes its own
     CARAVAN_HIP_CHECK(hipSetDevice(devices_[i]));
@@ -180,6 +249,7 @@ void GpuSymmetricHeap::release_to(std::uint64_t mark) {
     CARAVAN_HIP_CHECK(hipDeviceSynchronize());  // the memset is on the legacy stream: finish it
   }
   used_ = mark;
+  if (collective) Runtime::current().barrier(join_timeout());
 }
 
 HeapView GpuSymmetricHeap::view(int rank) const {

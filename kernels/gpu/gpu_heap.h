@@ -38,7 +38,14 @@ class GpuSymmetricHeap {
   // `device`; a peer's is mapped through its IPC handle. Throws Error(invalid_argument) when
   // ranks of a node ask for different sizes or the same GPU, Error(device) when a handle cannot
   // be mapped (no peer path), and what the runtime's collective throws (a rank lost, ...).
+  // Every failure is collective: a rank that cannot set up still takes part in the exchanges,
+  // and every rank of the node throws the same error. Waits are bounded by
+  // CARAVAN_OVERLAP_TIMEOUT_S.
   static std::unique_ptr<GpuSymmetricHeap> join_node(int device, std::uint64_t bytes_per_rank);
+  // Cross-process: collective teardown (unmap the peers' heaps, barrier, free this rank's), as
+  // CUDA wants importers to unmap before the exporter frees. Call it on every rank, with no work
+  // in flight, before the heap is destroyed; the destructor alone unmaps and frees at once.
+  void leave();
   ~GpuSymmetricHeap();
   GpuSymmetricHeap(const GpuSymmetricHeap&) = delete;
   GpuSymmetricHeap& operator=(const GpuSymmetricHeap&) = delete;
@@ -63,8 +70,8 @@ class GpuSymmetricHeap {
 
   // Scoped reuse: everything allocated after mark() is released by release_to(mark) (and zeroed
   // again), e.g. between benchmark cases. The caller guarantees that nothing uses it any more.
-  // Cross-process: every rank calls it (each zeroes its own heap), and the caller synchronises
-  // the ranks before a peer writes into the released part again.
+  // Cross-process: collective (every rank calls it; barriers before and after each rank zeroes
+  // its own heap).
   std::uint64_t mark() const { return used_; }
   void release_to(std::uint64_t mark);
 

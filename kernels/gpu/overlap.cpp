@@ -113,8 +113,12 @@ std::vector<int> GpuTeam::driven_ranks() const {
 }
 
 void GpuTeam::construction_done() {
-  if (heap_->own_rank() >= 0 && Runtime::is_running()) Runtime::current().barrier();
+  if (heap_->own_rank() >= 0 && Runtime::is_running())
+    Runtime::current().barrier(std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::duration<double>(settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S"))));
 }
+
+void GpuTeam::leave() { heap_->leave(); }
 
 void GpuTeam::add_rank(int r) {
   {
@@ -341,10 +345,13 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   const std::size_t words = static_cast<std::size_t>(world) * ag_groups * static_cast<std::size_t>(world) * splits;
   CARAVAN_HIP_CHECK(hipHostMalloc(reinterpret_cast<void**>(&diagnostics_->words), words * sizeof(std::uint64_t),
                                   hipHostMallocPortable));
-  // One copy stream per rank this process drives; a peer's flags are read from the first one.
-  for (int r : team.driven_ranks()) {
-    team.use(r);
-    diagnostics_->devices.push_back(team.device(r));
+  // One copy stream per rank of the team (a stuck copy then blocks only its own rank's report),
+  // on the rank's GPU where this process drives it, else on the first GPU it drives.
+  const int first_driven = team.driven_ranks().front();
+  for (int r = 0; r < world; ++r) {
+    const int on = team.drives(r) ? r : first_driven;
+    team.use(on);
+    diagnostics_->devices.push_back(team.device(on));
     diagnostics_->streams.push_back(nullptr);
     diagnostics_->done.push_back(nullptr);
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&diagnostics_->streams.back(), hipStreamNonBlocking));
@@ -358,6 +365,19 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   // rank+1, rank+2, ... or pushes from rank-1, rank-2, ...
   const long tiles = flag_gemm_row_tiles(m);
   tile_orders_.assign(static_cast<std::size_t>(world), nullptr);
+  try {
+    build_tile_orders(tiles, shard_rows);
+    team.construction_done();
+  } catch (...) {
+    free_tile_orders();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void AllGatherGemm::build_tile_orders(long tiles, long shard_rows) {
+  GpuTeam& team = team_;
+  const int world = team.world();
+  const long m = m_;
   for (int r : team.driven_ranks()) {
     team.use(r);
     preload_flag_gemm();
@@ -365,9 +385,15 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
     for (bool push : {false, true}) {
       std::vector<int> order(static_cast<std::size_t>(tiles));
       for (long t = 0; t < tiles; ++t) order[static_cast<std::size_t>(t)] = static_cast<int>(t);
+      // A tile can span shards: it is ready when the last of them arrives.
       const auto arrival = [&](long tile) {
-        const int src = static_cast<int>(std::min(tile * flag_gemm_tile_rows() / shard_rows, static_cast<long>(world - 1)));
-        return push ? (r - src + world) % world : (src - r + world) % world;
+        const long first = tile * flag_gemm_tile_rows(), last = std::min(first + flag_gemm_tile_rows(), m) - 1;
+        int latest = 0;
+        for (long src = first / shard_rows; src <= last / shard_rows; ++src) {
+          const int q = static_cast<int>(src);
+          latest = std::max(latest, push ? (r - q + world) % world : (q - r + world) % world);
+        }
+        return latest;
       };
       std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return arrival(x) < arrival(y); });
       orders.insert(orders.end(), order.begin(), order.end());
@@ -377,16 +403,18 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
     tile_orders_[static_cast<std::size_t>(r)] = static_cast<int*>(device_orders);
     CARAVAN_HIP_CHECK(hipMemcpy(device_orders, orders.data(), orders.size() * sizeof(int), hipMemcpyDefault));
   }
-  team.construction_done();
 }
 
-AllGatherGemm::~AllGatherGemm() {
+void AllGatherGemm::free_tile_orders() noexcept {
   for (std::size_t r = 0; r < tile_orders_.size(); ++r)
     if (tile_orders_[r]) {
       (void)hipSetDevice(team_.device(static_cast<int>(r)));
       (void)hipFree(tile_orders_[r]);
+      tile_orders_[r] = nullptr;
     }
 }
+
+AllGatherGemm::~AllGatherGemm() { free_tile_orders(); }
 
 bf16* AllGatherGemm::shard(int rank) const {
   return team_.heap().at<bf16>(gathered_, rank) + static_cast<long>(rank) * (m_ / team_.world()) * k_;
@@ -409,6 +437,9 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   const long shard_rows = m_ / world, chunk_rows = shard_rows / splits_;
   const std::size_t chunk_bytes = static_cast<std::size_t>(chunk_rows) * k_ * sizeof(bf16);
   require_call(team_, "AllGatherGemm", rank, lanes);
+  require((variant != AgGemmVariant::tile_pull && variant != AgGemmVariant::tile_push) ||
+              reinterpret_cast<std::uintptr_t>(b) % 16 == 0,
+          "AllGatherGemm: the tile variants need b 16-byte aligned");
   require(variant != AgGemmVariant::ll_bulk || low_latency(),
           fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}", kLlMaxBytes,
                       static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16)));
@@ -532,13 +563,13 @@ std::string AllGatherGemm::describe_flags() const {
   const std::size_t per_rank = static_cast<std::size_t>(ag_groups * count);
   static constexpr const char* kNames[] = {"ready", "done", "landed", "freed"};
   std::string out;
-  const std::vector<int> driven = team_.driven_ranks();
+  int current = 0;
+  (void)hipGetDevice(&current);
   for (int r = 0; r < world; ++r) {
     std::uint64_t* words = diagnostics_->words + static_cast<std::size_t>(r) * per_rank;
     const auto* sync = sync_[static_cast<std::size_t>(r)].get();
     out += sync ? fmt::format("rank {}: {} calls;", r, sync->epoch) : fmt::format("rank {} (another process):", r);
-    const auto mine = std::find(driven.begin(), driven.end(), r);
-    const std::size_t d = mine != driven.end() ? static_cast<std::size_t>(mine - driven.begin()) : 0;
+    const std::size_t d = static_cast<std::size_t>(r);
     hipError_t status = hipSetDevice(diagnostics_->devices[d]);
     if (status == hipSuccess)
       status = hipMemcpyAsync(words, team_.heap().at<std::uint64_t>(flags_, r), per_rank * sizeof(std::uint64_t),
@@ -561,6 +592,7 @@ std::string AllGatherGemm::describe_flags() const {
       out += fmt::format(" {} [{}]", kNames[g], fmt::join(words + g * count, words + (g + 1) * count, " "));
     out += "\n";
   }
+  (void)hipSetDevice(current);
   return out;
 }
 
@@ -600,11 +632,11 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
     sync_ = make_sync(team, world * splits);
     warm_up(team, {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}},
             static_cast<std::size_t>(m / world) * n);
+    team.construction_done();
   } catch (...) {
     free_partials();
     throw;
   }
-  team.construction_done();
 }
 
 void GemmReduceScatter::free_partials() {

@@ -51,6 +51,9 @@ class GpuTeam {
   // that no rank's first call finds a peer still allocating or loading kernels (see overlap.md,
   // the rules); in-process nothing.
   void construction_done();
+  // Cross-process: the collective teardown of the heap (GpuSymmetricHeap::leave); call it on
+  // every rank once no operation is in flight. In-process nothing.
+  void leave();
   hipStream_t comm_stream(int rank) const;
   // A second compute stream per rank ("lane" 1; lane 0 is the caller's stream) with its own
   // BLAS handle: chunk GEMMs alternate between the two lanes, so one chunk's last, partly
@@ -148,6 +151,8 @@ class AllGatherGemm {
   // Per rank this process drives: the tile variants' row-tile orders (device memory), pull then
   // push (each flag_gemm_row_tiles(m) ints).
   std::vector<int*> tile_orders_;
+  void build_tile_orders(long tiles, long shard_rows);
+  void free_tile_orders() noexcept;
   struct Diagnostics;
   std::unique_ptr<Diagnostics> diagnostics_;
 };

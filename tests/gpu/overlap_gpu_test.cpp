@@ -354,6 +354,46 @@ TEST(Overlap, AllGatherGemmRanksRunAheadOnTwoStreams) {
   run_ahead_through_mixed_variants(true, true);
 }
 
+// The tile variants on shapes that leave partial tiles everywhere (72 rows per rank: tiles span
+// two shards; k = 136: a K tail of 8; n = 200: a partial column tile), with one rank writing
+// its shard late, so the other ranks' blocks really wait on their rows' flags.
+TEST(Overlap, TileVariantsHandlePartialTilesAndLateRows) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 64 << 20);
+  const long m = 72L * world, k = 136, n = 200, rows = m / world;
+  AllGatherGemm op(team, m, k, n);
+  const std::vector<AgGemmVariant> runs = {AgGemmVariant::tile_pull, AgGemmVariant::tile_push, AgGemmVariant::tile_push,
+                                           AgGemmVariant::tile_pull};
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+    bf16 *b = device_alloc<bf16>(static_cast<std::size_t>(k) * n), *c = device_alloc<bf16>(static_cast<std::size_t>(m) * n);
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * k), *b32 = device_alloc<float>(static_cast<std::size_t>(k) * n),
+          *ref = device_alloc<float>(static_cast<std::size_t>(m) * n);
+    barrier.arrive_and_wait();
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 1 + static_cast<std::uint64_t>(r);
+      op.wait_shard_free(r, stream);
+      if (r == world - 1 && call == 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a late shard
+      fill_random(op.shard(r), rows, k, k, sa, r * rows, 0, 1.0f, stream);
+      fill_random(b, k, n, n, sb, 0, 0, 1.0f, stream);
+      poison(c, static_cast<std::size_t>(m) * n, stream);
+      op.run(r, b, c, runs[call], stream);
+      finish(stream);
+      barrier.arrive_and_wait();  // every rank done before any launches its reference GEMM
+      fill_random(a32, m, k, k, sa, 0, 0, 1.0f, stream);
+      fill_random(b32, k, n, n, sb, 0, 0, 1.0f, stream);
+      team.blas(r).gemm_reference(stream, m, n, k, a32, k, b32, n, ref, n);
+      const double err = relative_error(c, m, n, ref, stream);
+      if (!(err < 1e-2))
+        throw Error(Errc::internal, std::string(to_string(runs[call])) + " call " + std::to_string(call) + ": relative error " +
+                                        std::to_string(err));
+      barrier.arrive_and_wait();
+    }
+    (void)hipFree(b), (void)hipFree(c), (void)hipFree(a32), (void)hipFree(b32), (void)hipFree(ref);
+  });
+}
+
 TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   CARAVAN_REQUIRE_GPUS(2);
   const int world = team_size();
