@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The GPU checks and benchmarks, each bounded in time, for a GPU machine reached with little
+# time to spare: run it from the repository root after carrying the binaries (see
+# docs/gpu.md, "Running the GPU tests and benchmark on the GPU machine").
+#
+#   usage: scripts/gpu-checks.sh [BIN_DIR] [OUT_DIR] [STEP...]
+#     BIN_DIR: where caravan, overlap_gpu_tests, gpu_tests and ipc_heap_gpu_tests are
+#              (default .devcarry; the Debian libraries they need are looked up there too)
+#     OUT_DIR: where each step's log goes (default gpu-checks)
+#     STEP:    any of tests run-ahead ipc copies overlap llm (default: all, in that order)
+#
+# Each step's log is OUT_DIR/<step>.log; a summary line per step is printed at the end. A step
+# that hangs is killed at its limit and reported as such; the next step still runs.
+set -uo pipefail
+bin=${1:-.devcarry}
+out=${2:-gpu-checks}
+shift $(( $# > 2 ? 2 : $# ))
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests run-ahead ipc copies overlap llm)
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0 CARAVAN_CACHE_DIR=${CARAVAN_CACHE_DIR:-/tmp/caravan-cache}
+[ -d "$bin/ucx" ] && export UCX_MODULE_DIR="$bin/ucx"  # UCX's transport modules (scripts/gpu-carry.sh)
+summary=()
+
+# run NAME LIMIT_S COMMAND...: runs the command with a time limit, logging to OUT/NAME.log.
+run() {
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: $*" | tee -a "$out/$name.log"
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >>"$out/$name.log" 2>&1
+  local rc=$?
+  local verdict="ok"
+  [ $rc -ne 0 ] && verdict="FAILED (exit $rc)"
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && verdict="KILLED at its ${limit} s limit"
+  summary+=("$name: $verdict in $((SECONDS - start)) s")
+  return $rc
+}
+
+# snapshot PID FILE: every thread's syscall and kernel wait channel, and stacks if gdb is there.
+snapshot() {
+  local pid=$1 file=$2
+  for t in /proc/"$pid"/task/*; do
+    [ -r "$t/syscall" ] && echo "$(basename "$t") syscall=$(cut -d' ' -f1 "$t/syscall") wchan=$(cat "$t/wchan" 2>/dev/null)"
+  done >"$file"
+  command -v gdb >/dev/null && gdb -p "$pid" -batch -ex 'thread apply all bt 30' >>"$file" 2>&1
+}
+
+for step in "${steps[@]}"; do
+  case $step in
+    tests)
+      run overlap-tests 240 "$bin/overlap_gpu_tests" --gtest_shuffle --gtest_repeat=2
+      ;;
+    run-ahead)
+      # The open run-ahead hang (docs/overlap.md): with pacing (the default) it should pass;
+      # without, the snapshots say where the rank threads are.
+      CARAVAN_TEST_RUN_AHEAD=1 run run-ahead-paced 120 "$bin/overlap_gpu_tests" --gtest_filter='*RunAhead*'
+      echo "== run-ahead-unpaced (snapshots at 8 s and 25 s)" >>"$out/run-ahead-unpaced.log"
+      CARAVAN_TEST_RUN_AHEAD=1 CARAVAN_OVERLAP_GPU_PACE=0 \
+        "$bin/overlap_gpu_tests" --gtest_filter='*RunAheadThroughMixedVariantsWithoutLowLatency' \
+        >>"$out/run-ahead-unpaced.log" 2>&1 &
+      pid=$!
+      sleep 8 && kill -0 $pid 2>/dev/null && snapshot $pid "$out/run-ahead-unpaced.t08"
+      sleep 17 && kill -0 $pid 2>/dev/null && snapshot $pid "$out/run-ahead-unpaced.t25"
+      if kill -0 $pid 2>/dev/null; then
+        kill -9 $pid
+        summary+=("run-ahead-unpaced: hung (snapshots in $out/run-ahead-unpaced.t08/.t25)")
+      else
+        wait $pid
+        summary+=("run-ahead-unpaced: exited with $? (no hang)")
+      fi
+      ;;
+    ipc)
+      for n in 2 4; do
+        run "ipc-heap-$n" 240 "$bin/caravan" run -n "$n" --grace 20 "$bin/ipc_heap_gpu_tests"
+      done
+      ;;
+    copies)
+      run gpu-tests 300 "$bin/gpu_tests"
+      run bench-gpu 300 "$bin/caravan" bench gpu
+      ;;
+    overlap)
+      run bench-overlap 420 "$bin/caravan" bench overlap --backend gpu --json "$out/overlap.json"
+      ;;
+    llm)
+      run bench-llm 500 "$bin/caravan" bench llm --sweep --iterations 6 --warmup 2 --json "$out/llm-sweep.json"
+      ;;
+    *)
+      echo "gpu-checks: unknown step '$step' (tests run-ahead ipc copies overlap llm)" >&2
+      exit 2
+      ;;
+  esac
+done
+printf '%s\n' "${summary[@]}"
