@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <exception>
 #include <thread>
 #include <chrono>
 
@@ -166,11 +167,11 @@ void GpuTeam::use(int rank) const { CARAVAN_HIP_CHECK(hipSetDevice(device(rank))
 RankSync::RankSync(int chunk_events, bool pace) : pace_(pace) {
   chunk.resize(static_cast<std::size_t>(chunk_events));
   try {
-    for (hipEvent_t* e : {&start, &comm_done, &lane_done, &call_done_})
+    for (hipEvent_t* e : {&start, &comm_done, &lane_done, &call_done_, &call_end_})
       CARAVAN_HIP_CHECK(hipEventCreateWithFlags(e, hipEventDisableTiming));
     for (auto& e : chunk) CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&e, hipEventDisableTiming));
   } catch (...) {
-    for (hipEvent_t e : {start, comm_done, lane_done, call_done_})
+    for (hipEvent_t e : {start, comm_done, lane_done, call_done_, call_end_})
       if (e) (void)hipEventDestroy(e);
     for (hipEvent_t e : chunk)
       if (e) (void)hipEventDestroy(e);
@@ -180,11 +181,12 @@ RankSync::RankSync(int chunk_events, bool pace) : pace_(pace) {
 
 std::uint64_t RankSync::enter(hipStream_t stream) {
   if (pace_ && epoch > 0) {
-    CARAVAN_HIP_CHECK(hipEventRecord(call_done_, last_stream_));
+    // The previous call recorded call_end_ when it was queued (leave()): only a query here, so
+    // a caller that waits between calls anyway pays one event query.
     const auto limit = std::chrono::duration<double>(settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S"));
     const auto deadline = std::chrono::steady_clock::now() + limit;
     for (;;) {
-      const hipError_t status = hipEventQuery(call_done_);
+      const hipError_t status = hipEventQuery(call_end_);
       if (status == hipSuccess) break;
       if (status != hipErrorNotReady) CARAVAN_HIP_CHECK(status);
       if (std::chrono::steady_clock::now() > deadline)
@@ -208,8 +210,13 @@ void RankSync::order_after_last_call(hipStream_t stream) {
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, call_done_, 0));
 }
 
+void RankSync::leave(hipStream_t stream) {
+  if (pace_) CARAVAN_HIP_CHECK(hipEventRecord(call_end_, stream));
+}
+
 RankSync::~RankSync() {
   (void)hipEventDestroy(call_done_);
+  (void)hipEventDestroy(call_end_);
   (void)hipEventDestroy(start);
   (void)hipEventDestroy(comm_done);
   (void)hipEventDestroy(lane_done);
@@ -217,6 +224,29 @@ RankSync::~RankSync() {
 }
 
 namespace {
+// Calls RankSync::leave when a call's enqueueing ends, on every return path (not when it throws:
+// then the call is broken anyway and pacing must not wait on a half-queued call).
+class CallScope {
+ public:
+  CallScope(RankSync& sync, hipStream_t stream) : sync_(sync), stream_(stream), exceptions_(std::uncaught_exceptions()) {}
+  ~CallScope() {
+    if (std::uncaught_exceptions() == exceptions_) {
+      try {
+        sync_.leave(stream_);
+      } catch (...) {
+        // a failed record only weakens pacing; the next call's enter() reports device errors
+      }
+    }
+  }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  RankSync& sync_;
+  hipStream_t stream_;
+  int exceptions_;
+};
+
 Lanes::Lanes(GpuTeam& team, int rank, RankSync& sync, hipStream_t stream, int lanes)
     : sync_(sync), count_(lanes), streams_{stream, team.lane_stream(rank)}, blas_{&team.blas(rank, 0), &team.blas(rank, 1)} {
   // Lane 1 starts with everything enqueued on the caller's stream so far (the caller records
@@ -445,6 +475,7 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
                       static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16)));
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = s.enter(stream);
+  CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
   Blas& blas = team_.blas(rank);
   auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), count}; };
@@ -663,6 +694,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
                       chunk_elems * sizeof(bf16)));
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = s.enter(stream);
+  CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
   bf16* partial = partial_[static_cast<std::size_t>(rank)];
   auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), world}; };
@@ -760,6 +792,7 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   require_call(team_, "GemmAllScatter", rank, lanes);
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = s.enter(stream);
+  CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
   auto arrived = [&](int owner, int from, int chunk) {
     return team_.heap().at<std::uint64_t>(flags_, owner) + static_cast<long>(from) * chunks_ + chunk;

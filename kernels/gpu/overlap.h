@@ -91,9 +91,12 @@ class RankSync {
   std::uint64_t enter(hipStream_t stream);
   // Makes `stream` wait until the last call of this rank has finished.
   void order_after_last_call(hipStream_t stream);
+  // Ends a call that entered on `stream`: paced, records where it ends, for the next enter().
+  void leave(hipStream_t stream);
 
  private:
   hipEvent_t call_done_ = nullptr;
+  hipEvent_t call_end_ = nullptr;  // paced: recorded at the end of every call
   hipStream_t last_stream_ = nullptr;
   bool pace_ = false;
 };
