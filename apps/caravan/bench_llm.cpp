@@ -99,10 +99,6 @@ void validate(const LlmOptions& o, int world, bool gpu = false) {
                                                     o.kv_heads, o.heads, world));
   if (o.ffn < 1 || o.ffn % world != 0)
     throw Error(Errc::invalid_argument, fmt::format("--ffn {}: must be a positive multiple of the world size {}", o.ffn, world));
-  if (!gpu && o.kv_heads != 0 && o.kv_heads != o.heads)
-    throw Error(Errc::invalid_argument, fmt::format("--kv-heads {}: the CPU backend has no grouped-query attention (use 0 or "
-                                                    "--heads {}); the GPU backend has",
-                                                    o.kv_heads, o.heads));
   if (!gpu) variants_of(o);  // names (the GPU backend checks its own)
 }
 
@@ -479,7 +475,7 @@ void add_shape_options(CLI::App& sub, LlmOptions& o) {
       ->capture_default_str();
   sub.add_option("--hidden", o.hidden, "Hidden size H; 0: from --model or 1024")->capture_default_str();
   sub.add_option("--heads", o.heads, "Attention (query) heads, split over the ranks; 0: from --model or 8")->capture_default_str();
-  sub.add_option("--kv-heads", o.kv_heads, "Key/value heads (grouped-query attention; GPU backend); 0: as --heads")
+  sub.add_option("--kv-heads", o.kv_heads, "Key/value heads (grouped-query attention); 0: as --heads")
       ->capture_default_str();
   sub.add_option("--ffn", o.ffn, "MLP width F; 0: from --model or 2816")->capture_default_str();
   sub.add_option("--variant", o.variants, "Overlap variants to measure (default: all; the bulk baseline always)");

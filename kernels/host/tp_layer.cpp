@@ -137,14 +137,15 @@ struct TensorParallelLayer::State {
         rank(Runtime::current().rank()),
         rows(s.tokens / world),
         h_local(s.hidden / world),
+        kv_local(s.kv() / world * s.head_dim()),
         f_local(s.ffn / world),
-        qkv_op(heap, s.tokens, 3 * s.hidden, s.hidden, variant, options),
+        qkv_op(heap, s.tokens, s.qkv_width(), s.hidden, variant, options),
         out_op(heap, s.tokens, s.hidden, s.hidden, variant, options),
         up_gate_op(heap, s.tokens, 2 * s.ffn, s.hidden, variant, options),
         down_op(heap, s.tokens, s.hidden, s.ffn, variant, options) {
     const auto size = [](std::int64_t n) { return static_cast<std::size_t>(n); };
     h.resize(size(rows * s.hidden));
-    qkv.resize(size(s.tokens * 3 * h_local));
+    qkv.resize(size(s.tokens * (h_local + 2 * kv_local)));
     attn.resize(size(s.tokens * h_local));
     proj.resize(size(rows * s.hidden));
     x2.resize(size(rows * s.hidden));
@@ -161,15 +162,14 @@ struct TensorParallelLayer::State {
     rule(s.heads % w == 0, fmt::format("heads = {} must be a multiple of the world size {}", s.heads, w));
     rule(s.ffn % w == 0, fmt::format("ffn = {} must be a multiple of the world size {}", s.ffn, w));
     rule(s.tokens % w == 0, fmt::format("tokens = {} must be a multiple of the world size {}", s.tokens, w));
-    rule(s.kv() == s.heads, fmt::format("kv_heads = {}: the CPU layer has no grouped-query attention (kv_heads must be 0 "
-                                        "or heads = {}); the GPU layer has",
-                                        s.kv_heads, s.heads));
+    rule(s.kv() >= 1 && s.heads % s.kv() == 0 && s.kv() % w == 0,
+         fmt::format("kv_heads = {} must divide heads = {} and be a multiple of the world size {}", s.kv(), s.heads, w));
     return s;
   }
 
   TpLayerShape shape;
   int world, rank;
-  std::int64_t rows, h_local, f_local;
+  std::int64_t rows, h_local, kv_local, f_local;  // kv_local: this rank's key (or value) columns
   AllGatherGemm qkv_op;
   GemmReduceScatter out_op;
   AllGatherGemm up_gate_op;
@@ -185,17 +185,22 @@ TensorParallelLayer::~TensorParallelLayer() = default;
 
 void TensorParallelLayer::set_weights(const TpLayerWeights& w) {
   State& s = *state_;
-  const std::int64_t hd = s.shape.hidden, f = s.shape.ffn, hl = s.h_local, fl = s.f_local, r = s.rank;
-  if (w.norm1.size() != static_cast<std::size_t>(hd) || w.qkv.size() != static_cast<std::size_t>(hd * 3 * hd) ||
+  const std::int64_t hd = s.shape.hidden, f = s.shape.ffn, hl = s.h_local, kvl = s.kv_local, fl = s.f_local, r = s.rank;
+  const std::int64_t width = s.shape.qkv_width(), local = hl + 2 * kvl, d = s.shape.head_dim();
+  if (w.norm1.size() != static_cast<std::size_t>(hd) || w.qkv.size() != static_cast<std::size_t>(hd * width) ||
       w.down.size() != static_cast<std::size_t>(f * hd))
     throw Error(Errc::invalid_argument, "TensorParallelLayer::set_weights: the weights do not match the layer's shape");
   s.norm1 = w.norm1;
   s.norm2 = w.norm2;
-  // This rank's columns of Q, K and V (its heads), side by side: [H, 3 H/W].
-  std::vector<Bf16> qkv(static_cast<std::size_t>(hd * 3 * hl));
-  for (std::int64_t k = 0; k < hd; ++k)
-    for (std::int64_t part = 0; part < 3; ++part)
-      std::copy_n(w.qkv.begin() + k * 3 * hd + part * hd + r * hl, hl, qkv.begin() + k * 3 * hl + part * hl);
+  // This rank's columns of Q, K and V (its query heads and its key/value heads), side by side:
+  // [H, H/W + 2 kv_local].
+  std::vector<Bf16> qkv(static_cast<std::size_t>(hd * local));
+  const std::int64_t k_from = s.shape.heads * d + r * kvl, v_from = (s.shape.heads + s.shape.kv()) * d + r * kvl;
+  for (std::int64_t k = 0; k < hd; ++k) {
+    std::copy_n(w.qkv.begin() + k * width + r * hl, hl, qkv.begin() + k * local);
+    std::copy_n(w.qkv.begin() + k * width + k_from, kvl, qkv.begin() + k * local + hl);
+    std::copy_n(w.qkv.begin() + k * width + v_from, kvl, qkv.begin() + k * local + hl + kvl);
+  }
   s.qkv_op.set_weights(qkv.data());
   s.out_op.set_weights(w.out.data() + r * hl * hd);  // rows of this rank's heads
   std::vector<Bf16> ug(static_cast<std::size_t>(hd * 2 * fl));
@@ -221,8 +226,8 @@ void TensorParallelLayer::run(const Bf16* x, Bf16* y, LayerTimes* times) {
   lap(LayerStep::norm1);
   s.qkv_op.run(s.h.data(), s.qkv.data());
   lap(LayerStep::qkv);
-  causal_attention(s.qkv.data(), 3 * s.h_local, m, s.shape.heads / s.world, s.shape.heads / s.world, d, 0, s.h_local,
-                   2 * s.h_local, s.attn.data(), s.h_local);
+  causal_attention(s.qkv.data(), s.h_local + 2 * s.kv_local, m, s.shape.heads / s.world, s.shape.kv() / s.world, d, 0,
+                   s.h_local, s.h_local + s.kv_local, s.attn.data(), s.h_local);
   lap(LayerStep::attention);
   s.out_op.run(s.attn.data(), s.proj.data());
   add_rows(x, s.proj.data(), s.rows * hd, s.x2.data());

@@ -52,6 +52,7 @@ TEST_F(JobTest, OverlapGemmAllScatterEveryVariant) {
 TEST_F(JobTest, OverlapTensorParallelLayerEveryVariant) {
   CARAVAN_SKIP_CROSS_NODE_UNDER_TSAN();
   for (OverlapVariant v : kAllVariants) test::check_tp_layer(v, 2);
+  test::check_tp_layer(OverlapVariant::fused_sequential, 1, /*grouped=*/true);
 }
 
 // Many launches of small gathers: every launch hands 16 chunks (one row each, own flag each)

@@ -192,10 +192,12 @@ inline void check_collectives(int iterations) {
 }
 
 // The tensor-parallel layer against the single-process reference (bf16 at the same points).
-inline void check_tp_layer(OverlapVariant variant, int iterations) {
+// `grouped`: grouped-query attention (8 query heads over 4 key/value heads).
+inline void check_tp_layer(OverlapVariant variant, int iterations, bool grouped = false) {
   Runtime& rt = Runtime::current();
   const int w = rt.world_size(), r = rt.rank();
   TpLayerShape shape{.tokens = 24 * w, .hidden = 128, .heads = 4, .ffn = 192};
+  if (grouped) shape.heads = 8, shape.kv_heads = 4;
   TensorParallelLayer layer(SymmetricHeap::current(), shape, variant, test_options());
   const std::int64_t rows = shape.tokens / w;
   std::vector<Bf16> y(static_cast<std::size_t>(rows * shape.hidden));

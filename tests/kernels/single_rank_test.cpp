@@ -22,6 +22,7 @@ TEST_F(SingleRankOverlapTest, EveryOperationAndVariantMatchesTheReference) {
 
 TEST_F(SingleRankOverlapTest, TensorParallelLayerMatchesTheReference) {
   for (OverlapVariant v : {OverlapVariant::bulk_synchronous, OverlapVariant::fused_sequential}) test::check_tp_layer(v, 2);
+  test::check_tp_layer(OverlapVariant::bulk_synchronous, 1, /*grouped=*/true);
 }
 
 TEST_F(SingleRankOverlapTest, VariantNamesParse) {

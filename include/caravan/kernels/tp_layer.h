@@ -25,8 +25,7 @@ struct TpLayerShape {
   std::int64_t heads = 8;      // a multiple of W
   std::int64_t ffn = 2816;     // F; a multiple of W
   // Key/value heads (grouped-query attention, as Llama-3 has: 8 for 64 query heads); 0 means
-  // `heads`. Divides `heads`. The CPU layer supports only kv_heads == heads; the reference and
-  // the GPU layer (kernels/gpu/tp_layer.h) support both.
+  // `heads`. Divides `heads`; the layers also need it to be a multiple of the world size.
   std::int64_t kv_heads = 0;
   std::int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
   std::int64_t head_dim() const { return hidden / heads; }
