@@ -5,6 +5,8 @@
 
 #include <caravan/error.h>
 
+#include "kernels/gpu/gpu_heap.h"
+#include "kernels/gpu/kernels.h"
 #include "runtime/gpu/platform.h"
 
 #include <fmt/format.h>
@@ -13,6 +15,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,5 +84,33 @@ template <class T>
 inline DeviceBuffer<T> make_buffer(std::size_t count) {
   return DeviceBuffer<T>(device_alloc<T>(count));
 }
+
+// ||out - ref|| / ||ref|| through `sums` (device memory) on `stream`, which it waits for;
+// infinite when an element is not finite (a poisoned element never written).
+inline double relative_error(const gpu::bf16* out, long rows, long cols, long ld, const float* ref, long ref_ld,
+                             gpu::ErrorSums* sums, hipStream_t stream) {
+  gpu::compare(out, rows, cols, ld, ref, ref_ld, sums, stream);
+  gpu::ErrorSums host;
+  CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums, sizeof(host), hipMemcpyDeviceToHost, stream));
+  CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+  if (host.nonfinite > 0) return std::numeric_limits<double>::infinity();
+  return host.ref2 > 0 ? std::sqrt(host.diff2 / host.ref2) : std::sqrt(host.diff2);
+}
+
+// Releases the symmetric memory allocated after its construction when it goes (between
+// benchmark cases); `bench` names the benchmark in the message if that fails.
+struct HeapScope {
+  HeapScope(gpu::GpuSymmetricHeap& h, const char* bench) : heap(h), mark(h.mark()), name(bench) {}
+  ~HeapScope() {
+    try {
+      heap.release_to(mark);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "{}: could not release symmetric memory: {}\n", name, e.what());
+    }
+  }
+  gpu::GpuSymmetricHeap& heap;
+  std::uint64_t mark;
+  const char* name;
+};
 
 }  // namespace caravan::app

@@ -125,7 +125,7 @@ class LayerBench {
       for (auto& v : inputs.back()) v = kernels::Bf16::from_float(dist(rng));
       refs.push_back(kernels::reference_layer(shape, weights, inputs.back(), world_));
     }
-    HeapScope scope(team_->heap());
+    HeapScope scope(team_->heap(), "bench llm");
     gpu::GpuTpLayer layer(*team_, shape, with_collectives(variant), kCheckQueryBlock);
     layer.set_weights(weights);
     std::vector<double> errors(static_cast<std::size_t>(world_), 0.0);
@@ -156,7 +156,7 @@ class LayerBench {
     const long rows = shape.tokens / world_;
     const std::size_t mine = static_cast<std::size_t>(rows * shape.hidden);
     const bool baseline = variant.name == kBaseline, bound = variant.skip_communication;
-    HeapScope scope(team_->heap());
+    HeapScope scope(team_->heap(), "bench llm");
     gpu::GpuTpLayer layer(*team_, shape, with_collectives(variant));
     layer.set_random_weights(seed_);
     const int total_runs = request_.warmup + request_.iterations;
@@ -216,18 +216,6 @@ class LayerBench {
     DeviceBuffer<bf16> x, y;
     DeviceBuffer<float> baseline, ref;
   };
-  struct HeapScope {
-    explicit HeapScope(gpu::GpuSymmetricHeap& h) : heap(h), mark(h.mark()) {}
-    ~HeapScope() {
-      try {
-        heap.release_to(mark);
-      } catch (const std::exception& e) {
-        fmt::print(stderr, "bench llm: could not release symmetric memory: {}\n", e.what());
-      }
-    }
-    gpu::GpuSymmetricHeap& heap;
-    std::uint64_t mark;
-  };
 
   LayerCommunication with_collectives(LayerCommunication variant) const {
     if (variant.name == kBaseline) variant.bulk = nccl_.get();
@@ -240,12 +228,7 @@ class LayerBench {
   }
 
   double relative_error(RankState& rank, const bf16* out, long rows, long cols, const float* ref) {
-    gpu::compare(out, rows, cols, cols, ref, cols, rank.sums.get(), rank.stream);
-    gpu::ErrorSums sums;
-    CARAVAN_HIP_CHECK(hipMemcpyAsync(&sums, rank.sums.get(), sizeof(sums), hipMemcpyDeviceToHost, rank.stream));
-    CARAVAN_HIP_CHECK(hipStreamSynchronize(rank.stream));
-    if (sums.nonfinite > 0) return std::numeric_limits<double>::infinity();
-    return sums.ref2 > 0 ? std::sqrt(sums.diff2 / sums.ref2) : std::sqrt(sums.diff2);
+    return app::relative_error(out, rows, cols, cols, ref, cols, rank.sums.get(), rank.stream);
   }
 
   // fn(rank, state) on one thread per rank; the first failure breaks the barrier and is rethrown.

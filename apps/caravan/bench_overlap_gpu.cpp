@@ -154,12 +154,7 @@ class CaseRunner {
 
 // ||out - ref|| / ||ref|| on this rank; infinite when an element is not finite (never written).
 double relative_error(RankContext& ctx, const bf16* out, long rows, long cols, long ld, const float* ref, long ref_ld) {
-  gpu::compare(out, rows, cols, ld, ref, ref_ld, ctx.sums, ctx.stream);
-  gpu::ErrorSums sums;
-  CARAVAN_HIP_CHECK(hipMemcpyAsync(&sums, ctx.sums, sizeof(sums), hipMemcpyDeviceToHost, ctx.stream));
-  CARAVAN_HIP_CHECK(hipStreamSynchronize(ctx.stream));
-  if (sums.nonfinite > 0) return std::numeric_limits<double>::infinity();
-  return sums.ref2 > 0 ? std::sqrt(sums.diff2 / sums.ref2) : std::sqrt(sums.diff2);
+  return app::relative_error(out, rows, cols, ld, ref, ref_ld, ctx.sums, ctx.stream);
 }
 
 void poison(bf16* p, std::size_t count, hipStream_t stream) {
@@ -248,19 +243,6 @@ class OverlapBench {
   }
 
   gpu::GpuTeam& team() { return *team_; }
-  // Releases the symmetric memory a case allocated when the case is over.
-  struct HeapScope {
-    explicit HeapScope(gpu::GpuSymmetricHeap& h) : heap(h), mark(h.mark()) {}
-    ~HeapScope() {
-      try {
-        heap.release_to(mark);
-      } catch (const std::exception& e) {
-        fmt::print(stderr, "bench overlap: could not release symmetric memory: {}\n", e.what());
-      }
-    }
-    gpu::GpuSymmetricHeap& heap;
-    std::uint64_t mark;
-  };
   const BenchOverlapArgs& args() const { return args_; }
   int world() const { return world_; }
 
@@ -278,7 +260,7 @@ class OverlapBench {
 CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
   const int world = bench.world();
   const std::uint64_t seed_a = bench.seed() ^ 0xA11A, seed_b = bench.seed() ^ 0xB22B;
-  OverlapBench::HeapScope heap_scope(bench.team().heap());
+  HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::AllGatherGemm pulled(bench.team(), s.m, s.k, s.n, 1);
   gpu::AllGatherGemm split(bench.team(), s.m, s.k, s.n, 2);
   return bench.run_case("AG+GEMM", s, [&](RankContext& ctx, CaseRunner& runner) {
@@ -353,7 +335,7 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
 CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
   const int world = bench.world();
   const std::uint64_t seed_a = bench.seed() ^ 0xC33C, seed_b = bench.seed() ^ 0xD44D;
-  OverlapBench::HeapScope heap_scope(bench.team().heap());
+  HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::GemmReduceScatter op(bench.team(), s.m, s.k, s.n);
   gpu::GemmReduceScatter split(bench.team(), s.m, s.k, s.n, 2);
   return bench.run_case("GEMM+RS", s, [&](RankContext& ctx, CaseRunner& runner) {
@@ -411,7 +393,7 @@ CaseRecord run_gemm_as(OverlapBench& bench, const Shape& s) {
   const int world = bench.world();
   const std::uint64_t seed_a = bench.seed() ^ 0xE55E, seed_b = bench.seed() ^ 0xF66F;
   const long block = s.n / world;
-  OverlapBench::HeapScope heap_scope(bench.team().heap());
+  HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::GemmAllScatter op(bench.team(), s.m, s.k, s.n, world);
   return bench.run_case("GEMM+AS", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
@@ -459,7 +441,7 @@ CaseRecord run_ll_allgather(OverlapBench& bench, std::size_t bytes) {
   const int world = bench.world();
   const std::uint64_t seed = bench.seed() ^ 0x1717;
   const long elems = static_cast<long>(bytes / sizeof(bf16));
-  OverlapBench::HeapScope heap_scope(bench.team().heap());
+  HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::LowLatencyAllGather op(bench.team(), bytes);
   Shape s{fmt::format("{} KiB per rank", bytes >> 10), static_cast<long>(bytes), 0, 0};
   return bench.run_case("LL AllGather", s, [&](RankContext& ctx, CaseRunner& runner) {

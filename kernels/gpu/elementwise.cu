@@ -255,15 +255,21 @@ void preload_kernels() {
 
 std::size_t ll_buffer_bytes(int world, std::size_t bytes) { return 2 * static_cast<std::size_t>(world) * (bytes / 8) * 16; }
 
+namespace {
+// The checks both low-latency launchers make; `fallback` names what to use above the limit.
+void require_ll(const char* op, const HeapView& heap, std::size_t bytes, const char* fallback) {
+  if (bytes == 0 || bytes % 8 != 0 || bytes > kLlMaxBytes)
+    throw Error(Errc::invalid_argument, std::string(op) + ": bytes per rank must be a positive multiple of 8 up to " +
+                                            std::to_string(kLlMaxBytes) + " (twice the bytes travel as lines; use the " +
+                                            fallback + " above that), got " + std::to_string(bytes));
+  if (heap.world < 1 || heap.world > kMaxHeapRanks)
+    throw Error(Errc::invalid_argument, std::string(op) + ": heap view has no valid world size");
+}
+}  // namespace
+
 void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out, LlState* state,
                   hipStream_t stream) {
-  if (bytes == 0 || bytes % 8 != 0 || bytes > kLlMaxBytes)
-    throw Error(Errc::invalid_argument,
-                "ll_allgather: bytes per rank must be a positive multiple of 8 up to " + std::to_string(kLlMaxBytes) +
-                    " (twice the bytes travel as lines; use the copy-engine AllGather above that), got " +
-                    std::to_string(bytes));
-  if (heap.world < 1 || heap.world > kMaxHeapRanks)
-    throw Error(Errc::invalid_argument, "ll_allgather: heap view has no valid world size");
+  require_ll("ll_allgather", heap, bytes, "copy-engine AllGather");
   const std::size_t pairs = bytes / 8;
   ll_allgather_kernel<<<blocks_for(static_cast<long>(pairs), 128, 1 << 16), 128, 0, stream>>>(
       heap, static_cast<const uint2*>(in), pairs, static_cast<uint4*>(lines), static_cast<uint2*>(out), state);
@@ -272,13 +278,7 @@ void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void*
 
 void ll_reduce_scatter(const HeapView& heap, const bf16* partial, std::size_t bytes, void* lines, bf16* out, LlState* state,
                        hipStream_t stream) {
-  if (bytes == 0 || bytes % 8 != 0 || bytes > kLlMaxBytes)
-    throw Error(Errc::invalid_argument,
-                "ll_reduce_scatter: bytes per rank must be a positive multiple of 8 up to " + std::to_string(kLlMaxBytes) +
-                    " (twice the bytes travel as lines; use the copy-engine ReduceScatter above that), got " +
-                    std::to_string(bytes));
-  if (heap.world < 1 || heap.world > kMaxHeapRanks)
-    throw Error(Errc::invalid_argument, "ll_reduce_scatter: heap view has no valid world size");
+  require_ll("ll_reduce_scatter", heap, bytes, "copy-engine ReduceScatter");
   const std::size_t pairs = bytes / 8;
   ll_reduce_scatter_kernel<<<blocks_for(static_cast<long>(pairs), 128, 1 << 16), 128, 0, stream>>>(
       heap, reinterpret_cast<const uint2*>(partial), pairs, static_cast<uint4*>(lines), reinterpret_cast<uint2*>(out), state);

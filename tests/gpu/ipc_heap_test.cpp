@@ -45,16 +45,22 @@ void finish(hipStream_t stream, std::chrono::seconds limit = 30s) {
   CARAVAN_HIP_CHECK(status);
 }
 
+// Why this machine cannot run the cross-process tests (empty when it can): every rank of the
+// node needs a GPU of its own, and at least `min_ranks` ranks on the node.
+std::string missing_gpus(Runtime& rt, int min_ranks) {
+  const GpuProbe probe = probe_gpus();
+  const int on_node = static_cast<int>(rt.ranks_on_node(rt.node()).size());
+  if (probe.device_count >= on_node && on_node >= min_ranks) return {};
+  return "needs " + std::to_string(min_ranks) + "+ ranks on the node and a GPU for each (" + std::to_string(on_node) +
+         " ranks); " + (probe.device_count == 0 ? probe.reason : "this machine has " + std::to_string(probe.device_count));
+}
+
 class GpuHeapAcrossProcesses : public JobTest {
  protected:
   void SetUp() override {
     JobTest::SetUp();
     if (IsSkipped()) return;
-    const GpuProbe probe = probe_gpus();
-    const int on_node = static_cast<int>(rt().ranks_on_node(rt().node()).size());
-    if (probe.device_count < on_node)
-      GTEST_SKIP() << "needs a GPU per rank of the node (" << on_node << "); "
-                   << (probe.device_count == 0 ? probe.reason : "this machine has " + std::to_string(probe.device_count));
+    if (const std::string why = missing_gpus(rt(), 1); !why.empty()) GTEST_SKIP() << why;
     local_ = rt().rank_info(rank()).local_rank;
     heap_ = GpuSymmetricHeap::join_node(local_, 16 << 20);
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream_, hipStreamNonBlocking));
@@ -144,11 +150,7 @@ class OverlapAcrossProcesses : public JobTest {
   void SetUp() override {
     JobTest::SetUp();
     if (IsSkipped()) return;
-    const GpuProbe probe = probe_gpus();
-    const int on_node = static_cast<int>(rt().ranks_on_node(rt().node()).size());
-    if (probe.device_count < on_node || on_node < 2)
-      GTEST_SKIP() << "needs 2+ ranks on the node and a GPU for each (" << on_node << " ranks); "
-                   << (probe.device_count == 0 ? probe.reason : "this machine has " + std::to_string(probe.device_count));
+    if (const std::string why = missing_gpus(rt(), 2); !why.empty()) GTEST_SKIP() << why;
     local_ = rt().rank_info(rank()).local_rank;
     team_ = std::make_unique<GpuTeam>(GpuSymmetricHeap::join_node(local_, 64 << 20));
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream_, hipStreamNonBlocking));
