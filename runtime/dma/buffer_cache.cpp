@@ -4,7 +4,9 @@
 
 namespace caravan::dma {
 
-bool BufferCache::keeps(MemoryId memory) { return memory.kind == MemoryKind::sys; }
+bool BufferCache::keeps(MemoryId memory) {
+  return memory.kind == MemoryKind::sys || memory.kind == MemoryKind::zcm || memory.kind == MemoryKind::fbm;
+}
 
 std::shared_ptr<Storage> BufferCache::take(MemoryId memory, std::uint64_t bytes) {
   std::lock_guard lock(mutex_);
