@@ -123,6 +123,9 @@ const Definition kTable[] = {
    "Columns of a CPU GEMM tile (a multiple of 32)", 32, 1 << 20},
   {"CARAVAN_OVERLAP_TIMEOUT_S", Kind::real, "30",
    "Longest a CPU overlapped operation waits for one flag (a chunk, a peer's entry) before it fails (seconds)", 0.001, 86400},
+  {"CARAVAN_OVERLAP_GPU_COMM_BLOCKS", Kind::integer, "32",
+   "Blocks (each on one SM) of the SM-driven push of the GPU AllGather+GEMM variant sm-push, which runs beside the "
+   "GEMM: more push faster and leave fewer SMs to the GEMM (the bulk variant sm-bulk takes every SM)", 1, 1024},
   {"CARAVAN_OVERLAP_GPU_PACE", Kind::boolean, "true",
    "GPU overlapped operations (AllGather+GEMM, GEMM+ReduceScatter, GEMM+All-Scatter): a call waits on the host until "
    "the same object's previous call on that rank has finished before it is queued. On by default: queuing calls of "

@@ -314,9 +314,14 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
       for (auto variant : {gpu::AgGemmVariant::ce_pull_runs, gpu::AgGemmVariant::ce_push_runs})
         runner.measure(ctx, std::string(gpu::to_string(variant)) + (lanes == 2 ? " 2 lanes" : ""),
                        [&] { pulled.run(r, b.get(), c.get(), variant, ctx.stream, lanes); }, poison_c, check_c);
-    for (auto variant : {gpu::AgGemmVariant::tile_pull, gpu::AgGemmVariant::tile_push})
+    for (auto variant : {gpu::AgGemmVariant::tile_pull, gpu::AgGemmVariant::tile_push, gpu::AgGemmVariant::sm_bulk,
+                         gpu::AgGemmVariant::sm_push})
       runner.measure(ctx, std::string(gpu::to_string(variant)),
                      [&] { pulled.run(r, b.get(), c.get(), variant, ctx.stream); }, poison_c, check_c);
+    runner.measure(ctx, "sm-push 2 lanes",
+                   [&] { pulled.run(r, b.get(), c.get(), gpu::AgGemmVariant::sm_push, ctx.stream, 2); }, poison_c, check_c);
+    runner.measure(ctx, "sm-push x2 chunks 2 lanes",
+                   [&] { split.run(r, b.get(), c.get(), gpu::AgGemmVariant::sm_push, ctx.stream, 2); }, poison_c, check_c);
     // Diagnostic: the tile-level GEMM by itself (no flags, no communication), to compare with cuBLAS
     // ("gemm-alone"; not named "alone": those rows make the ideal).
     runner.measure(ctx, "flag-gemm only, no comm", [&] {
@@ -549,7 +554,8 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     const auto is_graph = [](const std::string& v) { return v.size() > 6 && v.compare(v.size() - 6, 6, " graph") == 0; };
     for (const auto& [variant, result] : rec.variants) {
       const Summary& st = summary.at(variant);
-      const bool caravan = variant.rfind("ce-", 0) == 0 || variant.rfind("ll-", 0) == 0 || variant.rfind("tile-", 0) == 0 ||
+      const bool caravan = variant.rfind("ce-", 0) == 0 || variant.rfind("ll-", 0) == 0 ||
+                           variant.rfind("tile-", 0) == 0 || variant.rfind("sm-", 0) == 0 ||
                            variant.rfind("caravan", 0) == 0;
       std::string& slot = is_graph(variant) ? best_graph : best;
       if (caravan && result.ok && (slot.empty() || st.median < summary.at(slot).median)) slot = variant;

@@ -111,3 +111,30 @@ long flag_gemm_row_tiles(long m);
 long flag_gemm_tile_rows();
 void preload_flag_gemm();
 }  // namespace caravan::gpu
+
+namespace caravan::gpu {
+// SM-driven push (sm_copy.cu): `blocks` blocks store `chunks` chunks of `chunk_bytes` each, from
+// local `src`, into every peer's copy of `dst` (a local address in the symmetric heap), peers in
+// the order rank+1, rank+2, ... Flag words are local addresses in the symmetric heap (a peer's
+// word is the same offset in its heap); the kernel
+//   - first sets each non-null `entry` word at every peer to `epoch` (release),
+//   - before writing to a peer, waits (acquire) until this rank's freed[peer] >= epoch, unless
+//     `freed` is null,
+//   - once chunk c has landed at a peer, sets the peer's landed[rank * chunks + c] = epoch
+//     (release, system scope),
+//   - with `wait_landed`, ends only when this rank's landed[q * chunks + c] >= epoch for every
+//     peer q and chunk c (a whole AllGather in one kernel).
+// `counters` is this GPU's own scratch of sm_push_counter_bytes(world, chunks), zero before the
+// first call and left zero by each; calls using the same counters must be stream-ordered.
+// chunk_bytes a multiple of 16, pointers 16-byte aligned.
+struct SmPushFlags {
+  std::uint64_t* landed = nullptr;
+  std::uint64_t* freed = nullptr;
+  std::uint64_t* entry[2] = {nullptr, nullptr};
+  bool wait_landed = false;
+};
+void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk_bytes, int chunks, const SmPushFlags& flags,
+             std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream);
+std::size_t sm_push_counter_bytes(int world, int chunks);
+void preload_sm_copy();
+}  // namespace caravan::gpu

@@ -77,6 +77,7 @@ class Lanes {
 // Owns its streams and handles, so a constructor that fails half-way leaks nothing.
 struct GpuTeam::Rank {
   int device = 0;
+  int sm_count = 0;
   hipStream_t comm = nullptr, lane = nullptr;
   std::unique_ptr<Blas> blas, lane_blas;
 
@@ -126,6 +127,9 @@ void GpuTeam::add_rank(int r) {
     auto rank = std::make_unique<Rank>();
     rank->device = heap_->device(r);
     CARAVAN_HIP_CHECK(hipSetDevice(rank->device));
+    hipDeviceProp_t properties;
+    CARAVAN_HIP_CHECK(hipGetDeviceProperties(&properties, rank->device));
+    rank->sm_count = properties.multiProcessorCount;
     // The communication stream gets the highest priority: its work is tiny (copy-engine
     // launches and flag operations) and others wait on it.
     int least = 0, greatest = 0;
@@ -152,6 +156,10 @@ void require_driven(const GpuTeam& team, int rank) {
 hipStream_t GpuTeam::comm_stream(int rank) const {
   require_driven(*this, rank);
   return ranks_[static_cast<std::size_t>(rank)]->comm;
+}
+int GpuTeam::sm_count(int rank) const {
+  require_driven(*this, rank);
+  return ranks_[static_cast<std::size_t>(rank)]->sm_count;
 }
 hipStream_t GpuTeam::lane_stream(int rank) const {
   require_driven(*this, rank);
@@ -333,6 +341,8 @@ std::string_view to_string(AgGemmVariant v) {
     case AgGemmVariant::ll_bulk: return "ll-bulk";
     case AgGemmVariant::tile_pull: return "tile-pull";
     case AgGemmVariant::tile_push: return "tile-push";
+    case AgGemmVariant::sm_push: return "sm-push";
+    case AgGemmVariant::sm_bulk: return "sm-bulk";
     default: return "ce-bulk";
   }
 }
@@ -370,6 +380,8 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
     ll_lines_ = team.heap().allocate(ll_buffer_bytes(world, shard_bytes));
     ll_state_ = team.heap().allocate(sizeof(LlState));
   }
+  sm_counters_ = team.heap().allocate(sm_push_counter_bytes(world, splits));  // zero, as sm_push needs
+  sm_blocks_ = static_cast<int>(settings::get_int("CARAVAN_OVERLAP_GPU_COMM_BLOCKS"));
   sync_ = make_sync(team, 0);
   diagnostics_ = std::make_unique<Diagnostics>();
   const std::size_t words = static_cast<std::size_t>(world) * ag_groups * static_cast<std::size_t>(world) * splits;
@@ -411,6 +423,7 @@ void AllGatherGemm::build_tile_orders(long tiles, long shard_rows) {
   for (int r : team.driven_ranks()) {
     team.use(r);
     preload_flag_gemm();
+    preload_sm_copy();
     std::vector<int> orders;
     for (bool push : {false, true}) {
       std::vector<int> order(static_cast<std::size_t>(tiles));
@@ -483,6 +496,22 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   bf16* mine = team_.heap().at<bf16>(gathered_, rank);
   const FlagArrays my = flags(rank);
 
+  if (variant == AgGemmVariant::sm_bulk) {
+    // One kernel on the caller's stream does it all: it announces the entry (freed: the caller's
+    // earlier work on the gathered buffer is done; done: pushing reads no peer's shard), pushes
+    // on every SM, and ends when every peer's shard has landed here; then one GEMM. No stream
+    // memory operations and no second stream: at small shards their latency is the cost.
+    SmPushFlags sm;
+    sm.landed = my.at(ag_landed, 0);
+    sm.freed = my.at(ag_freed, 0);
+    sm.entry[0] = my.at(ag_freed, rank);
+    sm.entry[1] = my.at(ag_done, rank);
+    sm.wait_landed = true;
+    sm_push(team_.heap().view(rank), rows_of(rank, mine), rows_of(rank, mine), chunk_bytes, splits_, sm,
+            team_.heap().at<std::uint32_t>(sm_counters_, rank), e, team_.sm_count(rank), stream);
+    blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
+    return;
+  }
   // Entering epoch e: everything the caller enqueued before (its use of the gathered buffer,
   // this rank's earlier GEMMs) is done, so peers may push this epoch's shards into it.
   for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
@@ -501,9 +530,20 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
 
+  const bool sm = variant == AgGemmVariant::sm_push;
   const bool push = variant == AgGemmVariant::ce_push || variant == AgGemmVariant::ce_push_runs ||
-                    variant == AgGemmVariant::tile_push;
-  if (push) {
+                    variant == AgGemmVariant::tile_push || sm;
+  if (sm) {
+    // As the copy-engine push, with the stores made by SMs: one kernel announces done (pushing
+    // reads no peer's shard), waits for each peer's entry (freed) and raises the peer's landed
+    // flags itself, on a few blocks: the GEMM runs beside it.
+    SmPushFlags sm;
+    sm.landed = my.at(ag_landed, 0);
+    sm.freed = my.at(ag_freed, 0);
+    sm.entry[0] = my.at(ag_done, rank);
+    sm_push(team_.heap().view(rank), rows_of(rank, mine), rows_of(rank, mine), chunk_bytes, splits_, sm,
+            team_.heap().at<std::uint32_t>(sm_counters_, rank), e, sm_blocks_, comm);
+  } else if (push) {
     // Pushing reads nothing of the peers: they may reuse their shards (a later pull call waits
     // for this).
     for (int step = 1; step < world; ++step) write_flag(comm, flags((rank + step) % world).at(ag_done, rank), e);

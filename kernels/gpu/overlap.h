@@ -55,6 +55,8 @@ class GpuTeam {
   // every rank once no operation is in flight. In-process nothing.
   void leave();
   hipStream_t comm_stream(int rank) const;
+  // The number of SMs (compute units) of rank's GPU.
+  int sm_count(int rank) const;
   // A second compute stream per rank ("lane" 1; lane 0 is the caller's stream) with its own
   // BLAS handle: chunk GEMMs alternate between the two lanes, so one chunk's last, partly
   // filled wave of tiles overlaps the next chunk's first.
@@ -111,6 +113,11 @@ enum class AgGemmVariant {
                  // small shards (at most kLlMaxBytes), where copy-engine and NCCL latency dominate
   tile_pull,     // as ce_pull, but one tile-level GEMM (flag_gemm) whose blocks each wait for the
   tile_push,     // flags of their own rows (arrival order); as ce_push likewise. `lanes` unused
+  sm_push,       // each rank's SMs push its shard to every peer (a kernel of
+                 // CARAVAN_OVERLAP_GPU_COMM_BLOCKS blocks, flags raised by the kernel); GEMM per
+                 // shard as it lands
+  sm_bulk,       // the same push on every SM, then one GEMM over all rows: for mid-size shards,
+                 // where copy-engine latency and the low-latency protocol's doubled bytes cost
 };
 std::string_view to_string(AgGemmVariant v);
 
@@ -150,6 +157,8 @@ class AllGatherGemm {
   int splits_;
   SymmetricRegion gathered_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when a shard fits the low-latency protocol
+  SymmetricRegion sm_counters_;          // sm_push's per-chunk block counters (each rank its own)
+  int sm_blocks_ = 0;                    // sm_push's grid (CARAVAN_OVERLAP_GPU_COMM_BLOCKS)
   std::vector<std::unique_ptr<RankSync>> sync_;
   // Per rank this process drives: the tile variants' row-tile orders (device memory), pull then
   // push (each flag_gemm_row_tiles(m) ints).

@@ -206,7 +206,8 @@ TEST_F(OverlapAcrossProcesses, AllGatherGemmEveryVariantMatchesTheReference) {
   const std::vector<std::pair<AgGemmVariant, int>> runs = {
       {AgGemmVariant::ce_pull, 1}, {AgGemmVariant::ce_push, 2}, {AgGemmVariant::ce_bulk, 1},
       {AgGemmVariant::ce_push_runs, 1}, {AgGemmVariant::ce_pull_runs, 2}, {AgGemmVariant::ll_bulk, 1},
-      {AgGemmVariant::tile_push, 1}, {AgGemmVariant::tile_pull, 1}};
+      {AgGemmVariant::tile_push, 1}, {AgGemmVariant::tile_pull, 1}, {AgGemmVariant::sm_push, 1},
+      {AgGemmVariant::sm_bulk, 1},   {AgGemmVariant::ce_pull, 1}};
   for (std::size_t call = 0; call < runs.size(); ++call) {
     const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 1 + static_cast<std::uint64_t>(r);
     op.wait_shard_free(r, stream_);

@@ -8,6 +8,7 @@
 
 #include <caravan/error.h>
 #include <caravan/platform.h>
+#include <caravan/settings.h>
 
 #include <gtest/gtest.h>
 
@@ -211,7 +212,10 @@ TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
                                  {AgGemmVariant::ce_push, 2},      {AgGemmVariant::ll_bulk, 1},
                                  {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::tile_push, 1},
                                  {AgGemmVariant::tile_pull, 1},    {AgGemmVariant::ce_push, 1},
-                                 {AgGemmVariant::tile_push, 1}};
+                                 {AgGemmVariant::tile_push, 1},    {AgGemmVariant::sm_push, 1},
+                                 {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::sm_bulk, 1},
+                                 {AgGemmVariant::sm_push, 2},      {AgGemmVariant::sm_push, 1},
+                                 {AgGemmVariant::ll_bulk, 1},      {AgGemmVariant::sm_bulk, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
     trace(r, "alloc");
@@ -272,7 +276,9 @@ void run_ahead_through_mixed_variants(bool two_streams, bool low_latency) {
       {AgGemmVariant::ce_push, 1}, {AgGemmVariant::ce_pull, 2},      {ll, 1},
       {AgGemmVariant::ce_push, 2}, {AgGemmVariant::ce_bulk, 1},      {AgGemmVariant::ce_push_runs, 1},
       {AgGemmVariant::ce_pull, 1}, {AgGemmVariant::ce_pull_runs, 2}, {AgGemmVariant::ce_push, 1},
-      {ll, 1},                     {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::ce_push, 2}};
+      {ll, 1},                     {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::ce_push, 2},
+      {AgGemmVariant::sm_push, 1}, {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::sm_bulk, 1},
+      {AgGemmVariant::sm_push, 2}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
     hipStream_t other;
@@ -327,15 +333,14 @@ void run_ahead_through_mixed_variants(bool two_streams, bool low_latency) {
   });
 }
 
-// These hung on 4 x H200 (every run, one stream or two, with or without the LL variant; the
-// rank threads never returned, so the binary had to be killed) before calls were paced
-// (CARAVAN_OVERLAP_GPU_PACE, on by default since; not yet run on the GPU machine). They run
-// only on request until pacing is confirmed there (docs/overlap.md, "Open: run-ahead").
-#define CARAVAN_REQUIRE_RUN_AHEAD()                                                                        \
-  do {                                                                                                    \
-    if (!std::getenv("CARAVAN_TEST_RUN_AHEAD"))                                                            \
-      GTEST_SKIP() << "known hang when calls of one operation are queued without waiting (docs/overlap.md, " \
-                      "'Open: run-ahead'); set CARAVAN_TEST_RUN_AHEAD=1 to run it";                         \
+// These hang on 4 x H200 when calls are not paced (every run, one stream or two, with or
+// without the LL variant; docs/overlap.md, "Open: run-ahead") and pass with pacing, the
+// default (CARAVAN_OVERLAP_GPU_PACE). Unpaced they run only on request.
+#define CARAVAN_REQUIRE_RUN_AHEAD()                                                                          \
+  do {                                                                                                      \
+    if (!settings::get_bool("CARAVAN_OVERLAP_GPU_PACE") && !std::getenv("CARAVAN_TEST_RUN_AHEAD"))           \
+      GTEST_SKIP() << "known hang when calls of one operation are queued without pacing (docs/overlap.md, "   \
+                      "'Open: run-ahead'); set CARAVAN_TEST_RUN_AHEAD=1 to run it with CARAVAN_OVERLAP_GPU_PACE=0"; \
   } while (0)
 
 TEST(Overlap, AllGatherGemmRanksRunAheadThroughMixedVariants) {
