@@ -5,6 +5,7 @@
 #include "runtime/gpu/devices.h"
 #include "runtime/log.h"
 #if CARAVAN_HAVE_GPU
+#include "channels/gpu_convert_channel.h"
 #include "channels/sdma_channel.h"
 #include "channels/xgmi_channel.h"
 #endif
@@ -66,18 +67,23 @@ double measure(Channel& channel, const Storage& src, const Storage& dst, std::ui
 
 #if CARAVAN_HAVE_GPU
 // GPU channels: sizes up to 64 MiB (the copy engines keep gaining up to there), a region that
-// holds two of the largest requests, and strided runs capped at 4096 rows per request (a
-// narrow 2-D copy costs per row, and calibration must stay a few seconds on 4 GPUs).
+// holds two of the largest requests, and strided runs of up to 4 MiB per request, at most 2^20
+// rows (a narrow 2-D copy costs per row, and calibration must stay a few seconds on 4 GPUs).
+// Requests of small runs must still be large: at 64 KiB each (the earlier rule) every channel
+// measured the ~10 us cost of a request (about 6 GB/s), not what it does with narrow runs,
+// which is where the copy engine (35 GB/s for 4-byte rows on H200) and the conversion kernel
+// differ.
 constexpr std::uint64_t kGpuSizes[] = {1, 8, 64, 512, 4096, 65536, 1u << 20, 4u << 20, 16u << 20, 64u << 20};
 constexpr std::uint64_t kGpuRegion = 128u << 20;
-constexpr std::uint64_t kGpuMaxRows = 4096;
+constexpr std::uint64_t kGpuStridedBytes = 4u << 20;
+constexpr std::uint64_t kGpuMaxRows = 1u << 20;
 
 // GB/s of requests of runs of `size` bytes through an asynchronous channel, keeping its window
 // full, for at least `duration_ms` (the time includes waiting for the last requests).
 double measure_async(Channel& channel, const Storage& src, const Storage& dst, std::uint64_t size, std::uint64_t region) {
   using Clock = std::chrono::steady_clock;
   const bool strided = size < 4096;
-  const std::uint64_t count = strided ? std::clamp<std::uint64_t>((64u << 10) / size, 1, kGpuMaxRows) : 1;
+  const std::uint64_t count = strided ? std::clamp<std::uint64_t>(kGpuStridedBytes / size, 1, kGpuMaxRows) : 1;
   const std::uint64_t span = strided ? 2 * size * count : size;
   const auto duration = std::chrono::milliseconds(strided ? 5 : 15);
   const int window = std::max(channel.window(), 1);
@@ -146,6 +152,12 @@ std::vector<ChannelCalibration> calibrate_gpu_channels() {
     for (std::uint64_t size : kGpuSizes) ch.samples.push_back({size, measure_async(sdma, *c.src, *c.dst, size, kGpuRegion)});
     out.push_back(std::move(ch));
   }
+  {
+    channels::GpuConvertChannel convert(fbm0, streams, window);
+    ChannelCalibration ch{"gpu_convert", {}};
+    for (std::uint64_t size : kGpuSizes) ch.samples.push_back({size, measure_async(convert, *a, *b, size, kGpuRegion)});
+    out.push_back(std::move(ch));
+  }
   for (std::size_t j = 1; j < topo.devices.size(); ++j) {
     if (!topo.can_peer(0, static_cast<int>(j))) continue;
     MemoryId fbmj{0, 0, MemoryKind::fbm, static_cast<std::uint32_t>(j)};
@@ -166,7 +178,7 @@ std::set<std::string> expected_channels() {
 #if CARAVAN_HAVE_GPU
   const gpu::Topology& topo = gpu::topology();
   if (!topo.devices.empty()) {
-    names.insert({"sdma_h2d", "sdma_d2h", "sdma_h2d_pageable", "sdma_d2h_pageable", "sdma_local"});
+    names.insert({"sdma_h2d", "sdma_d2h", "sdma_h2d_pageable", "sdma_d2h_pageable", "sdma_local", "gpu_convert"});
     for (std::size_t j = 1; j < topo.devices.size(); ++j)
       if (topo.can_peer(0, static_cast<int>(j))) names.insert("xgmi");
   }
@@ -187,7 +199,7 @@ std::string machine_key() {
   // The version changes whenever what is measured changes, so old caches are not reused.
   // The GPU set (models, PCI addresses, peer matrix, driver) and the GPU channel settings are
   // part of the key: another GPU set or stream count is another machine.
-  constexpr int kCalibrationVersion = 4;
+  constexpr int kCalibrationVersion = 6;
   std::string key = fmt::format("v{}|{}|{}|{}|{}|gpus:{}|streams:{}|window:{}", kCalibrationVersion, host, cpu,
                                 std::thread::hardware_concurrency(), settings::get_string("CARAVAN_DSK_DIR"),
                                 gpu::topology_key(), settings::get_int("CARAVAN_GPU_STREAMS"),
@@ -366,6 +378,7 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
     m.channels.push_back({ChannelKind::sdma, fbm(i), zcm, table("sdma_d2h"), {resource(i, "pcie.d2h")}});
     m.channels.push_back({ChannelKind::sdma, fbm(i), sys, table("sdma_d2h_pageable"), {resource(i, "pcie.d2h")}});
     m.channels.push_back({ChannelKind::sdma, fbm(i), fbm(i), table("sdma_local"), {}});
+    m.channels.push_back({ChannelKind::gpu_convert, fbm(i), fbm(i), table("gpu_convert"), {}});
   }
   if (peers) {
     for (std::size_t i = 0; i < topo.devices.size(); ++i)

@@ -9,6 +9,7 @@
 #include "runtime/log.h"
 #include "runtime/net/network.h"
 #if CARAVAN_HAVE_GPU
+#include "channels/gpu_convert_channel.h"
 #include "channels/sdma_channel.h"
 #include "channels/xgmi_channel.h"
 #endif
@@ -465,6 +466,11 @@ std::vector<std::unique_ptr<DmaWorker>> Engine::make_workers(const planner::Tran
       else if (here && src.kind == MemoryKind::fbm && dst.kind == MemoryKind::fbm &&
                gpu::topology().can_peer(static_cast<int>(src.index), static_cast<int>(dst.index)))
         impl = std::make_unique<channels::XgmiChannel>(src, dst, gpu_streams, gpu_window);
+    } else if (ch.kind == ChannelKind::gpu_convert) {
+      MemoryId src = graph.memory(ch.src).id, dst = graph.memory(ch.dst).id;
+      if (src == dst && src.kind == MemoryKind::fbm && src.rank == static_cast<std::uint32_t>(runtime_.rank()) &&
+          src.index < gpu::topology().devices.size())
+        impl = std::make_unique<channels::GpuConvertChannel>(src, gpu_streams, gpu_window);
     }
 #endif
     if (impl) workers[c] = std::make_unique<DmaWorker>(*this, std::move(impl), std::move(name));

@@ -1,5 +1,7 @@
 #include "runtime/gpu/copy_queue.h"
 
+#include "runtime/gpu/op_kernel.h"
+
 #include "runtime/log.h"
 
 #include <fmt/format.h>
@@ -148,6 +150,19 @@ void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& 
       copy_1d(at(e.dst, op.dst, k, op.dst_stride), at(e.src, op.src, k, op.src_stride), op.elem, e, stream);
     ++i;
   }
+}
+
+void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnds& e, hipStream_t stream) {
+  KernelOpBatch batch;
+  for (const dma::TransferOp& op : ops) {
+    if (op.count == 0 || op.elem == 0) continue;
+    batch.ops[batch.count++] = KernelOp{at(e.src, op.src), at(e.dst, op.dst), op.elem, op.count, op.src_stride, op.dst_stride};
+    if (batch.count == kMaxKernelOps) {
+      launch_op_batch(batch, stream);
+      batch.count = 0;
+    }
+  }
+  if (batch.count > 0) launch_op_batch(batch, stream);
 }
 
 // ------------------------------------------------------------------------------------ CopyQueue

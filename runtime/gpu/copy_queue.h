@@ -93,4 +93,9 @@ struct CopyEnds {
 //   - anything else (overlapping or negative strides): one copy per element.
 void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& ends, hipStream_t stream);
 
+// Enqueues `ops` on `stream` as kernels on the stream's device (runtime/gpu/op_kernel.h), one per
+// kMaxKernelOps ops: the GPU's threads move the bytes. Both ends must be reachable from that
+// device (its own memory, a peer's with peer access, or mapped host memory).
+void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnds& ends, hipStream_t stream);
+
 }  // namespace caravan::gpu

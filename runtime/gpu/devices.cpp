@@ -194,7 +194,13 @@ std::vector<double> time_raw_copies(const RawCopy& c, int repetitions) {
       auto start = std::chrono::steady_clock::now();
       const std::uint64_t chunk = c.chunk ? c.chunk : c.bytes;
       std::size_t next = 0;
-      for (std::uint64_t off = 0; off < c.bytes; off += chunk) {
+      for (int slice = 0; c.width > 0 && slice < c.slices; ++slice) {
+        hipStream_t s = streams[next++ % streams.size()];
+        CARAVAN_HIP_CHECK(hipMemcpy2DAsync(static_cast<std::byte*>(c.dst) + slice * c.dst_slice, c.dst_pitch,
+                                           static_cast<const std::byte*>(c.src) + slice * c.src_slice, c.src_pitch,
+                                           c.width, c.height, hipMemcpyDefault, s));
+      }
+      for (std::uint64_t off = 0; c.width == 0 && off < c.bytes; off += chunk) {
         std::uint64_t n = std::min(chunk, c.bytes - off);
         hipStream_t s = streams[next++ % streams.size()];
         auto* dst = static_cast<std::byte*>(c.dst) + off;

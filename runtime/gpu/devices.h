@@ -70,6 +70,12 @@ struct RawCopy {
   int src_device = 0, dst_device = 0;
   std::uint64_t chunk = 0;
   int streams = 1;
+  // A strided copy instead (width > 0): `slices` 2-D copies of `height` rows of `width` bytes,
+  // rows `src_pitch` / `dst_pitch` apart, slice s starting s * src_slice / s * dst_slice bytes in
+  // (one field of a layout conversion per slice, as a copy engine does it). `bytes` and `chunk`
+  // are then unused.
+  std::uint64_t width = 0, height = 0, src_pitch = 0, dst_pitch = 0, src_slice = 0, dst_slice = 0;
+  int slices = 1;
 };
 std::vector<double> time_raw_copies(const RawCopy& copy, int repetitions);
 

@@ -18,6 +18,7 @@
 
 #if CARAVAN_HAVE_GPU
 #include "channels/sdma_channel.h"
+#include "channels/gpu_convert_channel.h"
 #include "channels/xgmi_channel.h"
 #include "runtime/dma/instance_impl.h"
 #include "runtime/gpu/platform.h"
@@ -263,10 +264,14 @@ TEST(GpuMachine, LiveMachineHasEveryGpuMemoryAndChannel) {
   CARAVAN_REQUIRE_GPUS(1);
   const gpu::Topology& topo = gpu::topology();
   planner::MachineDescription m = dma::live_machine(0);
-  std::size_t fbms = 0, sdma = 0, xgmi = 0, peers = 0;
+  std::size_t fbms = 0, sdma = 0, xgmi = 0, peers = 0, convert = 0;
   for (const auto& mem : m.memories) fbms += mem.id.kind == MemoryKind::fbm ? 1 : 0;
   for (const auto& ch : m.channels) {
     sdma += ch.kind == ChannelKind::sdma ? 1 : 0;
+    if (ch.kind == ChannelKind::gpu_convert) {
+      ++convert;
+      EXPECT_EQ(ch.src, ch.dst) << "gpu_convert is a self-loop";
+    }
     xgmi += ch.kind == ChannelKind::xgmi ? 1 : 0;
     if (ch.kind == ChannelKind::xgmi) {
       EXPECT_EQ(ch.shares.size(), 2u);
@@ -279,6 +284,7 @@ TEST(GpuMachine, LiveMachineHasEveryGpuMemoryAndChannel) {
     for (std::size_t j = 0; j < topo.devices.size(); ++j) peers += topo.can_peer(static_cast<int>(i), static_cast<int>(j)) ? 1 : 0;
   EXPECT_EQ(fbms, topo.devices.size());
   EXPECT_EQ(sdma, 5 * topo.devices.size());
+  EXPECT_EQ(convert, topo.devices.size());
   EXPECT_EQ(xgmi, peers);
   bool from_cache = false;
   dma::Calibration c = dma::load_or_calibrate(false, &from_cache);
@@ -435,6 +441,36 @@ TEST(GpuChannelOps, EveryOpShapeOnEverySdmaDirection) {
     check_channel_ops(sdma, *host, *a, fresh_seed());
     check_channel_ops(sdma, *a, *host, fresh_seed());
     check_channel_ops(sdma, *a, *b, fresh_seed());
+  }
+}
+
+TEST(GpuChannelOps, EveryOpShapeThroughTheConversionKernel) {
+  CARAVAN_REQUIRE_GPUS(1);
+  const std::uint64_t region = 4 << 20;
+  auto a = dma::Storage::allocate_device(fbm(0), 0, region), b = dma::Storage::allocate_device(fbm(0), 0, region);
+  channels::GpuConvertChannel convert(fbm(0), 3, 3);
+  EXPECT_TRUE(convert.serves(fbm(0), fbm(0)));
+  EXPECT_FALSE(convert.serves(fbm(0), zcm()));
+  for (int round = 0; round < 3; ++round) {
+    check_channel_ops(convert, *a, *b, fresh_seed());
+    check_channel_ops(convert, *b, *a, fresh_seed());
+  }
+}
+
+// A layout conversion within one GPU through the engine, both ways, on the live machine (where
+// calibration gives gpu_convert a table): every field of every point where the layout puts it.
+TEST_F(GpuCopyTest, LayoutConversionsWithinOneGpu) {
+  CARAVAN_REQUIRE_GPUS(1);
+  const Rect space = Rect::from_extents({333, 517});
+  for (auto [a, b] : {std::pair{"F,x,y", "y,x,F"}, std::pair{"x,y,F", "F,y,x"}, std::pair{"x_in=4,y_in=3,x_out,y_out,F", "F,x,y"}}) {
+    const std::uint64_t seed = fresh_seed();
+    Instance src = Instance::create(fbm(0), space, kFields, Layout::parse(a));
+    Instance dst = Instance::create(fbm(0), space, kFields, Layout::parse(b));
+    test::write_pattern(src, seed);
+    test::poison(dst);
+    CopyReport report;
+    ASSERT_TRUE(copy(src, dst, {.report = &report}).wait_for(60s)) << a << " -> " << b;
+    EXPECT_EQ(test::count_mismatches(dst, seed), 0u) << a << " -> " << b << " via " << report.route << " (seed " << seed << ")";
   }
 }
 

@@ -1,0 +1,35 @@
+#include "channels/gpu_convert_channel.h"
+
+#include "runtime/gpu/copy_queue.h"
+#include "runtime/gpu/op_kernel.h"
+
+#include <fmt/format.h>
+
+namespace caravan::channels {
+
+GpuConvertChannel::GpuConvertChannel(MemoryId device_memory, int streams, int window)
+    : memory_(device_memory),
+      window_(std::max(window, 1)),
+      queue_(std::make_unique<gpu::CopyQueue>(static_cast<int>(device_memory.index), streams,
+                                              fmt::format("gpu_convert {}", device_memory.to_string()))) {
+  // Loaded now, not at the first request: a module load while other work waits on flags can stall.
+  CARAVAN_HIP_CHECK(hipSetDevice(static_cast<int>(device_memory.index)));
+  gpu::preload_op_kernel();
+}
+
+GpuConvertChannel::~GpuConvertChannel() = default;
+
+bool GpuConvertChannel::serves(MemoryId src, MemoryId dst) const noexcept { return src == memory_ && dst == memory_; }
+
+void GpuConvertChannel::submit(const dma::Request& request, Completion done) {
+  gpu::CopyEnds ends{request.src->gpu_address(), request.dst->gpu_address(), request.src->device(), request.dst->device()};
+  if (ends.src_device != static_cast<int>(memory_.index) || ends.dst_device != static_cast<int>(memory_.index)) {
+    done(make_failure(Errc::internal,
+                      fmt::format("gpu_convert {} given a request outside its GPU's memory", memory_.to_string())));
+    return;
+  }
+  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_kernel(request.ops, ends, stream); }, std::move(done),
+                 request.signal_flag, request.signal_value);
+}
+
+}  // namespace caravan::channels

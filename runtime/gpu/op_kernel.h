@@ -1,0 +1,39 @@
+// The SM-driven copy of the GPU layout-conversion channel (channels/gpu_convert_channel): a
+// kernel that executes a batch of the DMA engine's byte operations (runtime/dma/transfer_ops.h)
+// with the GPU's threads instead of its copy engines. Copy engines cost per row of a 2-D copy,
+// so narrow strided runs (a layout conversion moving one 4-byte field at a time) crawl there;
+// threads move one element each at memory speed. Plain types only: nvcc compiles this kernel
+// alone (runtime/CMakeLists.txt), the batching lives in copy_queue.cpp.
+#pragma once
+
+#include "runtime/gpu/platform.h"
+
+#include <cstdint>
+
+namespace caravan::gpu {
+
+// One strided operation: `count` elements of `elem` bytes, element i from src + i * src_stride to
+// dst + i * dst_stride (byte addresses the kernel's GPU can reach).
+struct KernelOp {
+  const std::byte* src = nullptr;
+  std::byte* dst = nullptr;
+  std::uint64_t elem = 0;
+  std::uint64_t count = 0;
+  std::int64_t src_stride = 0;
+  std::int64_t dst_stride = 0;
+};
+
+// Up to kMaxKernelOps operations per launch (passed by value: no upload, no allocation).
+inline constexpr int kMaxKernelOps = 56;
+struct KernelOpBatch {
+  int count = 0;
+  KernelOp ops[kMaxKernelOps];
+};
+
+// Enqueues one kernel on `stream` (of the current device) that performs every op of `batch`.
+// Overlapping source and destination bytes give an unspecified result (as a copy engine's).
+void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream);
+// Loads the kernel on the current device now (a first launch while peers wait on flags can stall).
+void preload_op_kernel();
+
+}  // namespace caravan::gpu
