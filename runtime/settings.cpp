@@ -69,7 +69,7 @@ const Definition kTable[] = {
   {"CARAVAN_DMA_POOL_BYTES", Kind::bytes, "1G",
    "Intermediate-buffer bytes all copies together may hold in one memory", 1, kInf},
   {"CARAVAN_DMA_IDLE_BUFFER_BYTES", Kind::bytes, "64M",
-   "Intermediate-buffer bytes per host memory kept allocated after copies finish, for the next copies to reuse", 0, kInf},
+   "Intermediate-buffer bytes per memory (pageable, pinned and GPU) kept allocated after copies finish, for the next copies to reuse", 0, kInf},
   {"CARAVAN_DMA_MULTIPATH_MIN_BYTES", Kind::bytes, "0",
    "Copies of at least this many bytes with PlannerChoice::automatic are split over several paths at once when the "
    "multi-path planner finds them (copies within this rank, without landing flags); 0: only copies that ask for "
