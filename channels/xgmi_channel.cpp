@@ -2,6 +2,9 @@
 
 #include "runtime/gpu/copy_queue.h"
 #include "runtime/gpu/devices.h"
+#include "runtime/gpu/op_kernel.h"
+
+#include <caravan/settings.h>
 
 #include <fmt/format.h>
 
@@ -12,8 +15,15 @@ XgmiChannel::XgmiChannel(MemoryId src, MemoryId dst, int streams, int window)
       dst_(dst),
       window_(std::max(window, 1)),
       peer_(gpu::topology().can_peer(static_cast<int>(src.index), static_cast<int>(dst.index))),
+      sm_(settings::get_string("CARAVAN_GPU_XGMI_ENGINE") == "sm"),
       queue_(std::make_unique<gpu::CopyQueue>(static_cast<int>(src.index), streams,
-                                              fmt::format("xgmi {}->{}", src.to_string(), dst.to_string()))) {}
+                                              fmt::format("xgmi {}->{}", src.to_string(), dst.to_string()))) {
+  if (sm_) {
+    // Loaded now, not at the first request (a module load while other work waits can stall).
+    CARAVAN_HIP_CHECK(hipSetDevice(static_cast<int>(src.index)));
+    gpu::preload_op_kernel();
+  }
+}
 
 XgmiChannel::~XgmiChannel() = default;
 
@@ -28,8 +38,12 @@ void XgmiChannel::submit(const dma::Request& request, Completion done) {
     done(make_failure(Errc::internal, fmt::format("xgmi {}->{} given a request on host storage", src_.to_string(), dst_.to_string())));
     return;
   }
-  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_ops(request.ops, ends, stream); }, std::move(done),
-                 request.signal_flag, request.signal_value);
+  queue_->submit(
+      [&](hipStream_t stream) {
+        if (sm_) gpu::enqueue_transfer_kernel(request.ops, ends, stream);
+        else gpu::enqueue_transfer_ops(request.ops, ends, stream);
+      },
+      std::move(done), request.signal_flag, request.signal_value);
 }
 
 }  // namespace caravan::channels

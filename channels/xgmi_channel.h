@@ -1,7 +1,8 @@
 // xgmi: copies between two GPUs of a node over their peer link (NVLink on NVIDIA, xGMI on AMD),
-// run by the source GPU's copy engines (it pushes), with peer access enabled at discovery
-// (runtime/gpu/devices.h). Strided ops become 2-D/3-D peer copies. Asynchronous like sdma.
-// An SM-driven copy kernel is a later slice.
+// run by the source GPU (it pushes), with peer access enabled at discovery (runtime/gpu/devices.h):
+// by its copy engines (strided ops become 2-D/3-D peer copies), or with CARAVAN_GPU_XGMI_ENGINE=sm
+// by a kernel on its SMs storing into the peer's memory (runtime/gpu/op_kernel.h), which holds
+// more bandwidth when every GPU sends to every other at once. Asynchronous like sdma.
 //
 // Built only with a GPU toolchain (CARAVAN_HAVE_GPU); the header holds no HIP type.
 #pragma once
@@ -32,6 +33,7 @@ class XgmiChannel final : public dma::Channel {
   MemoryId src_, dst_;
   int window_;
   bool peer_;  // the source GPU reaches the destination's memory (peer access enabled)
+  bool sm_;    // CARAVAN_GPU_XGMI_ENGINE=sm: requests run as kernels, not copy-engine calls
   std::unique_ptr<gpu::CopyQueue> queue_;
 };
 

@@ -138,6 +138,10 @@ const Definition kTable[] = {
   {"CARAVAN_GPU_WORKER_SPIN_US", Kind::integer, "1000",
    "How long the DMA worker of a GPU channel polls for its next event (a completion, a new copy) before it sleeps "
    "(microseconds; 0: sleep at once, as host channels do)", 0, 1000000},
+  {"CARAVAN_GPU_XGMI_ENGINE", Kind::choice, "copy",
+   "What moves the bytes of xgmi (GPU to peer GPU) requests: copy (the source GPU's copy engines) or sm (a kernel on "
+   "the source GPU's SMs storing into the peer: holds more when every GPU sends to every other at once, and takes SMs)",
+   -kInf, kInf, "copy|sm"},
   {"CARAVAN_GPU_WINDOW", Kind::integer, "2",
    "Requests a GPU channel keeps in flight (2: one running, one queued behind it); at most CARAVAN_DMA_SLOTS lets one "
    "copy fill it alone, so that a high-priority copy waits behind no more than this many requests", 1, 256},

@@ -21,6 +21,7 @@
 #include <caravan/copy.h>
 #include <caravan/planner/plan.h>
 #include <caravan/platform.h>
+#include <caravan/settings.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -340,6 +341,63 @@ BenchReport run_gpu_bench() {
     if (wrong != 0) out.failure = fmt::format("layout conversion: {} words wrong after the copy", wrong);
     figures["conversion"] = {{"caravan_gbps", summary_json(sc)}, {"raw_2d_gbps", summary_json(sr)}, {"route", report.route},
                              {"verified", wrong == 0}};
+  }
+
+  // Every GPU sends to every other at once (xgmi, CARAVAN_GPU_XGMI_ENGINE), against the same
+  // copies as raw hipMemcpyPeerAsync calls on the copy engines, each on a stream of its own.
+  bool all_peers = topo.devices.size() >= 2;
+  for (std::size_t i = 0; i < topo.devices.size(); ++i)
+    for (std::size_t j = 0; j < topo.devices.size(); ++j)
+      if (i != j && !topo.can_peer(static_cast<int>(i), static_cast<int>(j))) all_peers = false;
+  if (all_peers) {
+    const std::size_t gpus = topo.devices.size();
+    auto fbm = [&](std::size_t i) { return MemoryId{0, rank, MemoryKind::fbm, static_cast<std::uint32_t>(i)}; };
+    std::vector<Instance> sources;
+    std::vector<std::pair<std::size_t, Instance>> targets;  // (source GPU, destination)
+    std::vector<gpu::RawCopy> raws;
+    for (std::size_t i = 0; i < gpus; ++i) {
+      sources.push_back(make(fbm(i)));
+      copy(a, sources.back()).wait();  // random data
+    }
+    for (std::size_t i = 0; i < gpus; ++i)
+      for (std::size_t j = 0; j < gpus; ++j)
+        if (i != j) {
+          targets.emplace_back(i, make(fbm(j)));
+          raws.push_back({.dst = address(targets.back().second), .src = address(sources[i]), .bytes = bytes,
+                          .device = static_cast<int>(i), .peer = true, .src_device = static_cast<int>(i),
+                          .dst_device = static_cast<int>(j)});
+        }
+    auto all_to_all = [&] {
+      std::vector<Event> events;
+      for (auto& [i, dst] : targets) events.push_back(copy(sources[i], dst));
+      for (Event& e : events) e.wait();
+    };
+    all_to_all();  // warm-up: plans, streams
+    gpu::time_raw_concurrent(raws, 1);
+    std::vector<double> caravan_gbps, raw_gbps;
+    const double per_gpu_bytes = static_cast<double>(bytes) * static_cast<double>(gpus - 1);
+    for (int r = 0; r < std::max(reps / 2, 5); ++r) {
+      raw_gbps.push_back(per_gpu_bytes / gpu::time_raw_concurrent(raws, 1).front() / 1e9);
+      auto start = Clock::now();
+      all_to_all();
+      caravan_gbps.push_back(per_gpu_bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9);
+    }
+    bool verified = true;
+    for (auto& [i, dst] : targets) verified = verified && verify(sources[i], dst);
+    const std::string engine = settings::get_string("CARAVAN_GPU_XGMI_ENGINE");
+    Summary sc = summarize(caravan_gbps), sr = summarize(raw_gbps);
+    BenchTable at{fmt::format("All-to-all over the peer links: each of {} GPUs sends {} MiB to every other at once, GB/s sent per GPU",
+                              gpus, bytes >> 20),
+                  {"copy", "median", "p10", "p90", "min", "max"}, {}};
+    at.rows.push_back(row(fmt::format("caravan xgmi (CARAVAN_GPU_XGMI_ENGINE={})", engine), sc));
+    at.rows.push_back(row("hipMemcpyPeerAsync, a stream per pair (raw copy engines)", sr));
+    out.tables.push_back(at);
+    out.headlines.push_back(fmt::format("xgmi all-to-all, {} GPUs, engine {}: caravan / raw copy engines = {:.2f}x ({:.1f} vs {:.1f} "
+                                        "GB/s per GPU){}",
+                                        gpus, engine, sc.median / sr.median, sc.median, sr.median, verified ? "" : " DATA MISMATCH"));
+    if (!verified) out.failure = "xgmi all-to-all: a destination differs from its source";
+    figures["all_to_all"] = {{"engine", engine}, {"caravan_gbps_per_gpu", summary_json(sc)}, {"raw_gbps_per_gpu", summary_json(sr)},
+                             {"verified", verified}};
   }
 
   // Diagnostic: the fixed cost of one copy (a 64 KiB copy, where bandwidth does not matter).

@@ -200,10 +200,10 @@ std::string machine_key() {
   // The GPU set (models, PCI addresses, peer matrix, driver) and the GPU channel settings are
   // part of the key: another GPU set or stream count is another machine.
   constexpr int kCalibrationVersion = 6;
-  std::string key = fmt::format("v{}|{}|{}|{}|{}|gpus:{}|streams:{}|window:{}", kCalibrationVersion, host, cpu,
+  std::string key = fmt::format("v{}|{}|{}|{}|{}|gpus:{}|streams:{}|window:{}|xgmi:{}", kCalibrationVersion, host, cpu,
                                 std::thread::hardware_concurrency(), settings::get_string("CARAVAN_DSK_DIR"),
                                 gpu::topology_key(), settings::get_int("CARAVAN_GPU_STREAMS"),
-                                settings::get_int("CARAVAN_GPU_WINDOW"));
+                                settings::get_int("CARAVAN_GPU_WINDOW"), settings::get_string("CARAVAN_GPU_XGMI_ENGINE"));
   return fmt::format("{}-{:016x}", host, std::hash<std::string>{}(key));
 }
 

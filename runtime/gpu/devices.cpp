@@ -219,4 +219,41 @@ std::vector<double> time_raw_copies(const RawCopy& c, int repetitions) {
   return seconds;
 }
 
+std::vector<double> time_raw_concurrent(const std::vector<RawCopy>& copies, int repetitions) {
+  std::vector<hipStream_t> streams(copies.size(), nullptr);
+  const auto destroy = [&] {
+    for (std::size_t i = 0; i < copies.size(); ++i)
+      if (streams[i]) {
+        DeviceGuard guard(copies[i].device);
+        (void)hipStreamDestroy(streams[i]);
+      }
+  };
+  std::vector<double> seconds;
+  try {
+    for (std::size_t i = 0; i < copies.size(); ++i) {
+      DeviceGuard guard(copies[i].device);
+      CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&streams[i], hipStreamNonBlocking));
+    }
+    for (int r = 0; r < repetitions; ++r) {
+      auto start = std::chrono::steady_clock::now();
+      for (std::size_t i = 0; i < copies.size(); ++i) {
+        const RawCopy& c = copies[i];
+        DeviceGuard guard(c.device);
+        if (c.peer) CARAVAN_HIP_CHECK(hipMemcpyPeerAsync(c.dst, c.dst_device, c.src, c.src_device, c.bytes, streams[i]));
+        else CARAVAN_HIP_CHECK(hipMemcpyAsync(c.dst, c.src, c.bytes, hipMemcpyDefault, streams[i]));
+      }
+      for (std::size_t i = 0; i < copies.size(); ++i) {
+        DeviceGuard guard(copies[i].device);
+        CARAVAN_HIP_CHECK(hipStreamSynchronize(streams[i]));
+      }
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  } catch (...) {
+    destroy();
+    throw;
+  }
+  destroy();
+  return seconds;
+}
+
 }  // namespace caravan::gpu

@@ -33,6 +33,7 @@ void* allocate_pinned(std::uint64_t) { unsupported("pinned host memory (zcm)"); 
 void free_pinned(void*) noexcept {}
 void copy_sync(void*, const void*, std::uint64_t) { unsupported("GPU copy"); }
 std::vector<double> time_raw_copies(const RawCopy&, int) { unsupported("GPU copy"); }
+std::vector<double> time_raw_concurrent(const std::vector<RawCopy>&, int) { unsupported("GPU copy"); }
 PointerKind pointer_kind(const void*) { return PointerKind::pageable; }
 
 }  // namespace caravan::gpu

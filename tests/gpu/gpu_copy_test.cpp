@@ -487,6 +487,18 @@ TEST(GpuChannelOps, EveryOpShapeOverThePeerLink) {
   }
 }
 
+TEST(GpuChannelOps, EveryOpShapeOverThePeerLinkWithSmStores) {
+  CARAVAN_REQUIRE_GPUS(2);
+  settings::ScopedOverride engine("CARAVAN_GPU_XGMI_ENGINE", "sm");
+  const std::uint64_t region = 4 << 20;
+  auto a = dma::Storage::allocate_device(fbm(0), 0, region), b = dma::Storage::allocate_device(fbm(1), 1, region);
+  channels::XgmiChannel forward(fbm(0), fbm(1), 3, 3), backward(fbm(1), fbm(0), 3, 3);
+  for (int round = 0; round < 3; ++round) {
+    check_channel_ops(forward, *a, *b, fresh_seed());
+    check_channel_ops(backward, *b, *a, fresh_seed());
+  }
+}
+
 // ------------------------------------------------------------------------------------ landing flags
 
 // Device memory, pinned memory and a stream for one consumer run, released however the test ends.
