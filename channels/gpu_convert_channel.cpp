@@ -13,8 +13,7 @@ GpuConvertChannel::GpuConvertChannel(MemoryId device_memory, int streams, int wi
       queue_(std::make_unique<gpu::CopyQueue>(static_cast<int>(device_memory.index), streams,
                                               fmt::format("gpu_convert {}", device_memory.to_string()))) {
   // Loaded now, not at the first request: a module load while other work waits on flags can stall.
-  CARAVAN_HIP_CHECK(hipSetDevice(static_cast<int>(device_memory.index)));
-  gpu::preload_op_kernel();
+  gpu::preload_op_kernel(static_cast<int>(device_memory.index));
 }
 
 GpuConvertChannel::~GpuConvertChannel() = default;

@@ -18,11 +18,8 @@ XgmiChannel::XgmiChannel(MemoryId src, MemoryId dst, int streams, int window)
       sm_(settings::get_string("CARAVAN_GPU_XGMI_ENGINE") == "sm"),
       queue_(std::make_unique<gpu::CopyQueue>(static_cast<int>(src.index), streams,
                                               fmt::format("xgmi {}->{}", src.to_string(), dst.to_string()))) {
-  if (sm_) {
-    // Loaded now, not at the first request (a module load while other work waits can stall).
-    CARAVAN_HIP_CHECK(hipSetDevice(static_cast<int>(src.index)));
-    gpu::preload_op_kernel();
-  }
+  // Loaded now, not at the first request (a module load while other work waits can stall).
+  if (sm_) gpu::preload_op_kernel(static_cast<int>(src.index));
 }
 
 XgmiChannel::~XgmiChannel() = default;

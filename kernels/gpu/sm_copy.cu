@@ -8,6 +8,7 @@
 // price is the SMs it occupies, so the grid is small when a GEMM runs beside it.
 #include "kernels/gpu/kernels.h"
 #include "kernels/gpu/symmetric.cuh"
+#include "runtime/gpu/grid_copy.cuh"
 
 #include <caravan/error.h>
 
@@ -17,7 +18,6 @@ namespace caravan::gpu {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kUnroll = 4;  // 16-byte loads in flight per thread before the stores
 
 // Block b stores the vectors b * threads + t, stepping by the grid, of each chunk; the last block
 // to finish a chunk (a counter per peer and chunk, in this GPU's memory) raises the flag. Each
@@ -45,15 +45,8 @@ __global__ void __launch_bounds__(kThreads)
     uint4* remote = dev::translate(heap, dst, peer);
     for (int c = 0; c < chunks; ++c) {
       const std::size_t base = static_cast<std::size_t>(c) * chunk_vectors;
-      std::size_t i = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x;
-      for (; i + (kUnroll - 1) * stride < chunk_vectors; i += kUnroll * stride) {
-        uint4 v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) v[u] = src[base + i + u * stride];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) remote[base + i + u * stride] = v[u];
-      }
-      for (; i < chunk_vectors; i += stride) remote[base + i] = src[base + i];
+      dev::grid_copy16(src + base, remote + base, chunk_vectors, blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x,
+                       stride);
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence_system();

@@ -183,6 +183,30 @@ PointerKind pointer_kind(const void* ptr) {
   }
 }
 
+namespace {
+// Enqueues one raw copy on `streams` (round robin): its 2-D slices, or its 1-D pieces of `chunk`
+// bytes (all of it when chunk is 0), peer or plain.
+void enqueue_raw(const RawCopy& c, const std::vector<hipStream_t>& streams) {
+  std::size_t next = 0;
+  if (c.width > 0) {
+    for (int slice = 0; slice < c.slices; ++slice)
+      CARAVAN_HIP_CHECK(hipMemcpy2DAsync(static_cast<std::byte*>(c.dst) + slice * c.dst_slice, c.dst_pitch,
+                                         static_cast<const std::byte*>(c.src) + slice * c.src_slice, c.src_pitch, c.width,
+                                         c.height, hipMemcpyDefault, streams[next++ % streams.size()]));
+    return;
+  }
+  const std::uint64_t chunk = c.chunk ? c.chunk : c.bytes;
+  for (std::uint64_t off = 0; off < c.bytes; off += chunk) {
+    const std::uint64_t n = std::min(chunk, c.bytes - off);
+    hipStream_t s = streams[next++ % streams.size()];
+    auto* dst = static_cast<std::byte*>(c.dst) + off;
+    const auto* src = static_cast<const std::byte*>(c.src) + off;
+    if (c.peer) CARAVAN_HIP_CHECK(hipMemcpyPeerAsync(dst, c.dst_device, src, c.src_device, n, s));
+    else CARAVAN_HIP_CHECK(hipMemcpyAsync(dst, src, n, hipMemcpyDefault, s));
+  }
+}
+}  // namespace
+
 std::vector<double> time_raw_copies(const RawCopy& c, int repetitions) {
   DeviceGuard guard(c.device);
   const int n_streams = std::max(c.streams, 1);
@@ -192,22 +216,7 @@ std::vector<double> time_raw_copies(const RawCopy& c, int repetitions) {
   try {
     for (int r = 0; r < repetitions; ++r) {
       auto start = std::chrono::steady_clock::now();
-      const std::uint64_t chunk = c.chunk ? c.chunk : c.bytes;
-      std::size_t next = 0;
-      for (int slice = 0; c.width > 0 && slice < c.slices; ++slice) {
-        hipStream_t s = streams[next++ % streams.size()];
-        CARAVAN_HIP_CHECK(hipMemcpy2DAsync(static_cast<std::byte*>(c.dst) + slice * c.dst_slice, c.dst_pitch,
-                                           static_cast<const std::byte*>(c.src) + slice * c.src_slice, c.src_pitch,
-                                           c.width, c.height, hipMemcpyDefault, s));
-      }
-      for (std::uint64_t off = 0; c.width == 0 && off < c.bytes; off += chunk) {
-        std::uint64_t n = std::min(chunk, c.bytes - off);
-        hipStream_t s = streams[next++ % streams.size()];
-        auto* dst = static_cast<std::byte*>(c.dst) + off;
-        const auto* src = static_cast<const std::byte*>(c.src) + off;
-        if (c.peer) CARAVAN_HIP_CHECK(hipMemcpyPeerAsync(dst, c.dst_device, src, c.src_device, n, s));
-        else CARAVAN_HIP_CHECK(hipMemcpyAsync(dst, src, n, hipMemcpyDefault, s));
-      }
+      enqueue_raw(c, streams);
       for (auto& s : streams) CARAVAN_HIP_CHECK(hipStreamSynchronize(s));
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
@@ -237,10 +246,8 @@ std::vector<double> time_raw_concurrent(const std::vector<RawCopy>& copies, int 
     for (int r = 0; r < repetitions; ++r) {
       auto start = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < copies.size(); ++i) {
-        const RawCopy& c = copies[i];
-        DeviceGuard guard(c.device);
-        if (c.peer) CARAVAN_HIP_CHECK(hipMemcpyPeerAsync(c.dst, c.dst_device, c.src, c.src_device, c.bytes, streams[i]));
-        else CARAVAN_HIP_CHECK(hipMemcpyAsync(c.dst, c.src, c.bytes, hipMemcpyDefault, streams[i]));
+        DeviceGuard guard(copies[i].device);
+        enqueue_raw(copies[i], {streams[i]});
       }
       for (std::size_t i = 0; i < copies.size(); ++i) {
         DeviceGuard guard(copies[i].device);

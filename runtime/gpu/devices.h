@@ -78,8 +78,8 @@ struct RawCopy {
   int slices = 1;
 };
 std::vector<double> time_raw_copies(const RawCopy& copy, int repetitions);
-// Seconds per repetition for all `copies` at once (plain or peer 1-D copies), each on a stream of
-// its own on its `device`, from the first enqueue to the last completion.
+// Seconds per repetition for all `copies` at once, each on a stream of its own on its `device`,
+// from the first enqueue to the last completion.
 std::vector<double> time_raw_concurrent(const std::vector<RawCopy>& copies, int repetitions);
 
 }  // namespace caravan::gpu

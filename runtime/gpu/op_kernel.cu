@@ -1,5 +1,7 @@
 #include "runtime/gpu/op_kernel.h"
 
+#include "runtime/gpu/grid_copy.cuh"
+
 #include <caravan/error.h>
 
 namespace caravan::gpu {
@@ -42,20 +44,10 @@ __global__ void __launch_bounds__(kThreads) op_batch_kernel(KernelOpBatch batch,
   }
 }
 
-// One contiguous, 16-byte aligned run (what xgmi requests are): each thread keeps kUnroll loads
-// in flight before its stores, which is what keeps a peer link busy from the SMs.
-constexpr int kUnroll = 4;
+// One contiguous, 16-byte aligned run (what xgmi requests are): the unrolled grid copy.
 __global__ void __launch_bounds__(kThreads) contiguous_kernel(const uint4* src, uint4* dst, std::uint64_t vectors) {
-  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * kThreads;
-  std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(kThreads) + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < vectors; i += kUnroll * stride) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = src[i + u * stride];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) dst[i + u * stride] = v[u];
-  }
-  for (; i < vectors; i += stride) dst[i] = src[i];
+  dev::grid_copy16(src, dst, vectors, blockIdx.x * static_cast<std::uint64_t>(kThreads) + threadIdx.x,
+                   static_cast<std::uint64_t>(gridDim.x) * kThreads);
 }
 
 std::uint32_t widest_unit(const KernelOp& o) {
@@ -76,7 +68,8 @@ void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream) {
     const KernelOp& o = batch.ops[0];
     const std::uint64_t vectors = o.elem / 16;
     if (vectors == 0) return;
-    const std::uint64_t blocks = std::min<std::uint64_t>((vectors + kThreads * kUnroll - 1) / (kThreads * kUnroll), 1024);
+    const std::uint64_t per_block = static_cast<std::uint64_t>(kThreads) * dev::kGridCopyUnroll;
+    const std::uint64_t blocks = std::min<std::uint64_t>((vectors + per_block - 1) / per_block, 1024);
     contiguous_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(reinterpret_cast<const uint4*>(o.src),
                                                                               reinterpret_cast<uint4*>(o.dst), vectors);
     CARAVAN_HIP_CHECK(hipGetLastError());
@@ -96,10 +89,15 @@ void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream) {
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
-void preload_op_kernel() {
+void preload_op_kernel(int device) {
+  int current = 0;
+  CARAVAN_HIP_CHECK(hipGetDevice(&current));
+  CARAVAN_HIP_CHECK(hipSetDevice(device));
   hipFuncAttributes attributes;
-  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&op_batch_kernel)));
-  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&contiguous_kernel)));
+  hipError_t status = hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&op_batch_kernel));
+  if (status == hipSuccess) status = hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&contiguous_kernel));
+  CARAVAN_HIP_CHECK(hipSetDevice(current));
+  CARAVAN_HIP_CHECK(status);
 }
 
 }  // namespace caravan::gpu

@@ -33,7 +33,8 @@ struct KernelOpBatch {
 // Enqueues one kernel on `stream` (of the current device) that performs every op of `batch`.
 // Overlapping source and destination bytes give an unspecified result (as a copy engine's).
 void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream);
-// Loads the kernel on the current device now (a first launch while peers wait on flags can stall).
-void preload_op_kernel();
+// Loads the kernels on `device` now (a first launch while peers wait on flags can stall); the
+// calling thread's current device is left as it was.
+void preload_op_kernel(int device);
 
 }  // namespace caravan::gpu
