@@ -5,9 +5,10 @@
 #   usage: scripts/gpu-carry.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake --build --preset release --target caravan overlap_gpu_tests gpu_tests ipc_heap_gpu_tests
+cmake --build --preset release --target caravan overlap_gpu_tests gpu_tests ipc_heap_gpu_tests remote_gpu_copy_tests
 mkdir -p .devcarry/ucx
-for b in apps/caravan tests/gpu/overlap_gpu_tests tests/gpu/gpu_tests tests/gpu/ipc_heap_gpu_tests; do
+for b in apps/caravan tests/gpu/overlap_gpu_tests tests/gpu/gpu_tests tests/gpu/ipc_heap_gpu_tests \
+         tests/gpu/remote_gpu_copy_tests; do
   strip -o ".devcarry/$(basename "$b")" "build/release/$b"
 done
 for l in libfmt.so.9 libspdlog.so.1.10 libnuma.so.1 libucm.so.0 libucp.so.0 libucs.so.0 libuct.so.0; do

@@ -4,10 +4,11 @@
 # docs/gpu.md, "Running the GPU tests and benchmark on the GPU machine").
 #
 #   usage: scripts/gpu-checks.sh [BIN_DIR] [OUT_DIR] [STEP...]
-#     BIN_DIR: where caravan, overlap_gpu_tests, gpu_tests and ipc_heap_gpu_tests are
+#     BIN_DIR: where caravan, overlap_gpu_tests, gpu_tests, ipc_heap_gpu_tests and
+#              remote_gpu_copy_tests are
 #              (default .devcarry; the Debian libraries they need are looked up there too)
 #     OUT_DIR: where each step's log goes (default gpu-checks)
-#     STEP:    any of tests run-ahead ipc copies overlap llm (default: all, in that order)
+#     STEP:    any of tests run-ahead ipc remote copies overlap llm (default: all, in that order)
 #
 # Each step's log is OUT_DIR/<step>.log; a summary line per step is printed at the end. A step
 # that hangs is killed at its limit and reported as such; the next step still runs.
@@ -16,7 +17,7 @@ bin=${1:-.devcarry}
 out=${2:-gpu-checks}
 shift $(( $# > 2 ? 2 : $# ))
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests run-ahead ipc copies overlap llm)
+[ ${#steps[@]} -eq 0 ] && steps=(tests run-ahead ipc remote copies overlap llm)
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0 CARAVAN_CACHE_DIR=${CARAVAN_CACHE_DIR:-/tmp/caravan-cache}
@@ -76,6 +77,13 @@ for step in "${steps[@]}"; do
         run "ipc-heap-$n" 240 "$bin/caravan" run -n "$n" --grace 20 "$bin/ipc_heap_gpu_tests"
       done
       ;;
+    remote)
+      # GPU memory across two logical nodes: fbm -> reg -> UCX -> reg -> fbm, tested, then timed
+      # pipelined against staged and against its slowest hop (and the host-to-host path).
+      run remote-copy-tests 180 "$bin/caravan" run -n 2 --nodes 2 --grace 20 "$bin/remote_gpu_copy_tests"
+      run bench-remote-gpu 300 "$bin/caravan" bench nic --path-only --path-memory fbm --transports default --reps 5
+      run bench-remote-host 300 "$bin/caravan" bench nic --path-only --path-memory sys --transports default --reps 5
+      ;;
     copies)
       run gpu-tests 300 "$bin/gpu_tests"
       run bench-gpu 300 "$bin/caravan" bench gpu
@@ -87,7 +95,7 @@ for step in "${steps[@]}"; do
       run bench-llm 500 "$bin/caravan" bench llm --sweep --iterations 6 --warmup 2 --json "$out/llm-sweep.json"
       ;;
     *)
-      echo "gpu-checks: unknown step '$step' (tests run-ahead ipc copies overlap llm)" >&2
+      echo "gpu-checks: unknown step '$step' (tests run-ahead ipc remote copies overlap llm)" >&2
       exit 2
       ;;
   esac

@@ -20,6 +20,7 @@
 #include "apps/caravan/bench_report.h"
 #include "apps/caravan/commands.h"
 #include "apps/caravan/launcher.h"
+#include "runtime/gpu/devices.h"
 #include "runtime/net/network.h"
 #include "runtime/net/rma.h"
 #include "runtime/runtime_impl.h"
@@ -72,10 +73,12 @@ RankOptions g_rank;
 struct PathOptions {  // the hidden `bench nic-path-rank`
   std::uint64_t bytes = 0;
   int repetitions = 3;
+  std::string memory = "sys";  // where the source and destination live: sys, or fbm (rank r's GPU r)
   std::string out;
 };
 PathOptions g_path;
-std::string g_path_shm_bytes = "256M", g_path_net_bytes = "64M";
+std::string g_path_shm_bytes = "256M", g_path_net_bytes = "64M", g_path_memory = "sys";
+bool g_path_only = false;
 
 // "4096", "64K", "4M", "1G" (powers of 1024).
 std::uint64_t parse_size(const std::string& text, const char* option) {
@@ -176,7 +179,8 @@ void run_rank() {
 }
 
 // Rank 0 times the three versions of one cross-node copy; rank 1 owns the destination and the
-// staged version's second intermediate, and serves.
+// staged version's second intermediate, and serves. The ends are in sys, or in GPU memory (rank
+// r's GPU r, so that the two ends use different GPUs and PCIe links, as on two hosts).
 void run_path_rank() {
   Runtime rt(RuntimeOptions{.cpu_workers = 1});
   if (rt.world_size() != 2 || rt.node_count() != 2)
@@ -184,22 +188,25 @@ void run_path_rank() {
   net::Network& network = *rt.impl().network();
   const int me = rt.rank();
   auto memory = [&](int rank, MemoryKind kind) {
-    return MemoryId{static_cast<std::uint32_t>(rt.rank_info(rank).node), static_cast<std::uint32_t>(rank), kind, 0};
+    return MemoryId{static_cast<std::uint32_t>(rt.rank_info(rank).node), static_cast<std::uint32_t>(rank), kind,
+                    kind == MemoryKind::fbm ? static_cast<std::uint32_t>(rank) : 0u};
   };
+  const MemoryKind end_kind = g_path.memory == "fbm" ? MemoryKind::fbm : MemoryKind::sys;
   FieldSpace fields({{"v", 16}});
   auto space = Rect::from_extents({static_cast<std::int64_t>(std::max<std::uint64_t>(g_path.bytes / 16, 1))});
   const Layout layout = Layout::parse("F,x");
   // Rank 0: the source and the staged version's REG intermediate; rank 1: the destination and
   // the staged version's REG* intermediate. Every page is touched before timing.
-  Instance src = Instance::create(memory(me, MemoryKind::sys), space, fields, layout);
+  Instance src = Instance::create(memory(me, end_kind), space, fields, layout);
   Instance staging = Instance::create(memory(me, MemoryKind::reg), space, fields, layout);
-  std::memset(src.data(), me + 1, src.footprint_bytes());
+  std::vector<std::byte> fill(src.footprint_bytes(), std::byte(me + 1));
+  src.write_bytes(0, fill);
   std::memset(staging.data(), 0, staging.footprint_bytes());
   auto share = [&](const Instance& mine) {
     auto parts = network.allgather(mine.descriptor(), std::chrono::seconds(60), "bench nic-path");
     return Instance::from_descriptor(parts[1]);
   };
-  Instance dst = share(src);            // rank 1's sys instance
+  Instance dst = share(src);            // rank 1's sys or fbm instance
   Instance remote_staging = share(staging);  // rank 1's reg instance
   nlohmann::json out = {{"pipelined", nlohmann::json::array()}, {"staged", nlohmann::json::array()},
                         {"hops", nlohmann::json::array()}, {"route", ""}, {"buffers", nlohmann::json::array()}};
@@ -226,6 +233,13 @@ void run_path_rank() {
     out["tiles"] = report.tiles;
   }
   rt.barrier(std::chrono::seconds(600));
+  if (me == 1) {  // the last copy into the destination was the staged one's hop 2; both carried rank 0's bytes
+    std::vector<std::byte> got(src.footprint_bytes());
+    src.read_bytes(0, got);
+    auto bad = std::count_if(got.begin(), got.end(), [](std::byte b) { return b != std::byte{1}; });
+    if (bad != 0) throw Error(Errc::internal, fmt::format("bench nic-path-rank: {} bytes of the destination are wrong", bad));
+  }
+  rt.barrier(std::chrono::seconds(60));
   if (me == 0) std::ofstream(g_path.out) << out.dump();
 }
 
@@ -335,9 +349,16 @@ BenchReport run_nic_bench() {
   if (length <= 0) throw Error(Errc::internal, "bench nic: cannot find this program (/proc/self/exe)");
   const bool have_perftest = on_path("ucx_perftest");
 
+  if (g_path_memory != "sys" && g_path_memory != "fbm")
+    throw Error(Errc::invalid_argument, fmt::format("--path-memory {}: must be sys or fbm", g_path_memory));
+  if (g_path_memory == "fbm" && gpu::topology().devices.size() < 2)
+    throw Error(Errc::invalid_argument, fmt::format("--path-memory fbm: needs 2 GPUs on this host (rank r uses GPU r); {}",
+                                                    gpu::topology().devices.empty() ? gpu::topology().reason : "this host has 1"));
+
   BenchReport report;
   report.figures["transports"] = nlohmann::json::object();
   for (const std::string& transport : g_nic.transports) {
+    if (g_path_only) break;
     std::string tls = transport == "default" ? "" : transport;
     std::map<std::uint64_t, std::vector<double>> caravan, perftest;
     std::string perftest_problem = have_perftest ? "" : "ucx_perftest is not on PATH (Debian: apt-get install ucx-utils)";
@@ -398,8 +419,9 @@ BenchReport run_nic_bench() {
     report.figures["transports"][transport] = figures;
     if (!perftest_problem.empty()) report.notes.push_back(fmt::format("{}: no baseline: {}", label, perftest_problem));
   }
-  report.notes.push_back("caravan: net::Rma puts between 2 ranks in 2 logical nodes (caravan run -n 2 --nodes 2), registered "
-                         "source and target, flush at the end; ucx_perftest -t ucp_put_bw between 2 local processes; GB/s = 10^9 B/s");
+  if (!g_path_only)
+    report.notes.push_back("caravan: net::Rma puts between 2 ranks in 2 logical nodes (caravan run -n 2 --nodes 2), registered "
+                           "source and target, flush at the end; ucx_perftest -t ucp_put_bw between 2 local processes; GB/s = 10^9 B/s");
 
   // The cross-node host path of a copy: pipelined vs staged vs its slowest hop alone.
   report.figures["path"] = nlohmann::json::object();
@@ -411,7 +433,7 @@ BenchReport run_nic_bench() {
     spec.ranks = 2;
     spec.nodes = 2;
     spec.command = {std::string(self, static_cast<std::size_t>(length)), "bench", "nic-path-rank", "--out", out, "--bytes",
-                    std::to_string(bytes), "--reps", std::to_string(g_nic.repetitions)};
+                    std::to_string(bytes), "--reps", std::to_string(g_nic.repetitions), "--memory", g_path_memory};
     spec.environment = {{"CARAVAN_UCX_TLS", tls}};
     spec.quiet = true;
     int status = run_ranks(spec);
@@ -432,12 +454,14 @@ BenchReport run_nic_bench() {
       slowest.push_back(static_cast<double>(moved) / worst / 1e9);
     }
     Summary p = summarize(pipelined), s = summarize(staged), w = summarize(slowest);
+    const bool on_gpu = g_path_memory == "fbm";
     std::string label = tls.empty() ? "UCX default (shared memory)" : "UCX_TLS=" + tls;
     std::string buffers;
     for (const auto& b : r["buffers"]) buffers += (buffers.empty() ? "" : ", ") + fmt_size(b.get<std::uint64_t>());
-    BenchTable table{fmt::format("cross-node copy of {} (16-byte points, F,x), GB/s, {}: {} ({} repetitions; pipelined "
+    BenchTable table{fmt::format("cross-node copy of {} {} (16-byte points, F,x), GB/s, {}: {} ({} repetitions; pipelined "
                                  "buffers {}, {} tiles)",
-                                 fmt_size(moved), label, r["route"].get<std::string>(), g_nic.repetitions, buffers,
+                                 fmt_size(moved), on_gpu ? "GPU to GPU" : "host to host", label, r["route"].get<std::string>(),
+                                 g_nic.repetitions, buffers,
                                  r.value("tiles", 0)),
                      {"version", "median", "p10..p90", "pipelined / this"},
                      {}};
@@ -448,15 +472,17 @@ BenchReport run_nic_bench() {
     row("pipelined (planned path)", p);
     row("staged (hop by hop, full-size intermediates)", s);
     row("slowest hop alone", w);
-    const char* hop_names[3] = {"  hop 0 alone: memcpy sys -> reg", "  hop 1 alone: nic reg -> reg*", "  hop 2 alone: memcpy reg* -> sys*"};
+    const char* hop_names[3] = {on_gpu ? "  hop 0 alone: sdma fbm0 -> reg" : "  hop 0 alone: memcpy sys -> reg",
+                                "  hop 1 alone: nic reg -> reg*",
+                                on_gpu ? "  hop 2 alone: sdma reg* -> fbm1*" : "  hop 2 alone: memcpy reg* -> sys*"};
     for (std::size_t h = 0; h < 3; ++h) row(hop_names[h], summarize(hop_gbps[h]));
     report.tables.push_back(table);
-    report.figures["path"][transport] = {{"bytes", moved},       {"route", r["route"]},           {"pipelined_gbps", pipelined},
+    report.figures["path"][transport] = {{"memory", g_path_memory}, {"bytes", moved},       {"route", r["route"]},           {"pipelined_gbps", pipelined},
                                          {"staged_gbps", staged}, {"slowest_hop_gbps", slowest}, {"pipelined_over_staged", p.median / s.median},
                                          {"pipelined_over_slowest_hop", p.median / w.median}};
-    report.headlines.push_back(fmt::format("{}: cross-node copy {:.2f} GB/s pipelined, {:.2f}x the staged version, {:.2f}x its "
+    report.headlines.push_back(fmt::format("{}: cross-node {} copy {:.2f} GB/s pipelined, {:.2f}x the staged version, {:.2f}x its "
                                            "slowest hop alone",
-                                           label, p.median, p.median / s.median, p.median / w.median));
+                                           label, on_gpu ? "GPU -> GPU" : "host -> host", p.median, p.median / s.median, p.median / w.median));
   }
   return report;
 }
@@ -475,6 +501,10 @@ void add_bench_nic(CLI::App& bench) {
   sub.add_option("--window", g_nic.window, "Puts in flight at once on Caravan's side")->capture_default_str();
   sub.add_option("--path-shm-bytes", g_path_shm_bytes, "Size of the cross-node copy over shared memory")->capture_default_str();
   sub.add_option("--path-net-bytes", g_path_net_bytes, "Size of the cross-node copy over tcp")->capture_default_str();
+  sub.add_option("--path-memory", g_path_memory,
+                 "Ends of the cross-node copy: sys, or fbm (GPU memory: rank 0's GPU 0 to rank 1's GPU 1, through REG)")
+      ->capture_default_str();
+  sub.add_flag("--path-only", g_path_only, "Only the cross-node copy (skip the put bandwidth against ucx_perftest)");
   // What each rank of Caravan's side runs; not meant for users (hence no group: hidden).
   CLI::App* rank = bench.add_subcommand("nic-rank", "One rank of `bench nic` (internal)");
   rank->group("");
@@ -491,6 +521,7 @@ void add_bench_nic(CLI::App& bench) {
   path->group("");
   path->add_option("--bytes", g_path.bytes)->required();
   path->add_option("--reps", g_path.repetitions);
+  path->add_option("--memory", g_path.memory);
   path->add_option("--out", g_path.out)->required();
   path->callback([] { run_path_rank(); });
 }

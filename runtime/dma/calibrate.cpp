@@ -353,38 +353,64 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
   // (xgmi) between GPUs that reach each other. Shared links are planner resources: each GPU's
   // PCIe link per direction (sys and zcm traffic to one GPU share it) and its NVLink egress and
   // ingress (all of its peer copies share them), at the calibrated peaks.
-  m.description = fmt::format("this host: system memory, file-backed storage, pinned host memory and {} x {}; "
-                              "memcpy, file, sdma and xgmi channels (calibrated)", topo.devices.size(), topo.devices[0].name);
-  MemoryId zcm{node, rank, MemoryKind::zcm, 0};
-  m.memories.push_back({zcm, sys_bytes});
-  for (MemoryId a : {sys, zcm})
-    for (MemoryId b : {sys, zcm})
-      if (!(a == sys && b == sys)) m.channels.push_back({ChannelKind::memcpy, a, b, table("memcpy"), {}});
-  m.channels.push_back({ChannelKind::file, zcm, dsk, table("file_write"), {}});
-  m.channels.push_back({ChannelKind::file, dsk, zcm, table("file_read"), {}});
-  auto fbm = [&](std::size_t i) { return MemoryId{node, rank, MemoryKind::fbm, static_cast<std::uint32_t>(i)}; };
-  auto resource = [&](std::size_t i, const char* what) { return fmt::format("node{}/gpu{}.{}", node, i, what); };
+  // In a job every rank gets them (ranks of one host see its GPUs; ranks elsewhere are taken to
+  // be alike, as for host memory), and REG, pinned for the GPUs too (Storage::wrap_registered),
+  // is reached by the copy engines like zcm: GPU memory crosses to another node as
+  // fbm -[sdma]-> reg -[nic]-> reg* -[sdma]-> fbm*, pipelined.
+  m.description = fmt::format("{}: system memory, file-backed storage, pinned host memory and {} x {}{}; "
+                              "memcpy, file, sdma and xgmi channels (calibrated){}",
+                              ranks.size() <= 1 ? "this host" : fmt::format("this job ({} ranks)", ranks.size()),
+                              topo.devices.size(), topo.devices[0].name, ranks.size() <= 1 ? "" : " per rank, reg",
+                              ranks.size() <= 1 ? "" : ", nic between every two ranks' reg (CARAVAN_NIC_GBPS)");
   const bool peers = std::any_of(c.channels.begin(), c.channels.end(), [](const auto& ch) { return ch.channel == "xgmi"; });
-  for (std::size_t i = 0; i < topo.devices.size(); ++i) {
-    m.memories.push_back({fbm(i), topo.devices[i].memory_bytes});
-    m.resources.push_back({resource(i, "pcie.h2d"), table("sdma_h2d").peak()});
-    m.resources.push_back({resource(i, "pcie.d2h"), table("sdma_d2h").peak()});
-    if (peers) {
-      m.resources.push_back({resource(i, "nvlink.out"), table("xgmi").peak()});
-      m.resources.push_back({resource(i, "nvlink.in"), table("xgmi").peak()});
+  auto add_resource = [&](const std::string& name, double gbps) {  // once per node, however many ranks use it
+    if (std::none_of(m.resources.begin(), m.resources.end(), [&](const auto& x) { return x.name == name; }))
+      m.resources.push_back({name, gbps});
+  };
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> gpu_ranks;  // (node, rank)
+  if (ranks.size() <= 1) gpu_ranks.emplace_back(node, rank);
+  for (const RankInfo& info : ranks)
+    if (ranks.size() > 1) gpu_ranks.emplace_back(static_cast<std::uint32_t>(info.node), static_cast<std::uint32_t>(info.rank));
+  for (auto [n, r] : gpu_ranks) {
+    MemoryId host{n, r, MemoryKind::sys, 0}, zcm{n, r, MemoryKind::zcm, 0}, disk{n, r, MemoryKind::dsk, 0};
+    std::vector<MemoryId> pinned{zcm};
+    if (ranks.size() > 1) pinned.push_back(MemoryId{n, r, MemoryKind::reg, 0});
+    m.memories.push_back({zcm, sys_bytes});
+    for (MemoryId a : {host, zcm})
+      for (MemoryId b : {host, zcm})
+        if (!(a == host && b == host)) m.channels.push_back({ChannelKind::memcpy, a, b, table("memcpy"), {}});
+    if (ranks.size() > 1) {
+      m.channels.push_back({ChannelKind::memcpy, zcm, pinned[1], table("memcpy"), {}});
+      m.channels.push_back({ChannelKind::memcpy, pinned[1], zcm, table("memcpy"), {}});
     }
-    m.channels.push_back({ChannelKind::sdma, zcm, fbm(i), table("sdma_h2d"), {resource(i, "pcie.h2d")}});
-    m.channels.push_back({ChannelKind::sdma, sys, fbm(i), table("sdma_h2d_pageable"), {resource(i, "pcie.h2d")}});
-    m.channels.push_back({ChannelKind::sdma, fbm(i), zcm, table("sdma_d2h"), {resource(i, "pcie.d2h")}});
-    m.channels.push_back({ChannelKind::sdma, fbm(i), sys, table("sdma_d2h_pageable"), {resource(i, "pcie.d2h")}});
-    m.channels.push_back({ChannelKind::sdma, fbm(i), fbm(i), table("sdma_local"), {}});
-    m.channels.push_back({ChannelKind::gpu_convert, fbm(i), fbm(i), table("gpu_convert"), {}});
-  }
-  if (peers) {
-    for (std::size_t i = 0; i < topo.devices.size(); ++i)
-      for (std::size_t j = 0; j < topo.devices.size(); ++j)
-        if (i != j && topo.can_peer(static_cast<int>(i), static_cast<int>(j)))
-          m.channels.push_back({ChannelKind::xgmi, fbm(i), fbm(j), table("xgmi"), {resource(i, "nvlink.out"), resource(j, "nvlink.in")}});
+    m.channels.push_back({ChannelKind::file, zcm, disk, table("file_write"), {}});
+    m.channels.push_back({ChannelKind::file, disk, zcm, table("file_read"), {}});
+    auto fbm = [&](std::size_t i) { return MemoryId{n, r, MemoryKind::fbm, static_cast<std::uint32_t>(i)}; };
+    // Resources are the node's physical links: ranks of one node that use one GPU share them.
+    auto resource = [&](std::size_t i, const char* what) { return fmt::format("node{}/gpu{}.{}", n, i, what); };
+    for (std::size_t i = 0; i < topo.devices.size(); ++i) {
+      m.memories.push_back({fbm(i), topo.devices[i].memory_bytes});
+      add_resource(resource(i, "pcie.h2d"), table("sdma_h2d").peak());
+      add_resource(resource(i, "pcie.d2h"), table("sdma_d2h").peak());
+      if (peers) {
+        add_resource(resource(i, "nvlink.out"), table("xgmi").peak());
+        add_resource(resource(i, "nvlink.in"), table("xgmi").peak());
+      }
+      for (MemoryId p : pinned) {
+        m.channels.push_back({ChannelKind::sdma, p, fbm(i), table("sdma_h2d"), {resource(i, "pcie.h2d")}});
+        m.channels.push_back({ChannelKind::sdma, fbm(i), p, table("sdma_d2h"), {resource(i, "pcie.d2h")}});
+      }
+      m.channels.push_back({ChannelKind::sdma, host, fbm(i), table("sdma_h2d_pageable"), {resource(i, "pcie.h2d")}});
+      m.channels.push_back({ChannelKind::sdma, fbm(i), host, table("sdma_d2h_pageable"), {resource(i, "pcie.d2h")}});
+      m.channels.push_back({ChannelKind::sdma, fbm(i), fbm(i), table("sdma_local"), {}});
+      m.channels.push_back({ChannelKind::gpu_convert, fbm(i), fbm(i), table("gpu_convert"), {}});
+    }
+    if (peers) {
+      for (std::size_t i = 0; i < topo.devices.size(); ++i)
+        for (std::size_t j = 0; j < topo.devices.size(); ++j)
+          if (i != j && topo.can_peer(static_cast<int>(i), static_cast<int>(j)))
+            m.channels.push_back({ChannelKind::xgmi, fbm(i), fbm(j), table("xgmi"), {resource(i, "nvlink.out"), resource(j, "nvlink.in")}});
+    }
   }
   return m;
 }

@@ -57,6 +57,10 @@ std::shared_ptr<Storage> Storage::wrap_registered(MemoryId memory, std::shared_p
   std::shared_ptr<Storage> s(new Storage(memory, bytes));
   s->host_ = registration->data();
   s->registration_ = std::move(registration);
+  // With GPUs, REG memory is also pinned for them: a copy between GPU memory and REG (the first
+  // and last hops of a GPU-to-GPU copy across nodes) then runs on the copy engines at the pinned
+  // rate instead of being staged by the driver as pageable memory.
+  if (!gpu::topology().devices.empty()) s->gpu_pinned_ = gpu::pin_host(s->host_, std::max<std::uint64_t>(bytes, 1));
   return s;
 }
 
@@ -94,6 +98,7 @@ Storage::~Storage() {
     case Owner::device: gpu::free_device(device_ptr_); break;
     case Owner::none: break;
   }
+  if (gpu_pinned_) gpu::unpin_host(host_);  // before registration_ (a member) releases the bytes
   if (fd_ >= 0) ::close(fd_);
 }
 

@@ -33,7 +33,7 @@ class Storage {
   // is host memory too: host() is set, so the memcpy and file channels use it like sys.
   static std::shared_ptr<Storage> allocate_pinned(MemoryId memory, std::uint64_t bytes);
   // REG memory in a job: host bytes registered with UCX (the nic channel puts from and into
-  // them). The storage keeps the registration alive.
+  // them), and pinned for the GPUs where there are any. The storage keeps the registration alive.
   static std::shared_ptr<Storage> wrap_registered(MemoryId memory, std::shared_ptr<net::RegisteredMemory> registration,
                                                   std::uint64_t bytes);
   // REG memory of another rank, reachable by UCX puts only (host() is null): what the nic
@@ -74,6 +74,7 @@ class Storage {
   Owner owner_ = Owner::none;
   int device_ = -1;
   int fd_ = -1;
+  bool gpu_pinned_ = false;  // host_ pinned for the GPUs by wrap_registered (unpinned at the end)
   std::shared_ptr<net::RegisteredMemory> registration_;
   std::shared_ptr<net::RemoteMemory> remote_;
 };

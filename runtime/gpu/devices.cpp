@@ -163,6 +163,26 @@ void free_pinned(void* ptr) noexcept {
   }
 }
 
+bool pin_host(void* ptr, std::uint64_t bytes) {
+  if (!ptr || bytes == 0) return false;
+  hipError_t status = hipHostRegister(ptr, bytes, hipHostRegisterPortable | hipHostRegisterMapped);
+  if (status == hipErrorHostMemoryAlreadyRegistered) {
+    (void)hipGetLastError();
+    return false;
+  }
+  CARAVAN_HIP_CHECK(status);
+  return true;
+}
+
+void unpin_host(void* ptr) noexcept {
+  if (!ptr) return;
+  hipError_t status = hipHostUnregister(ptr);
+  if (status != hipSuccess) {
+    (void)hipGetLastError();
+    log::get("gpu")->error("hipHostUnregister failed: {} ({})", hipGetErrorName(status), hipGetErrorString(status));
+  }
+}
+
 void copy_sync(void* dst, const void* src, std::uint64_t bytes) {
   if (bytes == 0) return;
   CARAVAN_HIP_CHECK(hipMemcpy(dst, src, bytes, hipMemcpyDefault));

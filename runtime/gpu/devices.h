@@ -43,6 +43,12 @@ void free_device(void* ptr) noexcept;
 // Pinned host memory mapped into every device (zeroed).
 void* allocate_pinned(std::uint64_t bytes);
 void free_pinned(void* ptr) noexcept;
+// Pins host memory allocated elsewhere (REG memory that UCX allocated or registered) for every
+// device, so the copy engines reach it directly instead of staging it as pageable memory.
+// Returns false, changing nothing, where the GPU runtime already knows the range (pinned by
+// someone else: leave it to them). Throws Error(device) on any other HIP failure.
+bool pin_host(void* ptr, std::uint64_t bytes);
+void unpin_host(void* ptr) noexcept;
 // Synchronous copy between any two unified addresses (host, pinned or device).
 void copy_sync(void* dst, const void* src, std::uint64_t bytes);
 

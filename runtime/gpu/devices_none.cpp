@@ -31,6 +31,8 @@ void* allocate_device(int, std::uint64_t) { unsupported("GPU memory"); }
 void free_device(void*) noexcept {}
 void* allocate_pinned(std::uint64_t) { unsupported("pinned host memory (zcm)"); }
 void free_pinned(void*) noexcept {}
+bool pin_host(void*, std::uint64_t) { return false; }  // no GPU: nothing to pin for
+void unpin_host(void*) noexcept {}
 void copy_sync(void*, const void*, std::uint64_t) { unsupported("GPU copy"); }
 std::vector<double> time_raw_copies(const RawCopy&, int) { unsupported("GPU copy"); }
 std::vector<double> time_raw_concurrent(const std::vector<RawCopy>&, int) { unsupported("GPU copy"); }

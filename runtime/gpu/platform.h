@@ -31,6 +31,10 @@ inline constexpr unsigned hipEventDisableTiming = cudaEventDisableTiming;
 // hipHostMalloc flags: pinned, visible to every device, mapped into their address spaces.
 inline constexpr unsigned hipHostMallocPortable = cudaHostAllocPortable;
 inline constexpr unsigned hipHostMallocMapped = cudaHostAllocMapped;
+// hipHostRegister flags: pin memory allocated elsewhere, for every device, mapped.
+inline constexpr unsigned hipHostRegisterPortable = cudaHostRegisterPortable;
+inline constexpr unsigned hipHostRegisterMapped = cudaHostRegisterMapped;
+inline constexpr hipError_t hipErrorHostMemoryAlreadyRegistered = cudaErrorHostMemoryAlreadyRegistered;
 
 inline hipError_t hipGetDeviceCount(int* count) { return cudaGetDeviceCount(count); }
 inline hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int device) { return cudaGetDeviceProperties(prop, device); }
@@ -54,6 +58,8 @@ inline hipError_t hipMalloc(void** ptr, std::size_t bytes) { return cudaMalloc(p
 inline hipError_t hipFree(void* ptr) { return cudaFree(ptr); }
 inline hipError_t hipHostMalloc(void** ptr, std::size_t bytes, unsigned flags) { return cudaHostAlloc(ptr, bytes, flags); }
 inline hipError_t hipHostFree(void* ptr) { return cudaFreeHost(ptr); }
+inline hipError_t hipHostRegister(void* ptr, std::size_t bytes, unsigned flags) { return cudaHostRegister(ptr, bytes, flags); }
+inline hipError_t hipHostUnregister(void* ptr) { return cudaHostUnregister(ptr); }
 inline hipError_t hipMemset(void* ptr, int value, std::size_t bytes) { return cudaMemset(ptr, value, bytes); }
 // What an address points into (device, pinned host, managed, or memory the runtime does not know).
 using hipPointerAttribute_t = cudaPointerAttributes;
