@@ -136,5 +136,16 @@ struct SmPushFlags {
 void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk_bytes, int chunks, const SmPushFlags& flags,
              std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream);
 std::size_t sm_push_counter_bytes(int world, int chunks);
+// One-shot pull ReduceScatter (sm_copy.cu), for outputs small enough that latency rules: every
+// rank's partial (the whole m x n) is in the symmetric heap, and `rows` is the local address of
+// this rank's rows in it (the same offset in every peer's heap). The kernel sets the peers'
+// ready[rank] to `epoch` (release) and, if `freed` is given, their freed[rank] too (this rank
+// keeps nothing of theirs); waits until ready[q] >= epoch for every peer q (acquire); then
+// writes out = the sum over ranks, in rank order and fp32, of their `elements` at `rows`, read
+// over the peer links. The caller must not overwrite a partial while a peer may still read it
+// (GemmReduceScatter alternates two by epoch parity). elements a multiple of 8, pointers
+// 16-byte aligned.
+void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,
+                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream);
 void preload_sm_copy();
 }  // namespace caravan::gpu

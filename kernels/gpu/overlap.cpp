@@ -290,6 +290,7 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
   for (int r : team.driven_ranks()) {
     team.use(r);
     preload_kernels();
+    preload_sm_copy();
     void *a = nullptr, *b = nullptr, *c = nullptr;
     CARAVAN_HIP_CHECK(hipMalloc(&a, static_cast<std::size_t>(a_elems) * sizeof(bf16)));
     CARAVAN_HIP_CHECK(hipMalloc(&b, static_cast<std::size_t>(b_elems) * sizeof(bf16)));
@@ -537,11 +538,11 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
     // As the copy-engine push, with the stores made by SMs: one kernel announces done (pushing
     // reads no peer's shard), waits for each peer's entry (freed) and raises the peer's landed
     // flags itself, on a few blocks: the GEMM runs beside it.
-    SmPushFlags sm;
-    sm.landed = my.at(ag_landed, 0);
-    sm.freed = my.at(ag_freed, 0);
-    sm.entry[0] = my.at(ag_done, rank);
-    sm_push(team_.heap().view(rank), rows_of(rank, mine), rows_of(rank, mine), chunk_bytes, splits_, sm,
+    SmPushFlags push_flags;
+    push_flags.landed = my.at(ag_landed, 0);
+    push_flags.freed = my.at(ag_freed, 0);
+    push_flags.entry[0] = my.at(ag_done, rank);
+    sm_push(team_.heap().view(rank), rows_of(rank, mine), rows_of(rank, mine), chunk_bytes, splits_, push_flags,
             team_.heap().at<std::uint32_t>(sm_counters_, rank), e, sm_blocks_, comm);
   } else if (push) {
     // Pushing reads nothing of the peers: they may reuse their shards (a later pull call waits
@@ -672,13 +673,14 @@ std::string_view to_string(GemmRsVariant v) {
   switch (v) {
     case GemmRsVariant::ce_push: return "ce-push";
     case GemmRsVariant::ll_bulk: return "ll-bulk";
+    case GemmRsVariant::sm_pull: return "sm-pull";
     default: return "ce-bulk";
   }
 }
 
 // Flags of GemmReduceScatter, per rank: arrived[p] (p's partial for my rows is in my slot p),
 // freed[p] (p finished reducing the slot I pushed to it).
-enum RsFlags { rs_arrived, rs_freed, rs_groups };
+enum RsFlags { rs_arrived, rs_freed, rs_ready, rs_groups };  // rs_ready[p]: p's sm_pull partial is complete
 
 GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int splits)
     : team_(team), m_(m), k_(k), n_(n), splits_(splits) {
@@ -692,6 +694,10 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
     ll_lines_ = team.heap().allocate(ll_buffer_bytes(world, out_bytes));
     ll_state_ = team.heap().allocate(sizeof(LlState));
   }
+  const std::uint64_t partial_bytes = static_cast<std::uint64_t>(m) * n * sizeof(bf16);
+  // Every rank makes the same decision (same heap size, same allocations before this one).
+  if (partial_bytes <= kPullMaxBytes && team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + (1u << 20))
+    pull_partials_ = team.heap().allocate(2 * partial_bytes);
   try {
     partial_.resize(static_cast<std::size_t>(world), nullptr);
     for (int r : team.driven_ranks()) {
@@ -732,6 +738,10 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   require(variant != GemmRsVariant::ll_bulk || low_latency(),
           fmt::format("GemmReduceScatter: ll_bulk needs an output of at most {} bytes per rank, this one has {}", kLlMaxBytes,
                       chunk_elems * sizeof(bf16)));
+  require(variant != GemmRsVariant::sm_pull || pull(),
+          fmt::format("GemmReduceScatter: sm_pull needs a partial of at most {} bytes and twice that free in the heap; this "
+                      "one has {}",
+                      kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16)));
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = s.enter(stream);
   CallScope scope(s, stream);
@@ -741,6 +751,16 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   auto slot = [&](int owner, int from) { return team_.heap().at<bf16>(received_, owner) + from * chunk_elems; };
   const FlagArrays my = flags(rank);
 
+  if (variant == GemmRsVariant::sm_pull) {
+    // Partials alternate by epoch parity: the one written now was last read by the peers in
+    // call e-2, and every variant's call e-1 on this rank waited for something each peer did
+    // after its call e-2 ended (here: its ready flag of e-1), so those reads are over.
+    bf16* shared = team_.heap().at<bf16>(pull_partials_, rank) + (e & 1) * static_cast<std::size_t>(m_) * n_;
+    team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, shared, n_);
+    pull_reduce_scatter(team_.heap().view(rank), shared + rank * chunk_elems, chunk_elems, out, my.at(rs_ready, 0),
+                        my.at(rs_freed, 0), e, stream);
+    return;
+  }
   if (variant == GemmRsVariant::ll_bulk) {
     // The partials travel as lines into the peers' line buffers: no slot of received_ is used,
     // so this rank's slots stay free for the peers' next copy-engine call at once.

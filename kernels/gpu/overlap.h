@@ -174,6 +174,9 @@ enum class GemmRsVariant {
   ce_bulk,  // one GEMM, then push every chunk, then reduce: Caravan without overlap
   ll_bulk,  // one GEMM, then the low-latency ReduceScatter (SM-driven, flags inside the data):
             // for small outputs (at most kLlMaxBytes per rank), where copy-engine latency dominates
+  sm_pull,  // one GEMM into symmetric memory, then one kernel on every SM that waits for every
+            // peer's GEMM and sums this rank's rows of all partials, read over the peer links:
+            // one flag exchange and no second copy of the data (partials of at most kPullMaxBytes)
 };
 std::string_view to_string(GemmRsVariant v);
 
@@ -187,6 +190,10 @@ class GemmReduceScatter {
   void run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant, hipStream_t stream, int lanes = 1);
   // Whether the ll_bulk variant is available (an output of at most kLlMaxBytes per rank).
   bool low_latency() const { return ll_lines_.bytes > 0; }
+  // Whether the sm_pull variant is available (a partial of at most kPullMaxBytes, and room in
+  // the heap for two of them).
+  bool pull() const { return pull_partials_.bytes > 0; }
+  static constexpr std::uint64_t kPullMaxBytes = std::uint64_t{32} << 20;
 
  private:
   GpuTeam& team_;
@@ -196,6 +203,7 @@ class GemmReduceScatter {
   int splits_;
   SymmetricRegion received_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when the output fits the low-latency protocol
+  SymmetricRegion pull_partials_;        // sm_pull: two m x n partials (by epoch parity), when they fit
   std::vector<bf16*> partial_;
   std::vector<std::unique_ptr<RankSync>> sync_;
 };

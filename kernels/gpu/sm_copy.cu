@@ -12,6 +12,7 @@
 
 #include <caravan/error.h>
 
+#include <algorithm>
 #include <string>
 
 namespace caravan::gpu {
@@ -67,11 +68,74 @@ __global__ void __launch_bounds__(kThreads)
         dev::wait_until(landed + ((me - step + world) % world) * chunks + c, dev::Compare::ge, epoch);
 }
 
+// The one-shot pull ReduceScatter (kernels.h: pull_reduce_scatter). Every block announces that
+// this rank's partial is complete (the GEMM that wrote it ended before this kernel began, in
+// stream order) and waits for the same word from every peer, so no block depends on another
+// block of this grid being resident. Then each thread sums, in rank order and in fp32 (the order
+// and rounding of reduce_sum), one 16-byte vector of this rank's rows from every rank's partial,
+// loading the peers' straight over the peer links (L2 only: their bytes are new in every call).
+__global__ void __launch_bounds__(kThreads)
+    pull_reduce_scatter_kernel(HeapView heap, const uint4* rows, std::size_t vectors, uint4* out, std::uint64_t* ready,
+                               std::uint64_t* freed, std::uint64_t epoch) {
+  const int world = heap.world, me = heap.rank;
+  if (threadIdx.x == 0) {
+    for (int step = 1; step < world; ++step) dev::notify(heap, ready + me, epoch, (me + step) % world);
+    if (blockIdx.x == 0 && freed != nullptr)
+      for (int step = 1; step < world; ++step) dev::notify(heap, freed + me, epoch, (me + step) % world);
+    for (int q = 0; q < world; ++q)
+      if (q != me) dev::wait_until(ready + q, dev::Compare::ge, epoch);
+  }
+  __syncthreads();
+  const uint4* from[kMaxHeapRanks] = {};
+  for (int q = 0; q < world; ++q) from[q] = q == me ? rows : dev::translate(heap, rows, q);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kThreads;
+  for (std::size_t v = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x; v < vectors; v += stride) {
+    uint4 raw[kMaxHeapRanks];
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (q < world) raw[q] = __ldcg(from[q] + v);  // every load issued before the first is used
+    float acc[8] = {};
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q) {
+      if (q >= world) break;
+      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw[q]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(h[k]);
+        acc[2 * k] += f.x;
+        acc[2 * k + 1] += f.y;
+      }
+    }
+    uint4 packed;
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+    out[v] = packed;
+  }
+}
+
 }  // namespace
 
 void preload_sm_copy() {
   hipFuncAttributes attributes;
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&sm_push_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&pull_reduce_scatter_kernel)));
+}
+
+void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,
+                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream) {
+  const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
+  if (elements == 0 || elements % 8 != 0 || misaligned(rows) || misaligned(out) || ready == nullptr)
+    throw Error(Errc::invalid_argument, "pull_reduce_scatter: elements (" + std::to_string(elements) +
+                                            ") must be a positive multiple of 8, rows and out 16-byte aligned, ready given");
+  if (heap.world < 1 || heap.world > kMaxHeapRanks)
+    throw Error(Errc::invalid_argument, "pull_reduce_scatter: heap view has no valid world size");
+  const std::size_t vectors = elements / 8;
+  // Enough blocks for every SM twice over (more loads in flight), no more than the work needs.
+  const std::size_t blocks = std::min<std::size_t>((vectors + kThreads - 1) / kThreads, 264);
+  pull_reduce_scatter_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      heap, reinterpret_cast<const uint4*>(rows), vectors, reinterpret_cast<uint4*>(out), ready, freed, epoch);
+  CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
 std::size_t sm_push_counter_bytes(int world, int chunks) {

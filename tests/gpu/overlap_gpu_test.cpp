@@ -406,9 +406,13 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   const long m = 64L * world, k = 160, n = 256;
   GemmReduceScatter op(team, m, k, n, 2);
   ASSERT_TRUE(op.low_latency());
+  ASSERT_TRUE(op.pull());
+  // Every variant after every other, sm_pull also twice in a row (both of its partials).
   const std::vector<std::pair<GemmRsVariant, int>> runs = {
       {GemmRsVariant::ce_push, 1}, {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::ll_bulk, 1},
-      {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_push, 2}, {GemmRsVariant::ce_push, 1}};
+      {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_push, 2}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::sm_pull, 1},
+      {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ce_push, 1}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ll_bulk, 1},
+      {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ce_bulk, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
     const long rows = m / world, kk = k * world;
