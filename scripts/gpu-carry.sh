@@ -11,7 +11,8 @@ for b in apps/caravan tests/gpu/overlap_gpu_tests tests/gpu/gpu_tests tests/gpu/
          tests/gpu/remote_gpu_copy_tests; do
   strip -o ".devcarry/$(basename "$b")" "build/release/$b"
 done
-for l in libfmt.so.9 libspdlog.so.1.10 libnuma.so.1 libucm.so.0 libucp.so.0 libucs.so.0 libuct.so.0; do
+strip -o .devcarry/ucx_perftest /usr/bin/ucx_perftest  # the baseline of `bench nic` (Debian's ucx-utils)
+for l in libfmt.so.9 libspdlog.so.1.10 libnuma.so.1 libucm.so.0 libucp.so.0 libucs.so.0 libuct.so.0 libgomp.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$l" .devcarry/
 done
 for name in libuct_cma.so libuct_cma.so.0; do  # the cma transport (a UCX module)

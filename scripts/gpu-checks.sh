@@ -81,7 +81,9 @@ for step in "${steps[@]}"; do
       # GPU memory across two logical nodes: fbm -> reg -> UCX -> reg -> fbm, tested, then timed
       # pipelined against staged and against its slowest hop (and the host-to-host path).
       run remote-copy-tests 180 "$bin/caravan" run -n 2 --nodes 2 --grace 20 "$bin/remote_gpu_copy_tests"
-      run bench-remote-gpu 300 "$bin/caravan" bench nic --path-only --path-memory fbm --transports default --reps 5
+      # Also the raw put rate (net::Rma against ucx_perftest, carried in BIN_DIR) at the tile size.
+      PATH="$(cd "$bin" && pwd):$PATH" run bench-remote-gpu 300 "$bin/caravan" bench nic --path-memory fbm --transports default --reps 5 \
+        --sizes 4M 32M
       run bench-remote-host 300 "$bin/caravan" bench nic --path-only --path-memory sys --transports default --reps 5
       ;;
     copies)

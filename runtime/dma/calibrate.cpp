@@ -400,8 +400,14 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
         m.channels.push_back({ChannelKind::sdma, p, fbm(i), table("sdma_h2d"), {resource(i, "pcie.h2d")}});
         m.channels.push_back({ChannelKind::sdma, fbm(i), p, table("sdma_d2h"), {resource(i, "pcie.d2h")}});
       }
-      m.channels.push_back({ChannelKind::sdma, host, fbm(i), table("sdma_h2d_pageable"), {resource(i, "pcie.h2d")}});
-      m.channels.push_back({ChannelKind::sdma, fbm(i), host, table("sdma_d2h_pageable"), {resource(i, "pcie.d2h")}});
+      // Pageable copies only outside a job: their rate hides the CPU copies the driver makes to
+      // stage them, and in a job the planner then sent host -> host copies between nodes through
+      // GPU memory (sys -> fbm -> reg ..., measured slower than sys -> reg on 4 x H200). In a job
+      // sys reaches a GPU through reg or zcm instead, which is what the driver's staging does.
+      if (ranks.size() <= 1) {
+        m.channels.push_back({ChannelKind::sdma, host, fbm(i), table("sdma_h2d_pageable"), {resource(i, "pcie.h2d")}});
+        m.channels.push_back({ChannelKind::sdma, fbm(i), host, table("sdma_d2h_pageable"), {resource(i, "pcie.d2h")}});
+      }
       m.channels.push_back({ChannelKind::sdma, fbm(i), fbm(i), table("sdma_local"), {}});
       m.channels.push_back({ChannelKind::gpu_convert, fbm(i), fbm(i), table("gpu_convert"), {}});
     }
