@@ -47,6 +47,7 @@ struct RankContext {
 
 struct VariantResult {
   std::vector<double> ms;  // per iteration, the slowest rank
+  std::vector<double> host_ms;  // per iteration, the slowest rank's host time to enqueue the call
   double rel_error = 0;
   bool checked = false;
   bool ok = true;
@@ -63,7 +64,8 @@ struct CaseRecord {
 class CaseRunner {
  public:
   CaseRunner(int world, const BenchOverlapArgs& args, RankBarrier& barrier)
-      : world_(world), args_(args), barrier_(barrier), per_rank_(static_cast<std::size_t>(world)) {}
+      : world_(world), args_(args), barrier_(barrier), per_rank_(static_cast<std::size_t>(world)),
+        host_per_rank_(static_cast<std::size_t>(world)) {}
 
   // Times `body` on every rank: iterations after warm-up, each bracketed by a barrier and device
   // events; per iteration the slowest rank's time. `check` (optional) runs once before, after
@@ -75,7 +77,9 @@ class CaseRunner {
                const std::function<void()>& poison, const std::function<double()>& check, int repeat = 1,
                bool graph = false) {
     auto& mine = per_rank_[static_cast<std::size_t>(ctx.rank)];
+    auto& host = host_per_rank_[static_cast<std::size_t>(ctx.rank)];
     mine.clear();
+    host.clear();
     double error = 0;
     bool checked = false;
     if (check && args_.check) {
@@ -106,14 +110,20 @@ class CaseRunner {
     for (int i = 0; i < args_.warmup + args_.iterations; ++i) {
       barrier_.arrive_and_wait();
       CARAVAN_HIP_CHECK(hipEventRecord(ctx.begin, ctx.stream));
+      const auto enqueue_start = std::chrono::steady_clock::now();
       if (exec) CARAVAN_HIP_CHECK(hipGraphLaunch(exec, ctx.stream));
       else
         for (int r = 0; r < repeat; ++r) body();
+      const double enqueue_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - enqueue_start).count();
       CARAVAN_HIP_CHECK(hipEventRecord(ctx.end, ctx.stream));
       wait_event(ctx.end, fmt::format("rank {}: {}", ctx.rank, variant));
       float ms = 0;
       CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, ctx.begin, ctx.end));
-      if (i >= args_.warmup) mine.push_back(static_cast<double>(ms) / repeat);
+      if (i >= args_.warmup) {
+        mine.push_back(static_cast<double>(ms) / repeat);
+        host.push_back(enqueue_ms / repeat);
+      }
     }
     {
       std::lock_guard lock(mutex_);
@@ -127,6 +137,9 @@ class CaseRunner {
         double slowest = 0;
         for (const auto& r : per_rank_) slowest = std::max(slowest, r[static_cast<std::size_t>(i)]);
         result.ms.push_back(slowest);
+        double enqueue = 0;
+        for (const auto& r : host_per_rank_) enqueue = std::max(enqueue, r[static_cast<std::size_t>(i)]);
+        result.host_ms.push_back(enqueue);
       }
       std::lock_guard lock(mutex_);
       result.rel_error = errors_[variant];
@@ -146,6 +159,7 @@ class CaseRunner {
   const BenchOverlapArgs& args_;
   RankBarrier& barrier_;
   std::vector<std::vector<double>> per_rank_;
+  std::vector<std::vector<double>> host_per_rank_;
   std::mutex mutex_;
   std::map<std::string, double> errors_;
   std::map<std::string, bool> checked_;
@@ -343,6 +357,13 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
   HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::GemmReduceScatter op(bench.team(), s.m, s.k, s.n);
   gpu::GemmReduceScatter split(bench.team(), s.m, s.k, s.n, 2);
+  // Diagnostics of sm-pull's two halves (where op.pull()): its GEMM into symmetric memory, and
+  // its exchange alone (partials left as they are, flags and epochs of their own).
+  SymmetricRegion diag_partial, diag_flags;
+  if (op.pull()) {
+    diag_partial = bench.team().heap().allocate(static_cast<std::uint64_t>(s.m) * s.n * sizeof(bf16));
+    diag_flags = bench.team().heap().allocate(static_cast<std::uint64_t>(world) * sizeof(std::uint64_t));
+  }
   return bench.run_case("GEMM+RS", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     const long rows = s.m / world;
@@ -390,9 +411,19 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     if (op.low_latency())
       runner.measure(ctx, "ll-bulk", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ll_bulk, ctx.stream); },
                      poison_out, check_out);
-    if (op.pull())
+    if (op.pull()) {
       runner.measure(ctx, "sm-pull", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_pull, ctx.stream); },
                      poison_out, check_out);
+      bf16* heap_partial = bench.team().heap().at<bf16>(diag_partial, r);
+      runner.measure(ctx, "diag: sm-pull's GEMM only", [&] {
+        blas.gemm(ctx.stream, s.m, s.n, s.k, a.get(), s.k, b.get(), s.n, heap_partial, s.n);
+      }, {}, {});
+      std::uint64_t epoch = 0;  // this rank's; every rank makes the same calls
+      runner.measure(ctx, "diag: sm-pull's exchange only", [&] {
+        gpu::pull_reduce_scatter(bench.team().heap().view(r), heap_partial + r * rows * s.n, out_count, out.get(),
+                                 bench.team().heap().at<std::uint64_t>(diag_flags, r), nullptr, ++epoch, ctx.stream);
+      }, {}, {});
+    }
   });
 }
 
@@ -512,7 +543,8 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
   report.name = "overlap";
   report.machine = describe_machine();
   report.notes.push_back(fmt::format("backend gpu: {} GPUs in one process (one thread each), seed {:#x}; times per call, "
-                                     "the slowest rank, {} iterations after {} warm-up",
+                                     "the slowest rank, {} iterations after {} warm-up; host us: the slowest rank's "
+                                     "time to enqueue one call (median), part of the call's time when the GPU is idle",
                                      world, bench.seed(), args.iterations, args.warmup));
   std::vector<CaseRecord> records;
   for (const auto& op : ops) {
@@ -541,7 +573,7 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
   }
 
   BenchTable table{"Overlapped operations vs the bulk-synchronous NCCL + cuBLAS baseline (ms per call)",
-                   {"operation", "shape", "variant", "median", "p10", "p90", "bulk/this", "rel err"},
+                   {"operation", "shape", "variant", "median", "p10", "p90", "bulk/this", "host us", "rel err"},
                    {}};
   nlohmann::json cases = nlohmann::json::array();
   bool all_ok = true;
@@ -567,9 +599,11 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
       const double row_base = is_graph(variant) ? summary.at(baseline + " graph").median : base;
       table.rows.push_back({rec.op, shape, variant, fmt_ms(st.median), fmt_ms(st.p10), fmt_ms(st.p90),
                             fmt::format("{:.2f}x", row_base / st.median),
+                            fmt::format("{:.1f}", summarize(result.host_ms).median * 1e3),
                             result.checked ? (result.ok ? fmt::format("{:.1e}", result.rel_error) : "FAIL " + result.failure)
                                            : "-"});
       jcase["variants"][variant] = {{"median_ms", st.median}, {"p10_ms", st.p10}, {"p90_ms", st.p90},
+                                    {"host_enqueue_ms", summarize(result.host_ms).median},
                                     {"checked", result.checked}, {"rel_error", result.checked ? result.rel_error : 0.0},
                                     {"ok", result.ok}};
     }
