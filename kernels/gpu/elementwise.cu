@@ -1,5 +1,6 @@
 // Element-wise kernels behind kernels.h: random fills, the reference comparison, the fp32
 // reduction of ReduceScatter, and the low-latency AllGather.
+#include "kernels/gpu/bf16_vector.cuh"
 #include "kernels/gpu/kernels.h"
 #include "kernels/gpu/symmetric.cuh"
 
@@ -69,21 +70,8 @@ __global__ void reduce_sum_kernel(bf16* out, ReduceInputs inputs, std::size_t ve
   for (std::size_t v = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; v < vectors;
        v += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     float acc[8] = {};
-    for (int j = 0; j < inputs.count; ++j) {
-      const uint4 raw = reinterpret_cast<const uint4*>(inputs.in[j])[v];
-      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 f = __bfloat1622float2(h[k]);
-        acc[2 * k] += f.x;
-        acc[2 * k + 1] += f.y;
-      }
-    }
-    uint4 packed;
-    auto* h = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
-    reinterpret_cast<uint4*>(out)[v] = packed;
+    for (int j = 0; j < inputs.count; ++j) dev::accumulate_bf16x8(acc, reinterpret_cast<const uint4*>(inputs.in[j])[v]);
+    reinterpret_cast<uint4*>(out)[v] = dev::round_bf16x8(acc);
   }
 }
 

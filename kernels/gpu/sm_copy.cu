@@ -6,6 +6,7 @@
 // fall to about 197 GB/s per GPU while SM-driven stores hold 330-370 GB/s (measured reference),
 // and a kernel's launch costs less than a copy-engine copy plus a stream write per chunk. The
 // price is the SMs it occupies, so the grid is small when a GEMM runs beside it.
+#include "kernels/gpu/bf16_vector.cuh"
 #include "kernels/gpu/kernels.h"
 #include "kernels/gpu/symmetric.cuh"
 #include "runtime/gpu/grid_copy.cuh"
@@ -96,21 +97,9 @@ __global__ void __launch_bounds__(kThreads)
       if (q < world) raw[q] = __ldcg(from[q] + v);  // every load issued before the first is used
     float acc[8] = {};
 #pragma unroll
-    for (int q = 0; q < kMaxHeapRanks; ++q) {
-      if (q >= world) break;
-      const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw[q]);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 f = __bfloat1622float2(h[k]);
-        acc[2 * k] += f.x;
-        acc[2 * k + 1] += f.y;
-      }
-    }
-    uint4 packed;
-    auto* h = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
-    out[v] = packed;
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (q < world) dev::accumulate_bf16x8(acc, raw[q]);
+    out[v] = dev::round_bf16x8(acc);
   }
 }
 
