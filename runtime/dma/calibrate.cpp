@@ -310,7 +310,8 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
       if (ch.channel == name) return planner::ThroughputFunction(ch.samples);
     throw Error(Errc::internal, fmt::format("calibration has no '{}' channel", name));
   };
-  if (ranks.size() <= 1) {
+  const bool job = ranks.size() > 1;
+  if (!job) {
     m.memories = {{sys, sys_bytes}, {dsk, dsk_bytes}};
     m.channels.push_back({ChannelKind::memcpy, sys, sys, table("memcpy"), {}});
     m.channels.push_back({ChannelKind::file, sys, dsk, table("file_write"), {}});
@@ -357,31 +358,36 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
   // be alike, as for host memory), and REG, pinned for the GPUs too (Storage::wrap_registered),
   // is reached by the copy engines like zcm: GPU memory crosses to another node as
   // fbm -[sdma]-> reg -[nic]-> reg* -[sdma]-> fbm*, pipelined.
-  m.description = fmt::format("{}: system memory, file-backed storage, pinned host memory and {} x {}{}; "
-                              "memcpy, file, sdma and xgmi channels (calibrated){}",
-                              ranks.size() <= 1 ? "this host" : fmt::format("this job ({} ranks)", ranks.size()),
-                              topo.devices.size(), topo.devices[0].name, ranks.size() <= 1 ? "" : " per rank, reg",
-                              ranks.size() <= 1 ? "" : ", nic between every two ranks' reg (CARAVAN_NIC_GBPS)");
+  m.description =
+      job ? fmt::format("this job ({} ranks): system memory, file-backed storage, pinned host memory and {} x {} per rank, "
+                        "reg; memcpy, file, sdma and xgmi channels (calibrated), nic between every two ranks' reg "
+                        "(CARAVAN_NIC_GBPS)",
+                        ranks.size(), topo.devices.size(), topo.devices[0].name)
+          : fmt::format("this host: system memory, file-backed storage, pinned host memory and {} x {}; memcpy, file, "
+                        "sdma and xgmi channels (calibrated)",
+                        topo.devices.size(), topo.devices[0].name);
   const bool peers = std::any_of(c.channels.begin(), c.channels.end(), [](const auto& ch) { return ch.channel == "xgmi"; });
   auto add_resource = [&](const std::string& name, double gbps) {  // once per node, however many ranks use it
     if (std::none_of(m.resources.begin(), m.resources.end(), [&](const auto& x) { return x.name == name; }))
       m.resources.push_back({name, gbps});
   };
   std::vector<std::pair<std::uint32_t, std::uint32_t>> gpu_ranks;  // (node, rank)
-  if (ranks.size() <= 1) gpu_ranks.emplace_back(node, rank);
-  for (const RankInfo& info : ranks)
-    if (ranks.size() > 1) gpu_ranks.emplace_back(static_cast<std::uint32_t>(info.node), static_cast<std::uint32_t>(info.rank));
+  if (!job) gpu_ranks.emplace_back(node, rank);
+  else
+    for (const RankInfo& info : ranks)
+      gpu_ranks.emplace_back(static_cast<std::uint32_t>(info.node), static_cast<std::uint32_t>(info.rank));
   for (auto [n, r] : gpu_ranks) {
-    MemoryId host{n, r, MemoryKind::sys, 0}, zcm{n, r, MemoryKind::zcm, 0}, disk{n, r, MemoryKind::dsk, 0};
-    std::vector<MemoryId> pinned{zcm};
-    if (ranks.size() > 1) pinned.push_back(MemoryId{n, r, MemoryKind::reg, 0});
+    const MemoryId host{n, r, MemoryKind::sys, 0}, zcm{n, r, MemoryKind::zcm, 0}, disk{n, r, MemoryKind::dsk, 0},
+        reg{n, r, MemoryKind::reg, 0};
+    std::vector<MemoryId> pinned{zcm};  // host memories the copy engines reach directly
+    if (job) pinned.push_back(reg);
     m.memories.push_back({zcm, sys_bytes});
     for (MemoryId a : {host, zcm})
       for (MemoryId b : {host, zcm})
         if (!(a == host && b == host)) m.channels.push_back({ChannelKind::memcpy, a, b, table("memcpy"), {}});
-    if (ranks.size() > 1) {
-      m.channels.push_back({ChannelKind::memcpy, zcm, pinned[1], table("memcpy"), {}});
-      m.channels.push_back({ChannelKind::memcpy, pinned[1], zcm, table("memcpy"), {}});
+    if (job) {
+      m.channels.push_back({ChannelKind::memcpy, zcm, reg, table("memcpy"), {}});
+      m.channels.push_back({ChannelKind::memcpy, reg, zcm, table("memcpy"), {}});
     }
     m.channels.push_back({ChannelKind::file, zcm, disk, table("file_write"), {}});
     m.channels.push_back({ChannelKind::file, disk, zcm, table("file_read"), {}});
@@ -404,7 +410,7 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
       // stage them, and in a job the planner then sent host -> host copies between nodes through
       // GPU memory (sys -> fbm -> reg ..., measured slower than sys -> reg on 4 x H200). In a job
       // sys reaches a GPU through reg or zcm instead, which is what the driver's staging does.
-      if (ranks.size() <= 1) {
+      if (!job) {
         m.channels.push_back({ChannelKind::sdma, host, fbm(i), table("sdma_h2d_pageable"), {resource(i, "pcie.h2d")}});
         m.channels.push_back({ChannelKind::sdma, fbm(i), host, table("sdma_d2h_pageable"), {resource(i, "pcie.d2h")}});
       }
