@@ -6,17 +6,15 @@
 //
 // Data: each source holds a pattern from a seed rank 0 draws fresh for every run, destinations
 // are poisoned first, and every (point, field) is checked after the copy.
-#include "runtime/dma/engine.h"
 #include "runtime/gpu/devices.h"
 #include "tests/dma/dma_test_util.h"
 #include "tests/net/net_test_util.h"
+#include "tests/net/remote_copy_util.h"
 
 #include <caravan/settings.h>
 
 #include <fmt/format.h>
 
-#include <random>
-#include <thread>
 
 namespace caravan {
 namespace {
@@ -33,28 +31,16 @@ class GpuJobTest : public JobTest {
     if (devices.size() < static_cast<std::size_t>(world()))
       GTEST_SKIP() << "needs a GPU per rank on this host (" << world() << " ranks, "
                    << (devices.empty() ? gpu::topology().reason : std::to_string(devices.size()) + " GPUs") << ")";
+    // Every rank copies to the rank half the job away, which must sit on another node.
+    const int target = (rank() + world() / 2) % world(), writer = (rank() + world() - world() / 2) % world();
+    if (target == rank() || rt().rank_info(target).node == rt().node() || rt().rank_info(writer).node == rt().node())
+      GTEST_SKIP() << "needs the rank half the job away on another node (run with caravan run -n 2 --nodes 2)";
   }
   // This rank's memory of `kind`; GPU memory is the rank's own GPU (rank r uses GPU r), so the
   // two ends of a copy use different GPUs and PCIe links, as on two hosts.
   MemoryId memory(int r, MemoryKind kind) {
     return MemoryId{static_cast<std::uint32_t>(rt().rank_info(r).node), static_cast<std::uint32_t>(r), kind,
                     kind == MemoryKind::fbm ? static_cast<std::uint32_t>(r) : 0u};
-  }
-  std::vector<Instance> share(const Instance& mine) {
-    auto parts = test::network(rt()).allgather(mine.descriptor(), 30s, "test descriptors");
-    std::vector<Instance> out;
-    for (auto& part : parts) out.push_back(Instance::from_descriptor(part));
-    return out;
-  }
-  std::uint64_t fresh_seed() {
-    std::uint64_t seed = std::random_device{}() | (static_cast<std::uint64_t>(std::random_device{}()) << 32);
-    return test::all_gather(rt(), seed)[0];
-  }
-  bool engine_drains(std::chrono::seconds limit) {
-    auto until = std::chrono::steady_clock::now() + limit;
-    while (dma::Engine::current().stats().active_copies != 0 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(5ms);
-    return dma::Engine::current().stats().active_copies == 0;
   }
 };
 
@@ -64,16 +50,16 @@ TEST_F(GpuJobTest, GpuToGpuAcrossNodesIsPipelinedThroughRegisteredHostMemory) {
   // Buffers far smaller than the instance, so the copy streams through REG on both hosts.
   settings::ScopedOverride threshold("CARAVAN_PLANNER_BUFFER_THRESHOLD", "1M");
   const int me = rank(), n = world();
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::fresh_seed(rt());
   FieldSpace fields({{"a", 8}, {"b", 4}, {"c", 4}});
   auto space = Rect::from_extents({1 << 19});  // 8 MiB
   auto src = Instance::create(memory(me, MemoryKind::fbm), space, fields, Layout::parse("F,x"));
   auto dst = Instance::create(memory(me, MemoryKind::fbm), space, fields, Layout::parse("F,x"));
   test::write_pattern(src, seed_of(seed, me));
   test::poison(dst);
-  auto dsts = share(dst);
-  const int target = (me + n / 2) % n;  // with --nodes 2: a rank on the other node
-  if (target != me && rt().rank_info(target).node != rt().node()) {
+  auto dsts = test::share(rt(), dst);
+  const int target = (me + n / 2) % n, writer = (me + n - n / 2) % n;  // ranks on the other node (SetUp)
+  {
     CopyReport report;
     copy(src, dsts[static_cast<std::size_t>(target)], {.report = &report}).wait_for(60s);
     EXPECT_EQ(report.route, fmt::format("{} -[sdma]-> {} -[nic]-> {} -[sdma]-> {}", memory(me, MemoryKind::fbm).to_string(),
@@ -85,15 +71,10 @@ TEST_F(GpuJobTest, GpuToGpuAcrossNodesIsPipelinedThroughRegisteredHostMemory) {
     ASSERT_EQ(report.hop_requests.size(), 3u);
     EXPECT_GT(report.hop_requests[0], 0u);
     EXPECT_GT(report.hop_requests[1], 0u);
-  } else {
-    GTEST_LOG_(INFO) << "rank " << me << " has no rank on another node to copy to (run with --nodes 2)";
   }
   rt().barrier(30s);
-  const int writer = (me + n - n / 2) % n;
-  if (writer != me && rt().rank_info(writer).node != rt().node()) {
-    EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, writer)), 0u);
-  }
-  EXPECT_TRUE(engine_drains(10s));
+  EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, writer)), 0u);
+  EXPECT_TRUE(test::engine_drains(10s));
   rt().barrier(30s);
 }
 
@@ -101,7 +82,7 @@ TEST_F(GpuJobTest, LayoutChangesAndMixedEndsAcrossNodes) {
   // GPU memory to the other node's pinned host memory and back into GPU memory, each with a
   // layout change that some hop converts (the copy engines' strided copies or a memcpy).
   const int me = rank(), n = world();
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::fresh_seed(rt());
   FieldSpace fields({{"a", 4}, {"b", 8}, {"c", 2}});
   auto space = Rect::from_extents({160, 96});
   auto gpu_src = Instance::create(memory(me, MemoryKind::fbm), space, fields, Layout::parse("F,x,y"));
@@ -112,9 +93,9 @@ TEST_F(GpuJobTest, LayoutChangesAndMixedEndsAcrossNodes) {
   test::write_pattern(host_src, seed_of(seed, me) + 1);
   test::poison(host_dst);
   test::poison(gpu_dst);
-  auto host_dsts = share(host_dst), gpu_dsts = share(gpu_dst);
-  const int target = (me + n / 2) % n;
-  if (target != me) {
+  auto host_dsts = test::share(rt(), host_dst), gpu_dsts = test::share(rt(), gpu_dst);
+  const int target = (me + n / 2) % n, writer = (me + n - n / 2) % n;  // ranks on the other node (SetUp)
+  {
     CopyReport to_host, to_gpu;
     Event a = copy(gpu_src, host_dsts[static_cast<std::size_t>(target)], {.report = &to_host});
     Event b = copy(host_src, gpu_dsts[static_cast<std::size_t>(target)], {.report = &to_gpu});
@@ -125,12 +106,9 @@ TEST_F(GpuJobTest, LayoutChangesAndMixedEndsAcrossNodes) {
     EXPECT_NE(to_gpu.route.find("-[sdma]-> " + memory(target, MemoryKind::fbm).to_string()), std::string::npos) << to_gpu.route;
   }
   rt().barrier(30s);
-  const int writer = (me + n - n / 2) % n;
-  if (writer != me) {
-    EXPECT_EQ(test::count_mismatches(host_dst, seed_of(seed, writer)), 0u);
-    EXPECT_EQ(test::count_mismatches(gpu_dst, seed_of(seed, writer) + 1), 0u);
-  }
-  EXPECT_TRUE(engine_drains(10s));
+  EXPECT_EQ(test::count_mismatches(host_dst, seed_of(seed, writer)), 0u);
+  EXPECT_EQ(test::count_mismatches(gpu_dst, seed_of(seed, writer) + 1), 0u);
+  EXPECT_TRUE(test::engine_drains(10s));
   rt().barrier(30s);
 }
 

@@ -10,6 +10,7 @@
 #include "runtime/net/rma.h"
 #include "tests/dma/dma_test_util.h"
 #include "tests/net/net_test_util.h"
+#include "tests/net/remote_copy_util.h"
 
 #include <caravan/settings.h>
 
@@ -19,7 +20,6 @@
 
 #include <mutex>
 #include <optional>
-#include <random>
 #include <thread>
 
 namespace caravan {
@@ -27,24 +27,14 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using test::engine_active_copies;
+using test::engine_drains;
+using test::fresh_seed;
 using test::JobTest;
+using test::share;
 
 MemoryId memory_of(Runtime& rt, int rank, MemoryKind kind) {
   return MemoryId{static_cast<std::uint32_t>(rt.rank_info(rank).node), static_cast<std::uint32_t>(rank), kind, 0};
-}
-
-// Every rank's descriptor of its `mine`, imported here (this rank's own comes back as itself).
-std::vector<Instance> share(Runtime& rt, const Instance& mine) {
-  auto parts = test::network(rt).allgather(mine.descriptor(), std::chrono::seconds(30), "test descriptors");
-  std::vector<Instance> out;
-  for (auto& part : parts) out.push_back(Instance::from_descriptor(part));
-  return out;
-}
-
-// A seed drawn on rank 0 and shared: fresh data every run.
-std::uint64_t fresh_seed(Runtime& rt) {
-  std::uint64_t seed = std::random_device{}() | (static_cast<std::uint64_t>(std::random_device{}()) << 32);
-  return test::all_gather(rt, seed)[0];
 }
 
 std::uint64_t seed_of(std::uint64_t seed, int rank) { return seed ^ (0x9E37ull * static_cast<std::uint64_t>(rank + 1)); }
@@ -60,15 +50,6 @@ void expect_poisoned(const Event& e, Errc code, std::string_view text = "") {
   }
 }
 
-std::size_t engine_active_copies() { return dma::Engine::current().stats().active_copies; }
-
-// Waits (bounded) until this rank's engine has no copy left: a part waiting for `finished`, or
-// buffers left behind, would show here.
-bool engine_drains(std::chrono::seconds limit) {
-  auto until = Clock::now() + limit;
-  while (engine_active_copies() != 0 && Clock::now() < until) std::this_thread::sleep_for(5ms);
-  return engine_active_copies() == 0;
-}
 
 std::uint64_t bytes_in(const std::map<MemoryId, std::uint64_t>& by_memory, MemoryId memory) {
   auto it = by_memory.find(memory);
