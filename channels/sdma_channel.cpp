@@ -17,7 +17,9 @@ SdmaChannel::~SdmaChannel() = default;
 bool SdmaChannel::serves(MemoryId src, MemoryId dst) const noexcept {
   if (src.node != memory_.node || dst.node != memory_.node) return false;
   const bool src_here = src == memory_, dst_here = dst == memory_;
-  return (src_here && dst_here) || (src_here && is_host(dst.kind)) || (is_host(src.kind) && dst_here);
+  // The same GPU's memory as another rank of the node sees it (mapped through IPC).
+  const bool same_gpu_other_rank = dst.kind == MemoryKind::fbm && dst.index == memory_.index && dst.rank != memory_.rank;
+  return (src_here && (dst_here || same_gpu_other_rank)) || (src_here && is_host(dst.kind)) || (is_host(src.kind) && dst_here);
 }
 
 void SdmaChannel::submit(const dma::Request& request, Completion done) {

@@ -23,7 +23,8 @@ class SdmaChannel final : public dma::Channel {
   SdmaChannel(MemoryId device_memory, int streams, int window);
   ~SdmaChannel() override;
   ChannelKind kind() const noexcept override { return ChannelKind::sdma; }
-  // Host memory (sys, zcm, reg) <-> this GPU's fbm, and fbm -> the same fbm.
+  // Host memory (sys, zcm, reg) <-> this GPU's fbm, and fbm -> the same fbm (also the same GPU's
+  // memory of another rank of the node, mapped through IPC when a copy starts).
   bool serves(MemoryId src, MemoryId dst) const noexcept override;
   int window() const noexcept override { return window_; }
   // Landing flags: hipStreamWriteValue64 behind the request's copies (runtime/gpu/copy_queue.h).

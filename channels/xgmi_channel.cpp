@@ -25,8 +25,12 @@ XgmiChannel::XgmiChannel(MemoryId src, MemoryId dst, int streams, int window)
 XgmiChannel::~XgmiChannel() = default;
 
 bool XgmiChannel::serves(MemoryId src, MemoryId dst) const noexcept {
-  return src.kind == MemoryKind::fbm && dst.kind == MemoryKind::fbm && src.node == dst.node && src.rank == dst.rank &&
-         src.index != dst.index && src == src_ && dst == dst_ && peer_;
+  // Within a rank between two GPUs that reach each other, or into another rank's GPU memory of
+  // this node (mapped through IPC; the live machine has those channels only between GPUs that
+  // reach each other, sdma taking the same-GPU case).
+  if (src.kind != MemoryKind::fbm || dst.kind != MemoryKind::fbm || src.node != dst.node || src != src_ || dst != dst_)
+    return false;
+  return src.rank == dst.rank ? src.index != dst.index && peer_ : true;
 }
 
 void XgmiChannel::submit(const dma::Request& request, Completion done) {

@@ -80,30 +80,6 @@ PathOptions g_path;
 std::string g_path_shm_bytes = "256M", g_path_net_bytes = "64M", g_path_memory = "sys";
 bool g_path_only = false;
 
-// "4096", "64K", "4M", "1G" (powers of 1024).
-std::uint64_t parse_size(const std::string& text, const char* option) {
-  std::size_t end = 0;
-  std::uint64_t value = 0;
-  try {
-    value = std::stoull(text, &end);
-  } catch (const std::exception&) {
-    end = 0;
-  }
-  std::string suffix = text.substr(end);
-  unsigned shift = suffix.empty() ? 0 : suffix == "K" || suffix == "k" ? 10 : suffix == "M" || suffix == "m" ? 20
-                                                                       : suffix == "G" || suffix == "g"     ? 30
-                                                                                                            : 99;
-  if (end == 0 || shift == 99)
-    throw Error(Errc::invalid_argument, fmt::format("{} {}: expected a byte count such as 4096, 64K, 4M or 1G", option, text));
-  return value << shift;
-}
-
-std::string fmt_size(std::uint64_t bytes) {
-  if (bytes % (1u << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
-  if (bytes % (1u << 10) == 0) return fmt::format("{} KiB", bytes >> 10);
-  return fmt::format("{} B", bytes);
-}
-
 // --- the ranks' side ---
 
 // Keeps `window` puts in flight. Each completion callback posts the next put itself, on the

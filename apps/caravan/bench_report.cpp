@@ -108,6 +108,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_gpu(*bench);
   add_bench_plan(*bench);
   add_bench_nic(*bench);
+  add_bench_ipc(*bench);
   add_bench_overlap(*bench);
   add_bench_llm(*bench);
   bench->add_subcommand("all", "Run every benchmark case with its default options")->callback([] {
@@ -141,6 +142,30 @@ Summary summarize(std::vector<double> samples) {
   s.min = samples.front();
   s.max = samples.back();
   return s;
+}
+
+// "4096", "64K", "4M", "1G" (powers of 1024).
+std::uint64_t parse_size(const std::string& text, const char* option) {
+  std::size_t end = 0;
+  std::uint64_t value = 0;
+  try {
+    value = std::stoull(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  std::string suffix = text.substr(end);
+  unsigned shift = suffix.empty() ? 0 : suffix == "K" || suffix == "k" ? 10 : suffix == "M" || suffix == "m" ? 20
+                                                                       : suffix == "G" || suffix == "g"     ? 30
+                                                                                                            : 99;
+  if (end == 0 || shift == 99)
+    throw Error(Errc::invalid_argument, fmt::format("{} {}: expected a byte count such as 4096, 64K, 4M or 1G", option, text));
+  return value << shift;
+}
+
+std::string fmt_size(std::uint64_t bytes) {
+  if (bytes % (1u << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
+  if (bytes % (1u << 10) == 0) return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} B", bytes);
 }
 
 }  // namespace caravan::app

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -46,5 +47,10 @@ struct Summary {
 };
 Summary summarize(std::vector<double> samples);
 std::string describe_machine();
+// A byte count given on the command line: "4096", "64K", "4M", "1G" (powers of 1024); `option`
+// names it in the error.
+std::uint64_t parse_size(const std::string& text, const char* option);
+// "4 MiB", "64 KiB" or "77 B", whichever is exact.
+std::string fmt_size(std::uint64_t bytes);
 
 }  // namespace caravan::app

@@ -20,6 +20,8 @@ void add_bench_plan(CLI::App& bench);
 // `caravan run -n N [--nodes K] PROGRAM ARGS` (run_command.cpp); `caravan bench nic` (bench_nic.cpp).
 void add_run_command(CLI::App& app);
 void add_bench_nic(CLI::App& bench);
+// `caravan bench ipc` (bench_ipc.cpp: copies between GPU memories of ranks of one node vs raw peer copies).
+void add_bench_ipc(CLI::App& bench);
 // `caravan bench overlap` (bench_overlap.cpp: CPU backend; GPU backend through bench_overlap.h).
 void add_bench_overlap(CLI::App& bench);
 // `caravan bench llm` (bench_llm.cpp: a tensor-parallel transformer layer, CPU backend).

@@ -360,8 +360,8 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
   // fbm -[sdma]-> reg -[nic]-> reg* -[sdma]-> fbm*, pipelined.
   m.description =
       job ? fmt::format("this job ({} ranks): system memory, file-backed storage, pinned host memory and {} x {} per rank, "
-                        "reg; memcpy, file, sdma and xgmi channels (calibrated), nic between every two ranks' reg "
-                        "(CARAVAN_NIC_GBPS)",
+                        "reg; memcpy, file, sdma and xgmi channels (calibrated, also between the GPU memories of ranks "
+                        "of one node), nic between every two ranks' reg (CARAVAN_NIC_GBPS)",
                         ranks.size(), topo.devices.size(), topo.devices[0].name)
           : fmt::format("this host: system memory, file-backed storage, pinned host memory and {} x {}; memcpy, file, "
                         "sdma and xgmi channels (calibrated)",
@@ -424,6 +424,28 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
             m.channels.push_back({ChannelKind::xgmi, fbm(i), fbm(j), table("xgmi"), {resource(i, "nvlink.out"), resource(j, "nvlink.in")}});
     }
   }
+  // Between the ranks of one node (separate processes), GPU memory is reached through IPC: the
+  // source rank maps the destination's allocation and its GPU writes it as it writes its own,
+  // over the peer link (xgmi) or, on one GPU, with its copy engines (sdma). Without these the
+  // only way from one rank's GPU memory to another's was through REG and UCX.
+  if (job)
+    for (const RankInfo& a : ranks)
+      for (const RankInfo& b : ranks) {
+        if (a.rank == b.rank || a.node != b.node) continue;
+        const auto n = static_cast<std::uint32_t>(a.node);
+        auto fbm = [&](const RankInfo& r, std::size_t i) {
+          return MemoryId{n, static_cast<std::uint32_t>(r.rank), MemoryKind::fbm, static_cast<std::uint32_t>(i)};
+        };
+        auto resource = [&](std::size_t i, const char* what) { return fmt::format("node{}/gpu{}.{}", n, i, what); };
+        for (std::size_t i = 0; i < topo.devices.size(); ++i)
+          for (std::size_t j = 0; j < topo.devices.size(); ++j) {
+            if (i == j)
+              m.channels.push_back({ChannelKind::sdma, fbm(a, i), fbm(b, j), table("sdma_local"), {}});
+            else if (peers && topo.can_peer(static_cast<int>(i), static_cast<int>(j)))
+              m.channels.push_back({ChannelKind::xgmi, fbm(a, i), fbm(b, j), table("xgmi"),
+                                    {resource(i, "nvlink.out"), resource(j, "nvlink.in")}});
+          }
+      }
   return m;
 }
 

@@ -462,9 +462,14 @@ std::vector<std::unique_ptr<DmaWorker>> Engine::make_workers(const planner::Tran
       const auto me = static_cast<std::uint32_t>(runtime_.rank());
       bool here = gpu_end.kind == MemoryKind::fbm && src.rank == me && dst.rank == me &&
                   gpu_end.index < devices.size() && (dst.kind != MemoryKind::fbm || dst.index < devices.size());
-      if (here && ch.kind == ChannelKind::sdma) impl = std::make_unique<channels::SdmaChannel>(gpu_end, gpu_streams, gpu_window);
-      else if (here && src.kind == MemoryKind::fbm && dst.kind == MemoryKind::fbm &&
-               gpu::topology().can_peer(static_cast<int>(src.index), static_cast<int>(dst.index)))
+      // Into the GPU memory of another rank of this node (mapped through IPC when a copy starts):
+      // this rank's GPU runs it, as it runs its own peer copies.
+      bool into_rank = src.kind == MemoryKind::fbm && dst.kind == MemoryKind::fbm && src.rank == me && dst.rank != me &&
+                       src.node == dst.node && src.index < devices.size() && dst.index < devices.size();
+      if ((here || into_rank) && ch.kind == ChannelKind::sdma)
+        impl = std::make_unique<channels::SdmaChannel>(gpu_end, gpu_streams, gpu_window);
+      else if (((here && gpu::topology().can_peer(static_cast<int>(src.index), static_cast<int>(dst.index))) || into_rank) &&
+               src.kind == MemoryKind::fbm && dst.kind == MemoryKind::fbm)
         impl = std::make_unique<channels::XgmiChannel>(src, dst, gpu_streams, gpu_window);
     } else if (ch.kind == ChannelKind::gpu_convert) {
       MemoryId src = graph.memory(ch.src).id, dst = graph.memory(ch.dst).id;
@@ -1370,6 +1375,7 @@ EngineStats Engine::stats() {
   for (const auto& [id, held] : quarantine_)
     for (const auto& storage : held.storages) s.quarantined_buffers[storage->memory()] += storage->bytes();
   s.remote_keys = remote_keys_.size();
+  s.gpu_mappings = gpu_mappings_.size();
   s.multipath_copies = multi_.size();
   return s;
 }

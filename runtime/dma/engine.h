@@ -257,6 +257,7 @@ struct EngineStats {
   // did not end cleanly), kept out of the pool until that rank's puts are over.
   std::map<MemoryId, std::uint64_t> quarantined_buffers;
   std::size_t remote_keys = 0;  // imported remote keys cached for nic hops
+  std::size_t gpu_mappings = 0; // other ranks' GPU memory mapped for xgmi/sdma hops (IPC), cached
   // Multi-path copies whose event has not triggered; their parts count in active_copies.
   std::size_t multipath_copies = 0;
 };
@@ -386,6 +387,11 @@ class Engine final : public RuntimeService {
   void dist_peer_lost(int rank, const FailureCause& cause);
   void dist_hold_buffers(CopyOperation& op);
   void dist_release_quarantined(std::uint64_t id, int writer);  // writer -1: any rank no longer alive
+  // What `ready` announces for an output of this rank that another rank's hop writes, and how
+  // that rank turns it into the storage its channel writes into.
+  std::vector<std::byte> export_target(const Storage* storage, const planner::Hop& hop, int writer) const;
+  std::shared_ptr<Storage> map_target(MemoryId memory, const planner::Hop& hop, std::span<const std::byte> target,
+                                      std::uint64_t buffer_bytes);
   std::shared_ptr<CopyOperation> dist_find(std::uint64_t id);
   void on_setup(int source, const std::vector<std::byte>& body);
   void on_ready(int source, const std::vector<std::byte>& body);
@@ -449,6 +455,11 @@ class Engine final : public RuntimeService {
   // names one registration (it carries the registration's serial, net::RegisteredMemory), so a
   // key is never reused for memory registered again at the same address.
   std::map<std::pair<int, std::vector<std::byte>>, std::shared_ptr<net::RemoteMemory>> remote_keys_;
+  // Other ranks' GPU memory mapped into this process (IPC) for hops that write it, by (rank,
+  // the owner's allocation serial: Storage::serial), guarded by mutex_. Mapping one costs a
+  // driver call and a page-table set-up, so copies into the same buffers reuse it; a serial names
+  // one allocation, so a mapping is never taken for a later allocation at the same address.
+  std::map<std::pair<int, std::uint64_t>, std::shared_ptr<std::byte>> gpu_mappings_;
   // Coordination messages and peer losses are handled on this thread, off the progress thread:
   // they allocate and register memory and trigger events, which may run user callbacks.
   std::mutex control_mutex_;

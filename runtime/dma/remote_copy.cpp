@@ -28,6 +28,7 @@
 // docs/distributed.md, Locking rule).
 #include "runtime/dma/engine.h"
 #include "runtime/dma/instance_impl.h"
+#include "runtime/gpu/devices.h"
 #include "runtime/log.h"
 #include "runtime/net/network.h"
 #include "runtime/net/rma.h"
@@ -60,6 +61,13 @@ enum Msg : std::uint16_t {
 };
 
 constexpr std::uint32_t kInstanceMagic = 0x4e494143;  // "CAIN": a Caravan instance descriptor
+
+// How a hop reaches its output on another rank, the first byte of the target `ready` announces:
+// UCX puts into registered memory (the nic channel), or the copy engines / SMs of this node's
+// GPUs writing into the owner's GPU memory mapped through IPC (xgmi, and sdma on one GPU).
+enum class TargetKind : std::uint8_t { ucx = 1, gpu_ipc = 2 };
+
+bool puts_over_ucx(ChannelKind kind) { return kind == ChannelKind::nic; }
 std::atomic<std::uint64_t> g_next_copy{0};
 
 void put_fields(net::WireWriter& out, const FieldSpace& fields) {
@@ -230,11 +238,13 @@ void Engine::dist_close() {
   if (control_.joinable()) control_.join();
   std::multimap<std::uint64_t, std::shared_ptr<Storage>> idle;
   std::map<std::pair<int, std::vector<std::byte>>, std::shared_ptr<net::RemoteMemory>> keys;
+  decltype(gpu_mappings_) mappings;
   {
     std::lock_guard lock(mutex_);
     idle.swap(idle_registered_);  // registrations and keys go before the network releases UCX
     idle_registered_bytes_ = 0;
     keys.swap(remote_keys_);
+    mappings.swap(gpu_mappings_);
     // Quarantined buffers stay: peers may still put into them until they say bye, and the
     // network unregisters them only after that (Rma::shutdown); the engine frees the rest.
   }
@@ -700,6 +710,67 @@ void Engine::on_setup(int source, const std::vector<std::byte>& body) {
   if (admitted) dist_admitted(op);
 }
 
+std::vector<std::byte> Engine::export_target(const Storage* storage, const planner::Hop& hop, int writer) const {
+  if (!storage) throw Error(Errc::internal, fmt::format("{} has no storage for rank {} to write into", hop.dst.to_string(), writer));
+  net::WireWriter out;
+  if (puts_over_ucx(hop.kind)) {
+    if (!storage->registration())
+      throw Error(Errc::internal, fmt::format("{} is not registered with UCX, so rank {} cannot put into it",
+                                              hop.dst.to_string(), writer));
+    out.put(TargetKind::ucx);
+    const auto& descriptor = storage->registration()->descriptor();
+    for (std::byte b : descriptor) out.put(b);
+    return out.take();
+  }
+  if (!storage->exportable() || storage->device() < 0)
+    throw Error(Errc::internal, fmt::format("{} is not GPU memory of this process, so rank {}'s {} hop cannot write it",
+                                            hop.dst.to_string(), writer, to_string(hop.kind)));
+  const gpu::IpcHandle handle = storage->ipc_handle();
+  out.put(TargetKind::gpu_ipc).put(storage->serial()).put(storage->bytes());
+  out.put_string(gpu::topology().devices.at(static_cast<std::size_t>(storage->device())).pci_bus_id);
+  for (std::byte b : handle.bytes) out.put(b);
+  return out.take();
+}
+
+std::shared_ptr<Storage> Engine::map_target(MemoryId memory, const planner::Hop& hop, std::span<const std::byte> target,
+                                            std::uint64_t buffer_bytes) {
+  net::WireReader in(target, fmt::format("the IPC target {}", memory.to_string()));
+  (void)in.get<TargetKind>();
+  const auto serial = in.get<std::uint64_t>();
+  const auto bytes = in.get<std::uint64_t>();
+  const std::string pci = in.get_string();
+  gpu::IpcHandle handle;
+  for (std::byte& b : handle.bytes) b = in.get<std::byte>();
+  in.expect_end();
+  const int device = gpu::device_of_pci_bus(pci);
+  if (device < 0)
+    throw Error(Errc::invalid_argument,
+                fmt::format("{} is GPU {} of rank {}, which this process (rank {}) does not see; ranks of a node that copy "
+                            "between their GPUs must see each other's (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)",
+                            memory.to_string(), pci, memory.rank, runtime_.rank()));
+  if (buffer_bytes > bytes)
+    throw Error(Errc::internal, fmt::format("{}: the buffer of rank {} has {} bytes, {} expected", memory.to_string(),
+                                            memory.rank, bytes, buffer_bytes));
+  const auto key = std::pair(static_cast<int>(memory.rank), serial);
+  std::shared_ptr<std::byte> mapping;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = gpu_mappings_.find(key); it != gpu_mappings_.end()) mapping = it->second;
+  }
+  if (!mapping) {
+    // Mapped on the GPU that runs the hop (the source of an xgmi or sdma hop is this rank's).
+    void* mapped = gpu::ipc_open(handle, static_cast<int>(hop.src.index));
+    mapping = std::shared_ptr<std::byte>(static_cast<std::byte*>(mapped), [](std::byte* p) { gpu::ipc_close(p); });
+    // Mappings of allocations long gone are dropped in bulk (their serials never come again);
+    // unmapped after the unlock (a driver call), or when the last copy using one ends.
+    decltype(gpu_mappings_) dropped;
+    std::lock_guard lock(mutex_);
+    if (gpu_mappings_.size() >= 64) dropped.swap(gpu_mappings_);
+    gpu_mappings_.emplace(key, mapping);
+  }
+  return Storage::mapped_device(memory, mapping, mapping.get(), device, buffer_bytes ? buffer_bytes : bytes);
+}
+
 // This rank's reservations are held: allocate its buffers and tell the initiator (or, on the
 // initiator itself, move on to the next participant). On the control thread, like every abort
 // and finish: the copy cannot be stopped while this runs.
@@ -727,10 +798,7 @@ void Engine::dist_admitted(const std::shared_ptr<CopyOperation>& op) {
       const MemoryId out_memory = d.hops[j].dst;
       if (out_memory.rank != static_cast<std::uint32_t>(me) || d.hop_rank[j] == me) continue;
       const Storage* storage = j < last ? op->buffers[j].storage.get() : op->dst_storage.get();
-      if (!storage || !storage->registration())
-        throw Error(Errc::internal, fmt::format("{} is not registered with UCX, so rank {} cannot put into it",
-                                                out_memory.to_string(), d.hop_rank[j]));
-      keys.emplace_back(static_cast<std::uint32_t>(j), storage->registration()->descriptor());
+      keys.emplace_back(static_cast<std::uint32_t>(j), export_target(storage, d.hops[j], d.hop_rank[j]));
     }
   } catch (const Error& e) {
     failure = std::make_shared<const Error>(e.code(), fmt::format("rank {}: {}", me, e.what()));
@@ -808,6 +876,16 @@ void Engine::dist_go(const std::shared_ptr<CopyOperation>& op) {
       if (out_memory.rank == static_cast<std::uint32_t>(me)) continue;
       if (targets[j].empty())
         throw Error(Errc::internal, fmt::format("no remote key for {} (hop {})", out_memory.to_string(), j));
+      if (static_cast<TargetKind>(targets[j][0]) == TargetKind::gpu_ipc) {
+        const std::uint64_t buffer_bytes = j < last ? op->buffers[j].slot_bytes * static_cast<std::uint64_t>(op->slots) : 0;
+        auto storage = map_target(out_memory, d.hops[j], targets[j], buffer_bytes);
+        if (j < last) op->buffers[j].storage = std::move(storage);
+        else op->dst_storage = std::move(storage);
+        continue;
+      }
+      if (static_cast<TargetKind>(targets[j][0]) != TargetKind::ucx)
+        throw Error(Errc::internal, fmt::format("the target of hop {} ({}) is of an unknown kind {}", j,
+                                                out_memory.to_string(), static_cast<int>(targets[j][0])));
       std::shared_ptr<net::RemoteMemory> remote;
       auto key = std::pair(static_cast<int>(out_memory.rank), targets[j]);
       {
@@ -816,7 +894,8 @@ void Engine::dist_go(const std::shared_ptr<CopyOperation>& op) {
         if (it != remote_keys_.end()) remote = it->second;
       }
       if (!remote) {
-        remote = network_->rma().import(static_cast<int>(out_memory.rank), targets[j]);
+        remote = network_->rma().import(static_cast<int>(out_memory.rank),
+                                        std::span<const std::byte>(targets[j]).subspan(1));
         // Keys of buffers and instances long gone are dropped in bulk (their descriptors never
         // come again: a new registration packs a new key); destroyed after the unlock, since
         // destroying a key calls into UCX.
@@ -840,6 +919,9 @@ void Engine::dist_go(const std::shared_ptr<CopyOperation>& op) {
     return;
   }
   op->touch();
+  // CopyReport::setup_us: from copy() until this rank's XDs start.
+  op->started_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   op->live_xds.store(local);
   for (auto& xd : op->xds)
     if (xd->worker) xd->worker->add(xd.get());
@@ -853,7 +935,8 @@ void Engine::dist_segment_retired(const std::shared_ptr<CopyOperation>& op) {
   const int me = runtime_.rank();
   std::set<int> written;
   for (std::size_t j = 0; j < d.hops.size(); ++j)
-    if (d.hop_rank[j] == me && d.hops[j].dst.rank != static_cast<std::uint32_t>(me)) written.insert(static_cast<int>(d.hops[j].dst.rank));
+    if (d.hop_rank[j] == me && d.hops[j].dst.rank != static_cast<std::uint32_t>(me) && puts_over_ucx(d.hops[j].kind))
+      written.insert(static_cast<int>(d.hops[j].dst.rank));
   if (written.empty()) {
     dist_segment_done(op);
     return;
@@ -991,7 +1074,8 @@ void Engine::dist_hold_buffers(CopyOperation& op) {
   for (std::size_t j = 0; j < op.buffers.size(); ++j) {
     auto& b = op.buffers[j];
     const int writer = d.hop_rank[j];  // buffer j is hop j's output
-    if (d.clean || !b.storage || !b.storage->registration() || writer == me) continue;
+    // Buffers of this rank that another rank writes: REG (UCX puts) or GPU memory (IPC).
+    if (d.clean || !b.storage || writer == me) continue;
     if (network_->peer_state(writer) == net::PeerState::alive) held.writers.insert(writer);
     bytes += b.storage->bytes();
     held.storages.push_back(std::move(b.storage));
@@ -1092,7 +1176,11 @@ void Engine::dist_tile_progress(Xd* xd) {
   const std::size_t n = op.xds.size();
   net::WireWriter out;
   out.put(d.id).put(static_cast<std::uint32_t>(xd->hop)).put(xd->tiles_done.load(std::memory_order_acquire));
-  if (xd->hop + 1 < n && !op.xds[xd->hop + 1]->worker) {
+  if (xd->hop + 1 < n && !op.xds[xd->hop + 1]->worker && !puts_over_ucx(d.hops[xd->hop].kind)) {
+    // A GPU hop into another rank's memory: its requests completed on the stream, so the bytes
+    // are there already.
+    send(d.hop_rank[xd->hop + 1], kTiles, out.bytes());
+  } else if (xd->hop + 1 < n && !op.xds[xd->hop + 1]->worker) {
     const int rank = d.hop_rank[xd->hop + 1];
     // A failed flush fails the copy, if the engine (and so the copy's workers) still exists.
     auto on_failure = [hook = hook_, id = d.id](const FailureCause& failure) {
@@ -1133,8 +1221,14 @@ void Engine::on_tiles(int source, std::span<const std::byte> body) {
 
 void Engine::dist_peer_lost(int rank, const FailureCause& cause) {
   std::vector<std::shared_ptr<net::RemoteMemory>> dead_keys;  // released after the unlock
+  std::vector<std::shared_ptr<std::byte>> dead_mappings;
   {
     std::lock_guard lock(mutex_);
+    std::erase_if(gpu_mappings_, [&](auto& entry) {
+      if (entry.first.first != rank) return false;
+      dead_mappings.push_back(std::move(entry.second));
+      return true;
+    });
     for (auto it = remote_keys_.begin(); it != remote_keys_.end();) {
       if (it->first.first == rank) {
         dead_keys.push_back(std::move(it->second));

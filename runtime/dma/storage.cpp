@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -34,7 +35,28 @@ std::shared_ptr<Storage> Storage::allocate_device(MemoryId memory, int device, s
   s->device_ptr_ = static_cast<std::byte*>(gpu::allocate_device(device, bytes));
   s->owner_ = Owner::device;
   s->device_ = device;
+  static std::atomic<std::uint64_t> next_serial{0};
+  s->serial_ = next_serial.fetch_add(1, std::memory_order_relaxed) + 1;
   return s;
+}
+
+std::shared_ptr<Storage> Storage::mapped_device(MemoryId memory, std::shared_ptr<const void> mapping, std::byte* mapped,
+                                                int device, std::uint64_t bytes) {
+  if (!mapping || !mapped || device < 0)
+    throw Error(Errc::internal, fmt::format("{}: a mapped GPU storage needs its mapping and device", memory.to_string()));
+  std::shared_ptr<Storage> s(new Storage(memory, bytes));
+  s->device_ptr_ = mapped;
+  s->device_ = device;
+  s->mapping_ = std::move(mapping);
+  return s;
+}
+
+gpu::IpcHandle Storage::ipc_handle() const {
+  if (!exportable())
+    throw Error(Errc::invalid_argument, fmt::format("{}: only GPU memory this process allocated can be shared with "
+                                                    "another process", memory_.to_string()));
+  std::call_once(ipc_once_, [this] { ipc_handle_ = gpu::ipc_export(device_ptr_); });
+  return ipc_handle_;
 }
 
 std::shared_ptr<Storage> Storage::allocate_pinned(MemoryId memory, std::uint64_t bytes) {
@@ -106,7 +128,7 @@ void Storage::read(std::uint64_t offset, std::span<std::byte> out) const {
   if (offset + out.size() > bytes_)
     throw Error(Errc::invalid_argument, fmt::format("read of {} bytes at {} is outside the {}-byte storage in {}",
                                                     out.size(), offset, bytes_, memory_.to_string()));
-  if (remote_)
+  if (remote_ || mapping_)
     throw Error(Errc::invalid_argument, fmt::format("{} belongs to rank {}: read it there", memory_.to_string(), memory_.rank));
   if (device_ >= 0) {
     gpu::copy_sync(out.data(), device_ptr_ + offset, out.size());
@@ -130,7 +152,7 @@ void Storage::write(std::uint64_t offset, std::span<const std::byte> in) const {
   if (offset + in.size() > bytes_)
     throw Error(Errc::invalid_argument, fmt::format("write of {} bytes at {} is outside the {}-byte storage in {}",
                                                     in.size(), offset, bytes_, memory_.to_string()));
-  if (remote_)
+  if (remote_ || mapping_)
     throw Error(Errc::invalid_argument, fmt::format("{} belongs to rank {}: write it there", memory_.to_string(), memory_.rank));
   if (device_ >= 0) {
     gpu::copy_sync(device_ptr_ + offset, in.data(), in.size());

@@ -3,11 +3,14 @@
 // file (dsk). Channels address requests relative to it.
 #pragma once
 
+#include "runtime/gpu/devices.h"
+
 #include <caravan/machine.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 
 namespace caravan::net {
@@ -39,6 +42,12 @@ class Storage {
   // REG memory of another rank, reachable by UCX puts only (host() is null): what the nic
   // channel writes into when a copy's next hop or destination lives on that rank.
   static std::shared_ptr<Storage> remote(MemoryId memory, std::shared_ptr<net::RemoteMemory> memory_key, std::uint64_t bytes);
+  // GPU memory of another rank of this node, mapped into this process through IPC: `mapped` is
+  // the owner's allocation as this process sees it, on its GPU `device`, kept mapped while
+  // `mapping` lives. What the xgmi and sdma channels write into when a copy's next hop or
+  // destination is another rank's GPU memory on this node (see ipc_handle()).
+  static std::shared_ptr<Storage> mapped_device(MemoryId memory, std::shared_ptr<const void> mapping, std::byte* mapped,
+                                                int device, std::uint64_t bytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -57,6 +66,13 @@ class Storage {
   const std::shared_ptr<net::RegisteredMemory>& registration() const noexcept { return registration_; }
   // Another rank's registered memory (see remote()), or null.
   const std::shared_ptr<net::RemoteMemory>& remote_memory() const noexcept { return remote_; }
+  // GPU memory this storage allocated (allocate_device): other processes of the node may map it.
+  bool exportable() const noexcept { return owner_ == Owner::device; }
+  // Its IPC handle (gpu::ipc_export, asked of the driver once) and a number no other allocation of this process has had,
+  // so that a mapping cached by that number can never be taken for a later allocation's.
+  // Error(invalid_argument) unless exportable().
+  gpu::IpcHandle ipc_handle() const;
+  std::uint64_t serial() const noexcept { return serial_; }
 
   // Synchronous access to any storage of this rank (GPU memory through a blocking copy); throws
   // Error(transport) on an I/O error, Error(device) on a GPU error, Error(invalid_argument) for
@@ -77,6 +93,10 @@ class Storage {
   bool gpu_pinned_ = false;  // host_ pinned for the GPUs by wrap_registered (unpinned at the end)
   std::shared_ptr<net::RegisteredMemory> registration_;
   std::shared_ptr<net::RemoteMemory> remote_;
+  std::shared_ptr<const void> mapping_;  // mapped_device(): another rank's GPU memory, mapped
+  std::uint64_t serial_ = 0;
+  mutable std::once_flag ipc_once_;
+  mutable gpu::IpcHandle ipc_handle_;
 };
 
 // Storage for `bytes` bytes in `memory`: pageable host memory for sys and reg (registration

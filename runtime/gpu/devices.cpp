@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -181,6 +182,48 @@ void unpin_host(void* ptr) noexcept {
     (void)hipGetLastError();
     log::get("gpu")->error("hipHostUnregister failed: {} ({})", hipGetErrorName(status), hipGetErrorString(status));
   }
+}
+
+static_assert(sizeof(hipIpcMemHandle_t) == kIpcHandleBytes, "IpcHandle must hold a hipIpcMemHandle_t");
+
+IpcHandle ipc_export(void* base) {
+  hipIpcMemHandle_t handle{};
+  CARAVAN_HIP_CHECK(hipIpcGetMemHandle(&handle, base));
+  IpcHandle out;
+  std::memcpy(out.bytes, &handle, kIpcHandleBytes);
+  return out;
+}
+
+void* ipc_open(const IpcHandle& handle, int device) {
+  const Topology& t = topology();
+  if (device < 0 || static_cast<std::size_t>(device) >= t.devices.size())
+    throw Error(Errc::invalid_argument, fmt::format("GPU {} does not exist (this process sees {})", device, t.devices.size()));
+  hipIpcMemHandle_t h{};
+  std::memcpy(&h, handle.bytes, kIpcHandleBytes);
+  DeviceGuard guard(device);
+  void* mapped = nullptr;
+  // Lazy peer access: the mapping is reachable from `device` even where the owner's GPU is
+  // another one (peer access between the two is enabled at discovery anyway).
+  CARAVAN_HIP_CHECK(hipIpcOpenMemHandle(&mapped, h, hipIpcMemLazyEnablePeerAccess));
+  return mapped;
+}
+
+void ipc_close(void* mapped) noexcept {
+  if (!mapped) return;
+  hipError_t status = hipIpcCloseMemHandle(mapped);
+  if (status != hipSuccess) {
+    (void)hipGetLastError();
+    log::get("gpu")->error("hipIpcCloseMemHandle failed: {} ({})", hipGetErrorName(status), hipGetErrorString(status));
+  }
+}
+
+int device_of_pci_bus(const std::string& pci_bus_id) {
+  for (const DeviceInfo& d : topology().devices)
+    if (d.pci_bus_id.size() == pci_bus_id.size() &&
+        std::equal(d.pci_bus_id.begin(), d.pci_bus_id.end(), pci_bus_id.begin(),
+                   [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b)); }))
+      return d.index;
+  return -1;
 }
 
 void copy_sync(void* dst, const void* src, std::uint64_t bytes) {

@@ -49,6 +49,21 @@ void free_pinned(void* ptr) noexcept;
 // someone else: leave it to them). Throws Error(device) on any other HIP failure.
 bool pin_host(void* ptr, std::uint64_t bytes);
 void unpin_host(void* ptr) noexcept;
+// GPU memory shared between the processes of a node (IPC), for copies between ranks: the owner
+// exports an allocation of allocate_device (its base address) as an opaque handle; another
+// process maps it (the copy engines and kernels of its `device` then reach it like local memory).
+// A handle names one allocation; each ipc_open needs its ipc_close. Throws Error(device) on a
+// HIP failure (e.g. a handle of this same process, or of a GPU this process cannot see).
+inline constexpr std::size_t kIpcHandleBytes = 64;
+struct IpcHandle {
+  std::byte bytes[kIpcHandleBytes] = {};
+};
+IpcHandle ipc_export(void* base);
+void* ipc_open(const IpcHandle& handle, int device);
+void ipc_close(void* mapped) noexcept;
+// The ordinal of the GPU at `pci_bus_id` (DeviceInfo::pci_bus_id) in this process, or -1 when
+// this process does not see it (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES).
+int device_of_pci_bus(const std::string& pci_bus_id);
 // Synchronous copy between any two unified addresses (host, pinned or device).
 void copy_sync(void* dst, const void* src, std::uint64_t bytes);
 

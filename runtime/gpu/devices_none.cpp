@@ -33,6 +33,10 @@ void* allocate_pinned(std::uint64_t) { unsupported("pinned host memory (zcm)"); 
 void free_pinned(void*) noexcept {}
 bool pin_host(void*, std::uint64_t) { return false; }  // no GPU: nothing to pin for
 void unpin_host(void*) noexcept {}
+IpcHandle ipc_export(void*) { unsupported("GPU memory shared between processes"); }
+void* ipc_open(const IpcHandle&, int) { unsupported("GPU memory shared between processes"); }
+void ipc_close(void*) noexcept {}
+int device_of_pci_bus(const std::string&) { return -1; }
 void copy_sync(void*, const void*, std::uint64_t) { unsupported("GPU copy"); }
 std::vector<double> time_raw_copies(const RawCopy&, int) { unsupported("GPU copy"); }
 std::vector<double> time_raw_concurrent(const std::vector<RawCopy>&, int) { unsupported("GPU copy"); }
