@@ -77,15 +77,20 @@ class Instance {
 // How copy() plans its path.
 //   automatic  the simple planner below CARAVAN_PLANNER_FULL_MIN_BYTES, the full planner from
 //              there; and, from CARAVAN_DMA_MULTIPATH_MIN_BYTES (when set, > 0), as multipath for
-//              copies within this rank that ask for no landing flags.
+//              copies within this rank that ask for no landing flags (a copy with
+//              CopyOptions::signal goes multi-path only when it asks for multipath, so that its
+//              tiling does not depend on that setting).
 //   simple     the simple planner (Isometry section 4.4).
 //   full       the full planner (section 4.2).
 //   multipath  the multi-path planner: the index space is cut into slabs along the outermost
 //              dimension of the source layout, in proportion to each path's share, and every
 //              slab moves on its own path at the same time, under one event. When the planner
 //              finds one path (or several that would not beat the best one), the copy is the
-//              full planner's. Not for copies across ranks, nor (with several paths) together
-//              with CopyOptions::signal: Error(invalid_argument).
+//              full planner's. Not for copies across ranks: Error(invalid_argument). With
+//              several paths and CopyOptions::signal, each path writes the flags of its own
+//              tiles (see TileSignal, copy_tiling); that needs slabs that are runs of
+//              consecutive points (no dimension above the split one with more than one
+//              coordinate), else Error(invalid_argument).
 enum class PlannerChoice : std::uint8_t { automatic, simple, full, multipath };
 
 // One request a hop sent to its channel; times in microseconds since the copy started running
@@ -119,7 +124,8 @@ struct HopTimeline {
 // extents in the dimensions below some dimension s, a range of s, single coordinates above s.
 // So in the order that runs dimension 0 fastest (the points of a row-major array whose column is
 // x, or of an "F,x" / "F,x,y" instance in footprint order), tile i holds the consecutive points
-// [first_point, first_point + points), and tile i + 1 starts where tile i ends.
+// [first_point, first_point + points), and tile i + 1 starts where tile i ends; a multi-path
+// copy's tiles too (copy_tiling says when it refuses instead).
 struct CopyTile {
   Rect rect;                      // its points (inclusive bounds, as every Rect)
   std::uint64_t first_point = 0;  // the linear index of rect.lo(), dimension 0 fastest, from the space's lo()
@@ -130,7 +136,9 @@ struct CopyTile {
 // whose layout is "F,x", "F,x,y"... (fields innermost, then the dimensions in order), tile i is
 // the byte range [first_point * |F|, (first_point + points) * |F|) of the footprint.
 struct CopyTiling {
-  std::uint64_t tile_points = 0;  // the most points a tile holds (tiles[0].points)
+  // The most points a tile holds: tiles[0].points on one path; over several paths, whose tiles
+  // may differ in size, the largest path's first tile.
+  std::uint64_t tile_points = 0;
   std::vector<CopyTile> tiles;
 };
 
@@ -171,7 +179,8 @@ struct CopyPathReport {
   double start_us = 0;       // when it started (buffers reserved), from the copy's start (its first path's)
   double end_us = 0;         // when its last request ended, on the same clock
   // Its own report as a copy of `piece`: route, buffers, requests, timeline (on a clock that
-  // starts at start_us) and tiling (first_point counted within `piece`).
+  // starts at start_us) and tiling (first_point counted within `piece`; copy_tiling gives the
+  // same tiles counted in the whole space).
   CopyReport report;
 };
 
@@ -186,15 +195,21 @@ struct CopyPathReport {
 //     GPU reaches) or pinned host memory mapped into the GPUs (zcm), not pageable host memory.
 //   - memcpy (host memories): a release store by the CPU after the tile's copies; flags must
 //     be host memory (sys, or zcm for a GPU kernel to watch), not GPU memory.
-// Tiles land in order. Flags of tiles that did not land (a failed or cancelled copy) are left as
-// they were; the copy's event triggers after every flag it writes. flags is not reset: use a new
-// value (an epoch) per copy. The copy does not touch flags after its event has triggered.
-// Not for fill(), copies across ranks, or copies whose last hop is the file or nic channel
-// (Error(invalid_argument), naming the rule).
+// The tiles of one path land in order. A multi-path copy (PlannerChoice::multipath, several
+// paths) hands each path the flags of its own tiles, a contiguous range of the array (its slab's,
+// after the tiles of the slabs before it: copy_tiling), and runs its paths at once, so across
+// paths the flags rise interleaved: flag i + 1 may rise before flag i when the two belong to
+// different paths. Wait for each flag a consumer needs, not for the flags before it.
+// Flags of tiles that did not land (a failed or cancelled copy) are left as they were; the
+// copy's event triggers after every flag it writes (a multi-path copy's after each path has
+// written its flags). flags is not reset: use a new value (an epoch) per copy. The copy does not
+// touch flags after its event has triggered.
+// Not for fill(), copies across ranks, or copies whose last hop (every path's, for a multi-path
+// copy) is the file or nic channel (Error(invalid_argument), naming the rule).
 struct TileSignal {
   std::uint64_t* flags = nullptr;  // null: no signal; else 8-byte aligned, `tiles` entries, alive until the event triggers
   std::uint64_t value = 0;         // written to each flag; nonzero (flags start at 0)
-  std::uint64_t tiles = 0;         // entries of flags: must equal the copy's tile count (copy_tiling(src, dst).tiles.size())
+  std::uint64_t tiles = 0;         // entries of flags: must equal the copy's tile count (copy_tiling(src, dst, planner).tiles.size())
 };
 
 struct CopyOptions {
@@ -238,8 +253,15 @@ std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& sr
 // (CARAVAN_DMA_TILE_BYTES, CARAVAN_GPU_REQUEST_US...), so a copy made after this call with the
 // same settings has the same tiling; pass tiles.size() as TileSignal::tiles and copy() checks it.
 // PlannerChoice::automatic gives the single-path tiling (a copy with landing flags is never split
-// over paths automatically); PlannerChoice::multipath throws Error(invalid_argument) when the
-// multi-path plan has several paths, since landing flags do not combine with those yet.
+// over paths automatically). PlannerChoice::multipath with several paths gives the paths'
+// tilings one after another in slab order, each tile's rect and first_point in the whole space:
+// tiles[i] is what flag i guards, and tile i + 1 still starts where tile i ends (tile sizes may
+// differ from path to path). That holds only when every slab is a run of consecutive points:
+// the planner cuts along the outermost dimension of the source layout, and when a dimension
+// above that one has more than one coordinate (say a source laid out "F,y,x" over a 2-D space),
+// copy_tiling, and copy() with a signal, throw Error(invalid_argument) rather than describe
+// tiles that are not ranges of points; give the source a layout whose outermost dimension is
+// the space's last, or use PlannerChoice::full.
 CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner = PlannerChoice::automatic);
 
 // A copy as a task-graph node: started at each launch after its dependencies.

@@ -688,6 +688,29 @@ void check_signal_fields(const TileSignal& signal, const char* call) {
                 fmt::format("{}: CopyOptions::signal.tiles must give the number of flags at signal.flags (the copy's "
                             "tile count: copy_tiling(src, dst).tiles.size())", call));
 }
+
+// CopyTiling promises that tile i + 1 starts where tile i ends in the order that runs dimension 0
+// fastest, so that a consumer may take a tile for a range of points (a byte range of an "F,x,y"
+// instance). A multi-path copy tiles each slab along plan.split_dim on its own; concatenated in
+// slab order, those tiles keep the promise exactly when every slab is itself a run of
+// consecutive points, i.e. when no dimension above the split one has more than one coordinate.
+// Otherwise refuse: a first_point range that is not the tile would mislead a consumer silently.
+void check_multipath_tiles_consecutive(const planner::MultiPlan& plan, const Instance& src, const Instance& dst,
+                                       const char* call) {
+  const Rect& space = src.space();
+  for (int d = plan.split_dim + 1; d < space.dims(); ++d) {
+    if (space.extent(d) <= 1) continue;
+    throw Error(Errc::invalid_argument,
+                fmt::format("{}: landing flags over several paths need the slabs cut along the outermost dimension of "
+                            "the index space (that has more than one coordinate), so that each tile is a run of "
+                            "consecutive points and tile i + 1 starts where tile i ends (CopyTiling); the multi-path "
+                            "plan of {} -> {} cuts {} along dimension {}, the outermost of the source layout '{}', and "
+                            "dimension {} above it has {} coordinates. Give the source a layout whose outermost "
+                            "dimension is the space's last (e.g. F,x,y), or use PlannerChoice::full for this copy",
+                            call, src.memory().to_string(), dst.memory().to_string(), space.to_string(), plan.split_dim,
+                            src.layout().to_string(), d, space.extent(d)));
+  }
+}
 }  // namespace
 
 Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& options) {
@@ -697,10 +720,7 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
   const std::int64_t called_ns = now_ns();
   std::shared_ptr<const planner::Plan> plan;
   if (wants_multipath(src, dst, options)) {
-    planner::MultiPlan multi = *plan_multipath(src, dst);
-    // Every slab is whole rows; one that rounded to nothing has no path (the planner drops
-    // those already).
-    std::erase_if(multi.shares, [](const planner::PathShare& share) { return share.piece.volume() == 0; });
+    const planner::MultiPlan multi = runnable_multipath_plan(src, dst);
     if (multi.shares.size() > 1) return copy_multipath(src, dst, multi, options, called_ns);
     // One path: the copy is exactly what it would be without multi-path (the full planner's
     // path when asked for explicitly, today's automatic plan otherwise).
@@ -710,6 +730,14 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
   if (!plan) plan = this->plan(src, dst, options.planner);
   auto op = prepare_copy(src, dst, *plan, src.space(), options, called_ns);
   return submit(std::move(op), options.precondition);
+}
+
+planner::MultiPlan Engine::runnable_multipath_plan(const Instance& src, const Instance& dst) {
+  planner::MultiPlan multi = *plan_multipath(src, dst);
+  // Every slab is whole rows; one that rounded to nothing has no path (the planner drops those
+  // already).
+  std::erase_if(multi.shares, [](const planner::PathShare& share) { return share.piece.volume() == 0; });
+  return multi;
 }
 
 bool Engine::wants_multipath(const Instance& src, const Instance& dst, const CopyOptions& options) const {
@@ -782,12 +810,7 @@ class PartWaiter final : public detail::EventWaiter {
 Event Engine::copy_multipath(const Instance& src, const Instance& dst, const planner::MultiPlan& plan,
                              const CopyOptions& options, std::int64_t called_ns) {
   check_signal_fields(options.signal, "copy");
-  if (options.signal.flags)
-    throw Error(Errc::invalid_argument,
-                fmt::format("copy: CopyOptions::signal cannot be combined with a multi-path copy yet: the multi-path "
-                            "planner splits {} -> {} over {} paths, whose tiles land in no single order; use "
-                            "PlannerChoice::full or simple for a copy with landing flags",
-                            src.memory().to_string(), dst.memory().to_string(), plan.shares.size()));
+  if (options.signal.flags) check_multipath_tiles_consecutive(plan, src, dst, "copy");
   auto multi = std::make_shared<MultiCopy>();
   multi->engine = this;
   multi->report = options.report;
@@ -799,8 +822,10 @@ Event Engine::copy_multipath(const Instance& src, const Instance& dst, const pla
     multi->route += fmt::format("{} {}", i ? " |" : "", plan.shares[i].plan.route());
   multi->shares = plan.shares;
   multi->part_reports.resize(plan.shares.size());
-  // Every part is prepared (and so checked: channels, pool sizes) before any is submitted.
+  // Every part is prepared (and so checked: channels, pool sizes, flags) before any is submitted.
+  // Landing flags are handed out below, once every part's tile count is known.
   CopyOptions part_options = options;
+  part_options.signal = {};
   for (std::size_t i = 0; i < plan.shares.size(); ++i) {
     const planner::PathShare& share = plan.shares[i];
     part_options.report = options.report ? &multi->part_reports[i] : nullptr;
@@ -808,6 +833,29 @@ Event Engine::copy_multipath(const Instance& src, const Instance& dst, const pla
     if (part->dist)
       throw Error(Errc::internal, fmt::format("copy: path {} of a multi-path copy crosses ranks ({})", i, part->route));
     multi->parts.push_back(std::move(part));
+  }
+  if (options.signal.flags) {
+    // The copy's tiles are its parts' tiles in slab order (copy_tiling), so part i's flags are
+    // the caller's array from the tiles of the parts before it on; each part's last hop then
+    // writes its own tiles' flags as any copy does.
+    std::uint64_t tiles = 0;
+    std::string per_path;
+    for (const auto& part : multi->parts) {
+      per_path += fmt::format("{}{}", tiles ? " + " : "", part->grid.count());
+      tiles += part->grid.count();
+    }
+    if (tiles != options.signal.tiles)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("copy: CopyOptions::signal.tiles is {}, but this multi-path copy ({}) is cut into {} "
+                              "tile(s) ({} over its {} paths, in slab order); size the flags by copy_tiling(src, dst, "
+                              "PlannerChoice::multipath)", options.signal.tiles, multi->route, tiles, per_path,
+                              multi->parts.size()));
+    std::uint64_t first = 0;
+    for (const auto& part : multi->parts) {
+      const std::uint64_t count = part->grid.count();
+      check_signal(*part, TileSignal{.flags = options.signal.flags + first, .value = options.signal.value, .tiles = count});
+      first += count;
+    }
   }
   multi->remaining = multi->parts.size();
   {
@@ -988,17 +1036,27 @@ void Engine::check_signal(CopyOperation& op, const TileSignal& signal) const {
 }
 
 CopyTiling Engine::tiling(const Instance& src, const Instance& dst, PlannerChoice choice) {
+  std::shared_ptr<const planner::Plan> plan;
   if (choice == PlannerChoice::multipath) {
-    // copy() with landing flags refuses several paths; say so here already.
-    std::shared_ptr<const planner::MultiPlan> multi = plan_multipath(src, dst);
-    if (multi->shares.size() > 1)
-      throw Error(Errc::invalid_argument,
-                  fmt::format("copy_tiling: the multi-path plan splits {} -> {} over {} paths, and landing flags "
-                              "(CopyOptions::signal) cannot be combined with a multi-path copy yet; use "
-                              "PlannerChoice::full or simple", src.memory().to_string(), dst.memory().to_string(),
-                              multi->shares.size()));
+    const planner::MultiPlan multi = runnable_multipath_plan(src, dst);
+    if (multi.shares.size() > 1) {
+      check_multipath_tiles_consecutive(multi, src, dst, "copy_tiling");
+      // Each slab cut as copy() cuts its part (prepare_pipeline), in slab order, counted in the
+      // whole space: tiles[i] is what flag i of the copy's signal guards.
+      CopyTiling out;
+      for (const planner::PathShare& share : multi.shares) {
+        std::vector<std::uint64_t> slot_bytes;
+        const std::uint64_t points = choose_tile_points(share.piece, src.fields(), share.plan.hops, slot_bytes);
+        CopyTiling part = describe_tiling(TileGrid(share.piece, points), src.space());
+        out.tile_points = std::max(out.tile_points, part.tile_points);
+        out.tiles.insert(out.tiles.end(), part.tiles.begin(), part.tiles.end());
+      }
+      return out;
+    }
+    // One path: the one copy() takes.
+    if (!multi.shares.empty()) plan = std::make_shared<planner::Plan>(multi.shares.front().plan);
   }
-  std::shared_ptr<const planner::Plan> plan = this->plan(src, dst, choice);
+  if (!plan) plan = this->plan(src, dst, choice);
   std::vector<std::uint64_t> slot_bytes;
   const std::uint64_t points = choose_tile_points(src.space(), src.fields(), plan->hops, slot_bytes);
   return describe_tiling(TileGrid(src.space(), points), src.space());

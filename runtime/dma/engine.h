@@ -340,6 +340,9 @@ class Engine final : public RuntimeService {
   // Whether copy(src, dst, options) runs as a multi-path copy: asked for, or automatic from
   // CARAVAN_DMA_MULTIPATH_MIN_BYTES. Throws for an explicit request it cannot honour (across ranks).
   bool wants_multipath(const Instance& src, const Instance& dst, const CopyOptions& options) const;
+  // The multi-path plan copy() runs (plan_multipath, less any slab that rounded to no row), so
+  // that copy() and copy_tiling() cut the copy into the same parts.
+  planner::MultiPlan runnable_multipath_plan(const Instance& src, const Instance& dst);
   Event copy_multipath(const Instance& src, const Instance& dst, const planner::MultiPlan& plan, const CopyOptions& options,
                        std::int64_t called_ns);
   bool stop_multipath(const std::shared_ptr<MultiCopy>& multi, const FailureCause& cause);

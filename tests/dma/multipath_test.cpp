@@ -15,6 +15,8 @@
 #include <caravan/planner/transfer_graph.h>
 #include <caravan/settings.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -363,16 +365,256 @@ TEST_F(CopyMultipath, OnePathBehavesAsASingleCopy) {
   expect_engine_idle();
 }
 
-TEST_F(CopyMultipath, LandingFlagsAreRefusedWithSeveralPaths) {
-  const Rect space = Rect::from_extents({20000});
-  Instance src = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x"));
-  Instance dst = Instance::create(kTarget, space, kFields, Layout::parse("F,x"));
-  std::vector<std::uint64_t> flags(4096, 0);
-  CARAVAN_EXPECT_ERROR(copy(src, dst, {.planner = PlannerChoice::multipath,
-                                       .signal = {.flags = flags.data(), .value = 1, .tiles = flags.size()}}),
-                       Errc::invalid_argument, "cannot be combined with a multi-path copy");
-  CARAVAN_EXPECT_ERROR(copy_tiling(src, dst, PlannerChoice::multipath), Errc::invalid_argument,
-                       "cannot be combined with a multi-path copy");
+// Landing flags over several paths: the copy's tiles are its paths' tiles in slab order, each
+// counted in the whole space (copy_tiling(src, dst, PlannerChoice::multipath)).
+
+std::uint64_t linear_index(const Rect& space, const Point& p) {
+  std::uint64_t index = 0, stride = 1;
+  for (int d = 0; d < space.dims(); ++d) {
+    auto k = static_cast<std::size_t>(d);
+    index += static_cast<std::uint64_t>(p[k] - space.lo()[k]) * stride;
+    stride *= static_cast<std::uint64_t>(space.extent(d));
+  }
+  return index;
+}
+
+// What CopyTiling promises, over the whole space: tile i holds exactly the points
+// [first_point, first_point + points) in the order that runs dimension 0 fastest, tile i + 1
+// starts where tile i ends, and every point is in exactly one tile.
+void expect_consecutive_tiles_cover(const CopyTiling& tiling, const Rect& space) {
+  ASSERT_FALSE(tiling.tiles.empty());
+  std::vector<std::uint32_t> times_covered(space.volume(), 0);
+  std::uint64_t next = 0, largest = 0, misplaced = 0;
+  for (std::size_t i = 0; i < tiling.tiles.size(); ++i) {
+    const CopyTile& t = tiling.tiles[i];
+    EXPECT_EQ(t.first_point, next) << "tile " << i << " " << t.rect.to_string();
+    EXPECT_EQ(t.points, t.rect.volume()) << "tile " << i;
+    EXPECT_EQ(linear_index(space, t.rect.lo()), t.first_point) << "tile " << i << " " << t.rect.to_string();
+    test::for_each_point(t.rect, [&](const Point& p) {
+      const std::uint64_t k = linear_index(space, p);
+      if (k < t.first_point || k >= t.first_point + t.points) ++misplaced;
+      ++times_covered[k];
+    });
+    next = t.first_point + t.points;
+    largest = std::max(largest, t.points);
+  }
+  EXPECT_EQ(misplaced, 0u) << "points outside their tile's [first_point, first_point + points)";
+  EXPECT_EQ(next, space.volume());
+  EXPECT_EQ(tiling.tile_points, largest);
+  EXPECT_EQ(std::count(times_covered.begin(), times_covered.end(), 1u), static_cast<std::ptrdiff_t>(space.volume()))
+      << "every point in exactly one tile";
+}
+
+// The multi-path tiling is the paths' own tilings (CopyPathReport::report.tiling, counted within
+// each slab) one after another in slab order, with first_point moved into the whole space.
+void expect_concatenates_path_tilings(const CopyTiling& tiling, const CopyReport& report, const Rect& space) {
+  std::size_t k = 0;
+  for (const CopyPathReport& path : report.paths) {
+    const std::uint64_t slab_start = linear_index(space, path.piece.lo());
+    for (const CopyTile& own : path.report.tiling.tiles) {
+      ASSERT_LT(k, tiling.tiles.size()) << "the paths have more tiles than copy_tiling";
+      EXPECT_EQ(tiling.tiles[k].rect, own.rect) << "tile " << k << " (" << path.report.route << ")";
+      EXPECT_EQ(tiling.tiles[k].first_point, slab_start + own.first_point) << "tile " << k;
+      EXPECT_EQ(tiling.tiles[k].points, own.points) << "tile " << k;
+      ++k;
+    }
+  }
+  EXPECT_EQ(k, tiling.tiles.size());
+  EXPECT_EQ(report.tiles, tiling.tiles.size());
+}
+
+// A copy with landing flags over several paths on fresh random data: every flag, and nothing
+// around the array, holds the value once the event has triggered, and the bytes are right.
+void copy_with_flags_and_verify(const Rect& space, const char* src_layout, const char* dst_layout) {
+  const std::uint64_t seed = fresh_seed();
+  const std::string what = std::string(src_layout) + " -> " + dst_layout + " over " + space.to_string() + ", seed " +
+                           std::to_string(seed);
+  SCOPED_TRACE(what);
+  Instance src = Instance::create(sys_memory(), space, kFields, Layout::parse(src_layout));
+  Instance dst = Instance::create(kTarget, space, kFields, Layout::parse(dst_layout));
+  test::write_pattern(src, seed);
+  test::poison(dst);
+  const CopyTiling tiling = copy_tiling(src, dst, PlannerChoice::multipath);
+  expect_consecutive_tiles_cover(tiling, space);
+  // One guard word on each side of the flags catches a part writing outside its range.
+  constexpr std::uint64_t kGuard = 0x5EA1ED5EA1ED5EA1ull;
+  std::vector<std::uint64_t> words(tiling.tiles.size() + 2, 0);
+  words.front() = words.back() = kGuard;
+  std::uint64_t* flags = words.data() + 1;
+  for (const std::uint64_t epoch : {std::uint64_t{1}, std::uint64_t{2}}) {  // the same flags, the next epoch
+    CopyReport report;
+    ASSERT_TRUE(copy(src, dst, {.planner = PlannerChoice::multipath, .report = &report,
+                                .signal = {.flags = flags, .value = epoch, .tiles = tiling.tiles.size()}})
+                    .wait_for(60s));
+    ASSERT_GE(report.paths.size(), 2u) << report.route;
+    std::uint64_t set = 0;
+    for (std::size_t i = 0; i < tiling.tiles.size(); ++i) set += flags[i] == epoch;
+    EXPECT_EQ(set, tiling.tiles.size()) << "flags holding epoch " << epoch << " (" << report.route << ")";
+    EXPECT_EQ(words.front(), kGuard) << "a flag was written before the array";
+    EXPECT_EQ(words.back(), kGuard) << "a flag was written after the array";
+    EXPECT_EQ(test::count_mismatches(dst, seed), 0u) << report.route;
+    expect_slabs(report, space, kFields.total_size());
+    expect_concatenates_path_tilings(tiling, report, space);
+  }
+}
+
+TEST_F(CopyMultipath, LandingFlagsCoverEveryTileOfEveryPath) {
+  copy_with_flags_and_verify(Rect::from_extents({20011}), "F,x", "F,x");
+  copy_with_flags_and_verify(Rect::from_extents({20011}), "x,F", "x_in=3,F,x_out");
+  copy_with_flags_and_verify(Rect::from_extents({61, 337}), "F,x,y", "F,x,y");
+  copy_with_flags_and_verify(Rect::from_extents({61, 337}), "F,x,y", "y,x,F");
+  // A space that does not start at 0.
+  copy_with_flags_and_verify(Rect(2, Point{{-5, 7, 0, 0}}, Point{{50, 400, 0, 0}}), "F,x,y", "x,y,F");
+  // Slabs along x (the outermost dimension of "F,y,x") are runs of points only because y has
+  // one coordinate: allowed.
+  copy_with_flags_and_verify(Rect::from_extents({6007, 1}), "F,y,x", "F,x,y");
+  expect_engine_idle();
+}
+
+TEST_F(CopyMultipath, LandingFlagsOverSeveralPathsAreCheckedAtTheCall) {
+  const Rect space = Rect::from_extents({61, 337});
+  Instance src = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x,y"));
+  Instance dst = Instance::create(kTarget, space, kFields, Layout::parse("F,x,y"));
+  test::write_pattern(src, fresh_seed());
+  test::poison(dst);
+  const std::vector<std::byte> before = test::footprint(dst);
+  const std::uint64_t tiles = copy_tiling(src, dst, PlannerChoice::multipath).tiles.size();
+  ASSERT_GE(plan_copy_multipath(src, dst)->shares.size(), 2u);
+  std::vector<std::uint64_t> flags(tiles + 1, 0);
+  auto with = [&](std::uint64_t count) {
+    return CopyOptions{.planner = PlannerChoice::multipath, .signal = {.flags = flags.data(), .value = 1, .tiles = count}};
+  };
+  const std::string cut_into = "is cut into " + std::to_string(tiles) + " tile(s)";
+  CARAVAN_EXPECT_ERROR(copy(src, dst, with(tiles + 1)), Errc::invalid_argument, cut_into);
+  CARAVAN_EXPECT_ERROR(copy(src, dst, with(tiles - 1)), Errc::invalid_argument, cut_into);
+  CARAVAN_EXPECT_ERROR(copy(src, dst, with(tiles - 1)), Errc::invalid_argument, "CopyOptions::signal.tiles is " + std::to_string(tiles - 1));
+  CARAVAN_EXPECT_ERROR(copy(src, dst, with(tiles + 1)), Errc::invalid_argument, "PlannerChoice::multipath");
+  // Slabs along x with more than one y: the tiles would not be runs of consecutive points.
+  Instance transposed = Instance::create(sys_memory(), space, kFields, Layout::parse("F,y,x"));
+  ASSERT_GE(plan_copy_multipath(transposed, dst)->shares.size(), 2u);
+  CARAVAN_EXPECT_ERROR(copy_tiling(transposed, dst, PlannerChoice::multipath), Errc::invalid_argument,
+                       "copy_tiling: landing flags over several paths need the slabs cut along the outermost dimension");
+  CARAVAN_EXPECT_ERROR(copy(transposed, dst, with(tiles)), Errc::invalid_argument,
+                       "copy: landing flags over several paths need the slabs cut along the outermost dimension");
+  CARAVAN_EXPECT_ERROR(copy(transposed, dst, with(tiles)), Errc::invalid_argument,
+                       "cuts [0,60]x[0,336] along dimension 0, the outermost of the source layout 'F,y,x', and dimension 1 above it has 337 coordinates");
+  EXPECT_EQ(test::footprint(dst), before) << "a refused copy moved bytes";
+  for (std::uint64_t f : flags) EXPECT_EQ(f, 0u) << "a refused copy wrote a flag";
+  // Without flags the same copy runs: the rule is about what a flag guards.
+  const std::uint64_t seed = fresh_seed();
+  test::write_pattern(transposed, seed);
+  CopyReport report;
+  ASSERT_TRUE(copy(transposed, dst, {.planner = PlannerChoice::multipath, .report = &report}).wait_for(60s));
+  EXPECT_GE(report.paths.size(), 2u) << report.route;
+  EXPECT_EQ(test::count_mismatches(dst, seed), 0u) << report.route;
+  expect_engine_idle();
+}
+
+// What a consumer thread saw while it watched every flag of a multi-path copy.
+struct Watched {
+  std::uint64_t set_before_start = 0;  // flags it found set before the copy was let start
+  std::uint64_t wrong_values = 0;      // (point, field) values of landed tiles that were wrong
+  std::uint64_t out_of_order = 0;      // tiles seen landed before the previous tile of their path
+  std::uint64_t not_value = 0;         // flags it claimed that did not hold the value
+  bool timed_out = false;
+};
+
+// Watches every flag at once (acquire loads) and, as soon as tile i's flag holds `value`, checks
+// each (point, field) of the tile in `dst` (a host instance the copy fills with
+// test::write_pattern(seed)) and claims the flag by swapping in `claimed`: a flag the copy wrote
+// twice then ends up as `value` again. Tiles of one path must land in order (path_of[i]: the
+// path of tile i). Sets `ready` once it has looked at every flag; gives up after `timeout`
+// without progress.
+Watched watch_flags(const CopyTiling& tiling, const std::vector<std::size_t>& path_of, std::uint64_t* flags,
+                    std::uint64_t value, std::uint64_t claimed, const Instance& dst, std::uint64_t seed,
+                    std::atomic<bool>& ready, std::chrono::steady_clock::duration timeout) {
+  Watched out;
+  const std::size_t n = tiling.tiles.size();
+  for (std::size_t i = 0; i < n; ++i)
+    if (std::atomic_ref<std::uint64_t>(flags[i]).load(std::memory_order_acquire) != 0) ++out.set_before_start;
+  ready.store(true, std::memory_order_release);
+  const std::byte* bytes = dst.data();
+  const FieldSpace& fields = dst.fields();
+  std::vector<bool> consumed(n, false);
+  std::size_t remaining = n;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (remaining > 0) {
+    bool progress = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (consumed[i]) continue;
+      std::atomic_ref<std::uint64_t> flag(flags[i]);
+      if (flag.load(std::memory_order_acquire) != value) continue;
+      // The previous tile of the same path landed before this one, and its flag was stored
+      // before this one by the same hop: the acquire above makes it visible.
+      if (i > 0 && path_of[i - 1] == path_of[i] &&
+          std::atomic_ref<std::uint64_t>(flags[i - 1]).load(std::memory_order_acquire) == 0)
+        ++out.out_of_order;
+      test::for_each_point(tiling.tiles[i].rect, [&](const Point& p) {
+        for (std::size_t f = 0; f < fields.count(); ++f)
+          for (std::size_t k = 0; k < fields.fields()[f].size; ++k)
+            if (bytes[dst.offset(p, f) + k] != test::value_byte(seed, p, f, k)) ++out.wrong_values;
+      });
+      if (flag.exchange(claimed, std::memory_order_acq_rel) != value) ++out.not_value;
+      consumed[i] = true;
+      --remaining;
+      progress = true;
+    }
+    if (progress) {
+      deadline = std::chrono::steady_clock::now() + timeout;
+    } else if (std::chrono::steady_clock::now() > deadline) {
+      out.timed_out = true;
+      break;
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  return out;
+}
+
+TEST_F(CopyMultipath, AConsumerReadsEachTileOnceItsFlagRises) {
+  const Rect space = Rect::from_extents({61, 337});
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Instance src = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x,y"));
+  Instance dst = Instance::create(kTarget, space, kFields, Layout::parse("y,x,F"));
+  test::write_pattern(src, seed);
+  test::poison(dst);
+  const CopyTiling tiling = copy_tiling(src, dst, PlannerChoice::multipath);
+  const std::shared_ptr<const planner::MultiPlan> plan = plan_copy_multipath(src, dst);
+  ASSERT_GE(plan->shares.size(), 2u);
+  std::vector<std::size_t> path_of(tiling.tiles.size());
+  for (std::size_t i = 0; i < tiling.tiles.size(); ++i) {
+    std::size_t p = 0;
+    while (p + 1 < plan->shares.size() && !plan->shares[p].piece.contains(tiling.tiles[i].rect.lo())) ++p;
+    path_of[i] = p;
+  }
+  constexpr std::uint64_t kEpoch = 0xE90C4, kClaimed = ~kEpoch;
+  std::vector<std::uint64_t> flags(tiling.tiles.size(), 0);
+  UserEvent go = UserEvent::create();
+  CopyReport report;
+  Event done = copy(src, dst, {.precondition = go, .planner = PlannerChoice::multipath, .report = &report,
+                               .signal = {.flags = flags.data(), .value = kEpoch, .tiles = flags.size()}});
+  Watched watched;
+  std::atomic<bool> ready{false};
+  std::thread consumer([&] { watched = watch_flags(tiling, path_of, flags.data(), kEpoch, kClaimed, dst, seed, ready, 30s); });
+  // The copy starts only once the consumer has seen every flag down: it watches them rise.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!ready.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  go.trigger();
+  const bool finished = done.wait_for(60s);
+  consumer.join();
+  ASSERT_TRUE(finished) << report.route;
+  ASSERT_GE(report.paths.size(), 2u) << report.route;
+  EXPECT_FALSE(watched.timed_out) << "a flag never rose";
+  EXPECT_EQ(watched.set_before_start, 0u);
+  EXPECT_EQ(watched.wrong_values, 0u) << "a tile's flag rose before its bytes landed (" << report.route << ")";
+  EXPECT_EQ(watched.out_of_order, 0u) << "a path's tiles landed out of order";
+  EXPECT_EQ(watched.not_value, 0u);
+  // Each flag was claimed by the consumer after the copy wrote it, and the copy, whose event
+  // triggers after every flag it writes, did not write it again.
+  for (std::size_t i = 0; i < flags.size(); ++i) EXPECT_EQ(flags[i], kClaimed) << "tile " << i;
+  EXPECT_EQ(test::count_mismatches(dst, seed), 0u);
+  expect_concatenates_path_tilings(tiling, report, space);
   expect_engine_idle();
 }
 
