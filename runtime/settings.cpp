@@ -74,6 +74,10 @@ const Definition kTable[] = {
    "Copies of at least this many bytes with PlannerChoice::automatic are split over several paths at once when the "
    "multi-path planner finds them (copies within this rank, without landing flags); 0: only copies that ask for "
    "PlannerChoice::multipath", 0, kInf},
+  {"CARAVAN_DMA_IPC_DIRECT", Kind::boolean, "true",
+   "A copy from this rank into another rank's GPU memory on this node, all of whose hops run here, starts at once "
+   "through the destination's IPC handle (sent with its descriptor) instead of a set-up exchange with its owner "
+   "(false: the exchange, which also keeps the owner's instance alive during the copy)", 0, 0},
   {"CARAVAN_DMA_STALL_S", Kind::real, "10",
    "A copy that makes no progress for this many seconds is reported in the log", 0.01, kInf},
   {"CARAVAN_MEMCPY_THREADS", Kind::integer, "1",

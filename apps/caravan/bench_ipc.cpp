@@ -3,8 +3,9 @@
 // both measured in this run.
 //
 // Caravan: copy(src in rank 0's GPU 0, dst in rank 1's GPU 1), planned as one xgmi hop into
-// rank 1's allocation mapped through IPC, timed from copy() to the event (the copy's set-up
-// messages between the ranks included). Raw: rank 0 maps the same destination allocation itself
+// rank 1's allocation mapped through IPC, timed from copy() to the event: started at once
+// through the IPC handle the destination's descriptor carries, and (a second row) through the
+// set-up exchange with rank 1 (CARAVAN_DMA_IPC_DIRECT=false). Raw: rank 0 maps the same destination allocation itself
 // (hipIpcOpenMemHandle) and times hipMemcpyPeerAsync from the same source, enqueue to stream
 // synchronize. "Both ways": each rank copies to the other at once (after a barrier), each timed
 // on its own rank; the raw version likewise. Every destination is checked after the runs.
@@ -21,6 +22,7 @@
 
 #include <caravan/caravan.h>
 #include <caravan/copy.h>
+#include <caravan/settings.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -90,7 +92,7 @@ void run_ipc_rank() {
     std::memcpy(theirs.bytes, handles[static_cast<std::size_t>(peer)].data(), gpu::kIpcHandleBytes);
     const void* src_ptr = src.impl()->storage->gpu_address();
 
-    std::vector<double> one_raw, one_caravan, both_raw, both_caravan;
+    std::vector<double> one_raw, one_caravan, one_exchange, both_raw, both_caravan;
     std::string route;
     std::vector<double> setup_us, teardown_us;  // one way: where Caravan's time beyond the copy goes
     auto caravan_copy = [&] {
@@ -127,6 +129,12 @@ void run_ipc_rank() {
       for (int rep = 0; rep < g_ipc_rank.repetitions; ++rep) one_caravan.push_back(caravan_copy());
       setup_us.resize(one_caravan.size());
       teardown_us.resize(one_caravan.size());
+      // The same copies through the set-up exchange with rank 1 (as before the direct start).
+      settings::ScopedOverride exchange("CARAVAN_DMA_IPC_DIRECT", "false");
+      caravan_copy();
+      for (int rep = 0; rep < g_ipc_rank.repetitions; ++rep) one_exchange.push_back(caravan_copy());
+      setup_us.resize(one_caravan.size());
+      teardown_us.resize(one_caravan.size());
     }
     rt.barrier(std::chrono::seconds(120));
     for (int rep = 0; rep <= g_ipc_rank.repetitions; ++rep) {
@@ -154,6 +162,7 @@ void run_ipc_rank() {
       }
       out.push_back({{"bytes", moved}, {"route", route},
                      {"one_way", {{"caravan_s", one_caravan}, {"raw_s", one_raw}, {"setup_us", setup_us}, {"teardown_us", teardown_us}}},
+                     {"one_way_exchange", {{"caravan_s", one_exchange}, {"raw_s", one_raw}}},
                      {"both_ways", {{"caravan_s", both_caravan}, {"raw_s", both_raw}}}});
     }
     rt.barrier(std::chrono::seconds(60));
@@ -205,7 +214,7 @@ BenchReport run_ipc_bench() {
     const auto bytes = r["bytes"].get<std::uint64_t>();
     route = r["route"].get<std::string>();
     nlohmann::json entry = {{"bytes", bytes}, {"route", route}};
-    for (const char* way : {"one_way", "both_ways"}) {
+    for (const char* way : {"one_way", "one_way_exchange", "both_ways"}) {
       auto gbps = [&](const char* which) {
         std::vector<double> v;
         for (double t : r[way][which]) v.push_back(static_cast<double>(bytes) / t / 1e9);
@@ -214,7 +223,10 @@ BenchReport run_ipc_bench() {
       std::vector<double> ours = gbps("caravan_s"), raw = gbps("raw_s");
       Summary o = summarize(ours), w = summarize(raw);
       const double ratio = o.median / w.median;
-      table.rows.push_back({fmt_size(bytes), std::strcmp(way, "one_way") == 0 ? "one way" : "both ways",
+      const std::string direction = std::strcmp(way, "one_way") == 0            ? "one way"
+                                    : std::strcmp(way, "one_way_exchange") == 0 ? "one way, set-up exchange"
+                                                                                : "both ways";
+      table.rows.push_back({fmt_size(bytes), direction,
                             fmt::format("{:.1f}", o.median), fmt::format("{:.1f}..{:.1f}", o.p10, o.p90),
                             fmt::format("{:.1f}", w.median), fmt::format("{:.1f}..{:.1f}", w.p10, w.p90), fmt::format("{:.3f}", ratio)});
       entry[way] = {{"caravan_gbps", ours}, {"raw_gbps", raw}, {"ratio", ratio}};
@@ -228,14 +240,15 @@ BenchReport run_ipc_bench() {
       }
       if (bytes == sizes.back())
         report.headlines.push_back(fmt::format("{} {}: caravan {:.1f} GB/s, raw peer copy {:.1f} GB/s, ratio {:.3f}", fmt_size(bytes),
-                                               std::strcmp(way, "one_way") == 0 ? "one way" : "both ways", o.median, w.median, ratio));
+                                               direction, o.median, w.median, ratio));
     }
     figures.push_back(entry);
   }
   report.tables.push_back(table);
   report.figures["sizes"] = figures;
-  report.notes.push_back(fmt::format("route: {}; caravan timed from copy() to its event (set-up messages between the ranks "
-                                     "included); raw: hipMemcpyPeerAsync into the same allocation mapped by rank 0, enqueue to "
+  report.notes.push_back(fmt::format("route: {}; caravan timed from copy() to its event: started directly through the "
+                                     "destination's IPC handle (CARAVAN_DMA_IPC_DIRECT), or through the set-up exchange with its "
+                                     "owner (set-up messages included); raw: hipMemcpyPeerAsync into the same allocation mapped by rank 0, enqueue to "
                                      "stream synchronize; GB/s = 10^9 B/s; destinations verified",
                                      route));
   return report;

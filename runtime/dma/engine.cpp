@@ -740,6 +740,21 @@ planner::MultiPlan Engine::runnable_multipath_plan(const Instance& src, const In
   return multi;
 }
 
+bool Engine::writes_peer_gpu_directly(const Instance& src, const Instance& dst, const planner::Plan& plan) const {
+  const auto me = static_cast<std::uint32_t>(runtime_.rank());
+  const MemoryId to = dst.memory();
+  if (plan.hops.empty() || dst.impl()->gpu_target.empty() || src.memory().rank != me || to.rank == me ||
+      to.node != src.memory().node || !settings::get_bool("CARAVAN_DMA_IPC_DIRECT"))
+    return false;
+  for (std::size_t i = 0; i < plan.hops.size(); ++i) {
+    const planner::Hop& hop = plan.hops[i];
+    const bool last = i + 1 == plan.hops.size();
+    if (hop.src.rank != me || (last ? hop.dst != to : hop.dst.rank != me)) return false;
+    if (last && hop.kind != ChannelKind::xgmi && hop.kind != ChannelKind::sdma) return false;
+  }
+  return true;
+}
+
 bool Engine::wants_multipath(const Instance& src, const Instance& dst, const CopyOptions& options) const {
   const bool asked = options.planner == PlannerChoice::multipath;
   if (!asked && (options.planner != PlannerChoice::automatic || multipath_min_bytes_ == 0 || options.signal.flags))
@@ -777,6 +792,10 @@ std::shared_ptr<CopyOperation> Engine::prepare_copy(const Instance& src, const I
   const auto me = static_cast<std::uint32_t>(runtime_.rank());
   bool spans_ranks = src.memory().rank != me || dst.memory().rank != me;
   for (const planner::Hop& hop : plan.hops) spans_ranks = spans_ranks || hop.src.rank != me || hop.dst.rank != me;
+  if (spans_ranks && writes_peer_gpu_directly(src, dst, plan)) {
+    op->dst_storage = map_target(dst.memory(), plan.hops.back(), dst.impl()->gpu_target, 0);
+    spans_ranks = false;  // a copy of this rank from here on, into mapped memory
+  }
   if (spans_ranks && options.signal.flags)
     throw Error(Errc::invalid_argument,
                 fmt::format("copy: CopyOptions::signal is not supported for copies across ranks yet ({} -> {}, "

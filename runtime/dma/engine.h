@@ -393,6 +393,10 @@ class Engine final : public RuntimeService {
   // What `ready` announces for an output of this rank that another rank's hop writes, and how
   // that rank turns it into the storage its channel writes into.
   std::vector<std::byte> export_target(const Storage* storage, const planner::Hop& hop, int writer) const;
+  // A copy whose hops all run on this rank and whose destination is another rank's GPU memory
+  // on this node, with an IPC target in its descriptor: it runs as a copy of this rank, writing
+  // the destination mapped, with no set-up exchange (CARAVAN_DMA_IPC_DIRECT, read at each copy).
+  bool writes_peer_gpu_directly(const Instance& src, const Instance& dst, const planner::Plan& plan) const;
   std::shared_ptr<Storage> map_target(MemoryId memory, const planner::Hop& hop, std::span<const std::byte> target,
                                       std::uint64_t buffer_bytes);
   std::shared_ptr<CopyOperation> dist_find(std::uint64_t id);

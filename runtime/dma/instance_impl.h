@@ -33,6 +33,9 @@ class InstanceImpl {
   std::uint64_t export_id = 0;
   bool remote = false;
   std::vector<std::byte> descriptor;
+  // Another rank's GPU memory: what its descriptor carries for mapping it through IPC (the form
+  // of a hop target, Engine::export_target), or empty.
+  std::vector<std::byte> gpu_target;
 };
 
 }  // namespace caravan

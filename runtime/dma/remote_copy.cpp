@@ -68,6 +68,17 @@ constexpr std::uint32_t kInstanceMagic = 0x4e494143;  // "CAIN": a Caravan insta
 enum class TargetKind : std::uint8_t { ucx = 1, gpu_ipc = 2 };
 
 bool puts_over_ucx(ChannelKind kind) { return kind == ChannelKind::nic; }
+
+// An exportable GPU storage as a hop target (TargetKind::gpu_ipc): its allocation's serial,
+// size, GPU (by PCI address, since ranks may number their GPUs differently) and IPC handle.
+std::vector<std::byte> gpu_target_of(const Storage& storage) {
+  const gpu::IpcHandle handle = storage.ipc_handle();
+  net::WireWriter out;
+  out.put(TargetKind::gpu_ipc).put(storage.serial()).put(storage.bytes());
+  out.put_string(gpu::topology().devices.at(static_cast<std::size_t>(storage.device())).pci_bus_id);
+  for (std::byte b : handle.bytes) out.put(b);
+  return out.take();
+}
 std::atomic<std::uint64_t> g_next_copy{0};
 
 void put_fields(net::WireWriter& out, const FieldSpace& fields) {
@@ -306,6 +317,11 @@ std::vector<std::byte> Engine::export_instance(const std::shared_ptr<InstanceImp
   out.put(impl->memory).put(impl->space);
   put_fields(out, impl->fields);
   out.put(impl->layout);
+  // GPU memory: its IPC target, so that a rank of this node may write it without asking first
+  // (CARAVAN_DMA_IPC_DIRECT).
+  const bool gpu = impl->storage && impl->storage->exportable() && impl->storage->device() >= 0;
+  out.put(static_cast<std::uint8_t>(gpu));
+  if (gpu) out.put_bytes(gpu_target_of(*impl->storage));
   return out.take();
 }
 
@@ -321,6 +337,11 @@ std::shared_ptr<InstanceImpl> Engine::import_instance(std::span<const std::byte>
     auto space = in.get<Rect>();
     FieldSpace fields = get_fields(in);
     auto layout = in.get<Layout>();
+    std::vector<std::byte> gpu_target;
+    if (in.get<std::uint8_t>() != 0) {
+      auto bytes = in.get_bytes();
+      gpu_target.assign(bytes.begin(), bytes.end());
+    }
     in.expect_end();
     if (owner < 0 || owner >= runtime_.world_size() || memory.rank != static_cast<std::uint32_t>(owner))
       throw Error(Errc::invalid_argument, fmt::format("the descriptor names rank {} ({}), not a rank of this job of {}", owner,
@@ -340,6 +361,7 @@ std::shared_ptr<InstanceImpl> Engine::import_instance(std::span<const std::byte>
     impl->remote = true;
     impl->export_id = id;
     impl->descriptor.assign(descriptor.begin(), descriptor.end());
+    impl->gpu_target = std::move(gpu_target);
     return impl;
   } catch (const Error& e) {
     if (e.code() == Errc::invalid_argument) throw Error(Errc::invalid_argument, fmt::format("Instance::from_descriptor: {}", e.what()));
@@ -725,11 +747,7 @@ std::vector<std::byte> Engine::export_target(const Storage* storage, const plann
   if (!storage->exportable() || storage->device() < 0)
     throw Error(Errc::internal, fmt::format("{} is not GPU memory of this process, so rank {}'s {} hop cannot write it",
                                             hop.dst.to_string(), writer, to_string(hop.kind)));
-  const gpu::IpcHandle handle = storage->ipc_handle();
-  out.put(TargetKind::gpu_ipc).put(storage->serial()).put(storage->bytes());
-  out.put_string(gpu::topology().devices.at(static_cast<std::size_t>(storage->device())).pci_bus_id);
-  for (std::byte b : handle.bytes) out.put(b);
-  return out.take();
+  return gpu_target_of(*storage);
 }
 
 std::shared_ptr<Storage> Engine::map_target(MemoryId memory, const planner::Hop& hop, std::span<const std::byte> target,

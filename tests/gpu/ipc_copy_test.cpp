@@ -54,9 +54,12 @@ TEST_F(GpuNodeJobTest, GpuToAnotherRanksGpuIsOnePeerCopy) {
   auto dst = Instance::create(memory(rank(), MemoryKind::fbm), space, fields, Layout::parse("F,x"));
   test::write_pattern(src, seed_of(seed, rank()));
   auto dsts = test::share(rt(), dst);
-  // Twice into the same destination: the second copy reuses the first one's mapping.
+  // Into the same destination again and again, started directly (the descriptor's IPC handle)
+  // and through the set-up exchange with the owner (its `ready` names the handle): every copy
+  // after the first reuses the first one's mapping.
   std::size_t mappings_after_first = 0;
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < 4; ++round) {
+    settings::ScopedOverride direct("CARAVAN_DMA_IPC_DIRECT", round < 2 ? "true" : "false");
     test::poison(dst);
     rt().barrier(30s);
     CopyReport report;

@@ -6,10 +6,16 @@
 // reason where there is no job or fewer GPUs than ranks on the node.
 #include "kernels/gpu/gpu_heap.h"
 #include "kernels/gpu/overlap.h"
+#include "tests/dma/dma_test_util.h"
 #include "tests/gpu/flag_handoff.h"
+#include "tests/net/remote_copy_util.h"
 #include "tests/net/net_test_util.h"
 
+#include <caravan/copy.h>
 #include <caravan/platform.h>
+#include <caravan/settings.h>
+
+#include <fmt/format.h>
 
 #include <chrono>
 #include <cstdio>
@@ -130,6 +136,48 @@ TEST_F(GpuHeapAcrossProcesses, FlagHandOffsBetweenPairsLoseAndDuplicateNone) {
     EXPECT_EQ(host.flag_skips, 0u);
   }
   (void)hipFree(result);
+}
+
+TEST_F(GpuHeapAcrossProcesses, DmaCopiesIntoAPeerRaiseLandingFlagsInItsHeap) {
+  // Each rank copies its GPU memory into the next rank's (one xgmi hop into the destination
+  // mapped through IPC, CARAVAN_DMA_IPC_DIRECT) with landing flags in the destination rank's
+  // heap, as this process maps it: the copy engine's stream writes them behind each tile.
+  if (world() < 2) GTEST_SKIP() << "needs 2+ ranks";
+  const int target = (rank() + 1) % world(), writer = (rank() + world() - 1) % world();
+  const auto fbm = MemoryId{static_cast<std::uint32_t>(rt().node()), static_cast<std::uint32_t>(rank()), MemoryKind::fbm,
+                            static_cast<std::uint32_t>(local_)};
+  const std::uint64_t seed = caravan::test::fresh_seed(rt());
+  FieldSpace fields({{"a", 8}, {"b", 8}});
+  // 512 MiB and a partial tile: a one-hop copy's tiles hold a full-speed request of its channel
+  // (tens of MiB for a peer link), so the copy must be large to land in several.
+  auto space = Rect::from_extents({(1 << 25) + 3});
+  auto src = Instance::create(fbm, space, fields, Layout::parse("F,x"));
+  auto dst = Instance::create(fbm, space, fields, Layout::parse("F,x"));
+  caravan::test::write_pattern(src, seed + static_cast<std::uint64_t>(rank()));
+  caravan::test::poison(dst);
+  auto dsts = caravan::test::share(rt(), dst);
+  const Instance& peer_dst = dsts[static_cast<std::size_t>(target)];
+  const CopyTiling tiling = copy_tiling(src, peer_dst);
+  ASSERT_GE(tiling.tiles.size(), 2u) << "the copy should land in several tiles";
+  // Every rank's copy has the same tiling (same sizes, same settings).
+  const SymmetricRegion flags = heap_->allocate(tiling.tiles.size() * sizeof(std::uint64_t));
+  rt().barrier(30s);  // every heap allocated and zeroed before any copy writes into one
+  const std::uint64_t epoch = 0x5eed0000u + static_cast<std::uint64_t>(rank()) + 1;
+  CopyReport report;
+  Event done = copy(src, peer_dst,
+                    {.report = &report,
+                     .signal = {.flags = heap_->at<std::uint64_t>(flags, target), .value = epoch, .tiles = tiling.tiles.size()}});
+  ASSERT_TRUE(done.wait_for(60s));
+  EXPECT_EQ(report.route, fmt::format("{} -[xgmi]-> {}", fbm.to_string(), peer_dst.memory().to_string()));
+  rt().barrier(30s);
+  // My flags were written by my writer's copy, each with its epoch.
+  std::vector<std::uint64_t> seen(tiling.tiles.size());
+  CARAVAN_HIP_CHECK(hipMemcpy(seen.data(), heap_->at<std::uint64_t>(flags, rank()), seen.size() * sizeof(std::uint64_t),
+                              hipMemcpyDeviceToHost));
+  const std::uint64_t expected = 0x5eed0000u + static_cast<std::uint64_t>(writer) + 1;
+  for (std::size_t t = 0; t < seen.size(); ++t) EXPECT_EQ(seen[t], expected) << "flag " << t;
+  EXPECT_EQ(caravan::test::count_mismatches(dst, seed + static_cast<std::uint64_t>(writer)), 0u);
+  rt().barrier(30s);
 }
 
 TEST_F(GpuHeapAcrossProcesses, RanksAskingForDifferentSizesAreTold) {
