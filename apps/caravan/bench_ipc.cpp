@@ -173,6 +173,11 @@ void run_ipc_rank() {
 BenchReport run_ipc_bench() {
   BenchReport report;
   if (g_ipc.repetitions < 1) throw Error(Errc::invalid_argument, fmt::format("--reps {}: must be at least 1", g_ipc.repetitions));
+  std::vector<std::uint64_t> sizes;
+  for (const auto& s : g_ipc.sizes) {
+    sizes.push_back(parse_size(s, "--sizes"));
+    if (sizes.back() < 16) throw Error(Errc::invalid_argument, fmt::format("--sizes {}: each size must be at least 16 bytes", s));
+  }
   const auto& topo = gpu::topology();
   if (topo.devices.size() < 2 || !topo.can_peer(0, 1) || !topo.can_peer(1, 0)) {
     const std::string reason = topo.devices.empty() ? topo.reason
@@ -180,11 +185,6 @@ BenchReport run_ipc_bench() {
     report.headlines.push_back("skipped: " + reason);
     report.figures = {{"skipped", true}, {"reason", reason}};
     return report;
-  }
-  std::vector<std::uint64_t> sizes;
-  for (const auto& s : g_ipc.sizes) {
-    sizes.push_back(parse_size(s, "--sizes"));
-    if (sizes.back() < 16) throw Error(Errc::invalid_argument, fmt::format("--sizes {}: each size must be at least 16 bytes", s));
   }
   char self[4096] = {};
   ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);

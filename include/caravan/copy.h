@@ -60,7 +60,9 @@ class Instance {
   // Instance that copy() accepts as its source or destination, so that a copy may start on one
   // rank and finish on another. The bytes stay with the owner: data(), read_bytes() and
   // write_bytes() of such an Instance throw Error(invalid_argument). The owner must keep its
-  // Instance alive while copies use it (a copy that finds it gone is poisoned, not a crash).
+  // Instance alive while copies use it (a copy that finds it gone is poisoned, not a crash; a
+  // copy into another rank's GPU memory that starts directly, CARAVAN_DMA_IPC_DIRECT, does not
+  // ask the owner first and cannot tell). The descriptor of GPU memory carries its IPC handle.
   // from_descriptor throws Error(invalid_argument) for bytes that are not a descriptor, one of
   // an instance that no longer exists on this rank, or one from another job.
   std::vector<std::byte> descriptor() const;
@@ -204,8 +206,12 @@ struct CopyPathReport {
 // copy's event triggers after every flag it writes (a multi-path copy's after each path has
 // written its flags). flags is not reset: use a new value (an epoch) per copy. The copy does not
 // touch flags after its event has triggered.
-// Not for fill(), copies across ranks, or copies whose last hop (every path's, for a multi-path
-// copy) is the file or nic channel (Error(invalid_argument), naming the rule).
+// Across ranks only for a copy that starts directly (CARAVAN_DMA_IPC_DIRECT): every hop on this
+// rank, the destination another rank's GPU memory on this node. flags is then an address of this
+// process, e.g. the destination rank's symmetric heap as this process maps it, so that the
+// owner's kernels see them. Not for fill(), other copies across ranks, or copies whose last hop
+// (every path's, for a multi-path copy) is the file or nic channel (Error(invalid_argument),
+// naming the rule).
 struct TileSignal {
   std::uint64_t* flags = nullptr;  // null: no signal; else 8-byte aligned, `tiles` entries, alive until the event triggers
   std::uint64_t value = 0;         // written to each flag; nonzero (flags start at 0)
