@@ -81,4 +81,16 @@ inline std::uint64_t count_mismatches(const Instance& inst, std::uint64_t seed) 
   return bad;
 }
 
+// The index of point `p` in the order that runs dimension 0 fastest from space.lo() (what
+// CopyTile::first_point counts).
+inline std::uint64_t linear_index(const Rect& space, const Point& p) {
+  std::uint64_t index = 0, stride = 1;
+  for (int d = 0; d < space.dims(); ++d) {
+    auto k = static_cast<std::size_t>(d);
+    index += static_cast<std::uint64_t>(p[k] - space.lo()[k]) * stride;
+    stride *= static_cast<std::uint64_t>(space.extent(d));
+  }
+  return index;
+}
+
 }  // namespace caravan::test

@@ -29,6 +29,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::dsk_memory;
+using test::linear_index;
 using test::sys_memory;
 
 const MemoryId kTarget{0, 0, MemoryKind::reg, 0};
@@ -367,16 +368,6 @@ TEST_F(CopyMultipath, OnePathBehavesAsASingleCopy) {
 
 // Landing flags over several paths: the copy's tiles are its paths' tiles in slab order, each
 // counted in the whole space (copy_tiling(src, dst, PlannerChoice::multipath)).
-
-std::uint64_t linear_index(const Rect& space, const Point& p) {
-  std::uint64_t index = 0, stride = 1;
-  for (int d = 0; d < space.dims(); ++d) {
-    auto k = static_cast<std::size_t>(d);
-    index += static_cast<std::uint64_t>(p[k] - space.lo()[k]) * stride;
-    stride *= static_cast<std::uint64_t>(space.extent(d));
-  }
-  return index;
-}
 
 // What CopyTiling promises, over the whole space: tile i holds exactly the points
 // [first_point, first_point + points) in the order that runs dimension 0 fastest, tile i + 1

@@ -17,19 +17,10 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::dsk_memory;
+using test::linear_index;
 using test::sys_memory;
 
 const FieldSpace kFields({{"a", 4}, {"b", 8}});  // 12 bytes a point
-
-std::uint64_t linear_index(const Rect& space, const Point& p) {
-  std::uint64_t index = 0, stride = 1;
-  for (int d = 0; d < space.dims(); ++d) {
-    auto k = static_cast<std::size_t>(d);
-    index += static_cast<std::uint64_t>(p[k] - space.lo()[k]) * stride;
-    stride *= static_cast<std::uint64_t>(space.extent(d));
-  }
-  return index;
-}
 
 // Tiles follow each other in point order (dimension 0 fastest), each a rectangle whose points are
 // exactly [first_point, first_point + points), together covering the space once.

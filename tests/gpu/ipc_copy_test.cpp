@@ -7,9 +7,8 @@
 //
 // Data: each source holds a pattern from a seed rank 0 draws fresh for every run, destinations
 // are poisoned first, and every (point, field) is checked after the copy.
-#include "runtime/gpu/devices.h"
 #include "tests/dma/dma_test_util.h"
-#include "tests/net/net_test_util.h"
+#include "tests/gpu/gpu_job_util.h"
 #include "tests/net/remote_copy_util.h"
 
 #include <caravan/settings.h>
@@ -20,17 +19,12 @@ namespace caravan {
 namespace {
 
 using namespace std::chrono_literals;
-using test::JobTest;
 
-class GpuNodeJobTest : public JobTest {
+class GpuNodeJobTest : public test::GpuJobTest {
  protected:
   void SetUp() override {
-    JobTest::SetUp();
+    test::GpuJobTest::SetUp();
     if (IsSkipped()) return;
-    const auto& devices = gpu::topology().devices;
-    if (devices.size() < static_cast<std::size_t>(world()))
-      GTEST_SKIP() << "needs a GPU per rank on this host (" << world() << " ranks, "
-                   << (devices.empty() ? gpu::topology().reason : std::to_string(devices.size()) + " GPUs") << ")";
     for (int r = 0; r < world(); ++r)
       if (rt().rank_info(r).node != rt().node())
         GTEST_SKIP() << "needs every rank on this node (run with caravan run -n 2 or -n 4, without --nodes)";

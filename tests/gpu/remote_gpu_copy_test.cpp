@@ -6,9 +6,8 @@
 //
 // Data: each source holds a pattern from a seed rank 0 draws fresh for every run, destinations
 // are poisoned first, and every (point, field) is checked after the copy.
-#include "runtime/gpu/devices.h"
 #include "tests/dma/dma_test_util.h"
-#include "tests/net/net_test_util.h"
+#include "tests/gpu/gpu_job_util.h"
 #include "tests/net/remote_copy_util.h"
 
 #include <caravan/settings.h>
@@ -20,17 +19,12 @@ namespace caravan {
 namespace {
 
 using namespace std::chrono_literals;
-using test::JobTest;
 
-class GpuJobTest : public JobTest {
+class GpuCrossNodeTest : public test::GpuJobTest {
  protected:
   void SetUp() override {
-    JobTest::SetUp();
+    test::GpuJobTest::SetUp();
     if (IsSkipped()) return;
-    const auto& devices = gpu::topology().devices;
-    if (devices.size() < static_cast<std::size_t>(world()))
-      GTEST_SKIP() << "needs a GPU per rank on this host (" << world() << " ranks, "
-                   << (devices.empty() ? gpu::topology().reason : std::to_string(devices.size()) + " GPUs") << ")";
     // Every rank copies to the rank half the job away, which must sit on another node.
     const int target = (rank() + world() / 2) % world(), writer = (rank() + world() - world() / 2) % world();
     if (target == rank() || rt().rank_info(target).node == rt().node() || rt().rank_info(writer).node == rt().node())
@@ -46,7 +40,7 @@ class GpuJobTest : public JobTest {
 
 std::uint64_t seed_of(std::uint64_t seed, int rank) { return seed ^ (0x51ull * static_cast<std::uint64_t>(rank + 1)); }
 
-TEST_F(GpuJobTest, GpuToGpuAcrossNodesIsPipelinedThroughRegisteredHostMemory) {
+TEST_F(GpuCrossNodeTest, GpuToGpuAcrossNodesIsPipelinedThroughRegisteredHostMemory) {
   // Buffers far smaller than the instance, so the copy streams through REG on both hosts.
   settings::ScopedOverride threshold("CARAVAN_PLANNER_BUFFER_THRESHOLD", "1M");
   const int me = rank(), n = world();
@@ -78,7 +72,7 @@ TEST_F(GpuJobTest, GpuToGpuAcrossNodesIsPipelinedThroughRegisteredHostMemory) {
   rt().barrier(30s);
 }
 
-TEST_F(GpuJobTest, LayoutChangesAndMixedEndsAcrossNodes) {
+TEST_F(GpuCrossNodeTest, LayoutChangesAndMixedEndsAcrossNodes) {
   // GPU memory to the other node's pinned host memory and back into GPU memory, each with a
   // layout change that some hop converts (the copy engines' strided copies or a memcpy).
   const int me = rank(), n = world();
