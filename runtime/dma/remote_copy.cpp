@@ -319,9 +319,18 @@ std::vector<std::byte> Engine::export_instance(const std::shared_ptr<InstanceImp
   out.put(impl->layout);
   // GPU memory: its IPC target, so that a rank of this node may write it without asking first
   // (CARAVAN_DMA_IPC_DIRECT).
-  const bool gpu = impl->storage && impl->storage->exportable() && impl->storage->device() >= 0;
-  out.put(static_cast<std::uint8_t>(gpu));
-  if (gpu) out.put_bytes(gpu_target_of(*impl->storage));
+  std::vector<std::byte> gpu_target;
+  if (impl->storage && impl->storage->exportable() && impl->storage->device() >= 0) {
+    try {
+      gpu_target = gpu_target_of(*impl->storage);
+    } catch (const Error& e) {
+      // Without it copies into the instance still work, through the set-up exchange (which
+      // then reports the same failure if a copy needs the mapping).
+      log::get("dma")->debug("{}: no IPC handle for its descriptor: {}", impl->memory.to_string(), e.what());
+    }
+  }
+  out.put(static_cast<std::uint8_t>(!gpu_target.empty()));
+  if (!gpu_target.empty()) out.put_bytes(gpu_target);
   return out.take();
 }
 
