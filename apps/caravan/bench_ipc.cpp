@@ -94,15 +94,17 @@ void run_ipc_rank() {
 
     std::vector<double> one_raw, one_caravan, one_exchange, both_raw, both_caravan;
     std::string route;
-    std::vector<double> setup_us, teardown_us;  // one way: where Caravan's time beyond the copy goes
-    auto caravan_copy = [&] {
+    std::vector<double> setup_us, teardown_us;  // timed direct one-way copies: where the time beyond the copy goes
+    auto caravan_copy = [&](bool record_phases = false) {
       CopyReport report;
       auto start = Clock::now();
       copy(src, peer_dst, {.report = &report}).wait();
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       route = report.route;
-      setup_us.push_back(report.setup_us);
-      teardown_us.push_back(report.teardown_us);
+      if (record_phases) {
+        setup_us.push_back(report.setup_us);
+        teardown_us.push_back(report.teardown_us);
+      }
       return seconds;
     };
     {
@@ -124,17 +126,11 @@ void run_ipc_rank() {
     }
     if (me == 0) {
       caravan_copy();  // warm-up: the mapping, the channel's streams
-      setup_us.clear();
-      teardown_us.clear();
-      for (int rep = 0; rep < g_ipc_rank.repetitions; ++rep) one_caravan.push_back(caravan_copy());
-      setup_us.resize(one_caravan.size());
-      teardown_us.resize(one_caravan.size());
+      for (int rep = 0; rep < g_ipc_rank.repetitions; ++rep) one_caravan.push_back(caravan_copy(true));
       // The same copies through the set-up exchange with rank 1 (as before the direct start).
       settings::ScopedOverride exchange("CARAVAN_DMA_IPC_DIRECT", "false");
       caravan_copy();
       for (int rep = 0; rep < g_ipc_rank.repetitions; ++rep) one_exchange.push_back(caravan_copy());
-      setup_us.resize(one_caravan.size());
-      teardown_us.resize(one_caravan.size());
     }
     rt.barrier(std::chrono::seconds(120));
     for (int rep = 0; rep <= g_ipc_rank.repetitions; ++rep) {

@@ -24,11 +24,12 @@
 #include <cstdint>
 
 namespace caravan::dma {
-namespace {
 
 std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+namespace {
 
 double us_since(std::int64_t start_ns) { return static_cast<double>(now_ns() - start_ns) / 1e3; }
 

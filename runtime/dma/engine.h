@@ -55,6 +55,9 @@ class DmaWorker;
 class Engine;
 struct CopyOperation;
 
+// The engine's clock (steady), in nanoseconds: copies' timestamps and reports.
+std::int64_t now_ns();
+
 struct Xd {
   CopyOperation* op = nullptr;
   std::size_t hop = 0;

@@ -75,8 +75,7 @@ std::vector<std::byte> gpu_target_of(const Storage& storage) {
   const gpu::IpcHandle handle = storage.ipc_handle();
   net::WireWriter out;
   out.put(TargetKind::gpu_ipc).put(storage.serial()).put(storage.bytes());
-  out.put_string(gpu::topology().devices.at(static_cast<std::size_t>(storage.device())).pci_bus_id);
-  for (std::byte b : handle.bytes) out.put(b);
+  out.put_string(gpu::topology().devices.at(static_cast<std::size_t>(storage.device())).pci_bus_id).put(handle);
   return out.take();
 }
 std::atomic<std::uint64_t> g_next_copy{0};
@@ -320,7 +319,7 @@ std::vector<std::byte> Engine::export_instance(const std::shared_ptr<InstanceImp
   // GPU memory: its IPC target, so that a rank of this node may write it without asking first
   // (CARAVAN_DMA_IPC_DIRECT).
   std::vector<std::byte> gpu_target;
-  if (impl->storage && impl->storage->exportable() && impl->storage->device() >= 0) {
+  if (impl->storage && impl->storage->exportable()) {
     try {
       gpu_target = gpu_target_of(*impl->storage);
     } catch (const Error& e) {
@@ -743,17 +742,17 @@ void Engine::on_setup(int source, const std::vector<std::byte>& body) {
 
 std::vector<std::byte> Engine::export_target(const Storage* storage, const planner::Hop& hop, int writer) const {
   if (!storage) throw Error(Errc::internal, fmt::format("{} has no storage for rank {} to write into", hop.dst.to_string(), writer));
-  net::WireWriter out;
   if (puts_over_ucx(hop.kind)) {
     if (!storage->registration())
       throw Error(Errc::internal, fmt::format("{} is not registered with UCX, so rank {} cannot put into it",
                                               hop.dst.to_string(), writer));
-    out.put(TargetKind::ucx);
+    // The kind, then the registration's descriptor as it is (Rma::import reads it from byte 1).
     const auto& descriptor = storage->registration()->descriptor();
-    for (std::byte b : descriptor) out.put(b);
-    return out.take();
+    std::vector<std::byte> key{static_cast<std::byte>(TargetKind::ucx)};
+    key.insert(key.end(), descriptor.begin(), descriptor.end());
+    return key;
   }
-  if (!storage->exportable() || storage->device() < 0)
+  if (!storage->exportable())
     throw Error(Errc::internal, fmt::format("{} is not GPU memory of this process, so rank {}'s {} hop cannot write it",
                                             hop.dst.to_string(), writer, to_string(hop.kind)));
   return gpu_target_of(*storage);
@@ -766,8 +765,7 @@ std::shared_ptr<Storage> Engine::map_target(MemoryId memory, const planner::Hop&
   const auto serial = in.get<std::uint64_t>();
   const auto bytes = in.get<std::uint64_t>();
   const std::string pci = in.get_string();
-  gpu::IpcHandle handle;
-  for (std::byte& b : handle.bytes) b = in.get<std::byte>();
+  const auto handle = in.get<gpu::IpcHandle>();
   in.expect_end();
   const int device = gpu::device_of_pci_bus(pci);
   if (device < 0)
@@ -795,7 +793,7 @@ std::shared_ptr<Storage> Engine::map_target(MemoryId memory, const planner::Hop&
     if (gpu_mappings_.size() >= 64) dropped.swap(gpu_mappings_);
     gpu_mappings_.emplace(key, mapping);
   }
-  return Storage::mapped_device(memory, mapping, mapping.get(), device, buffer_bytes ? buffer_bytes : bytes);
+  return Storage::mapped_device(memory, std::move(mapping), device, buffer_bytes ? buffer_bytes : bytes);
 }
 
 // This rank's reservations are held: allocate its buffers and tell the initiator (or, on the
@@ -947,8 +945,7 @@ void Engine::dist_go(const std::shared_ptr<CopyOperation>& op) {
   }
   op->touch();
   // CopyReport::setup_us: from copy() until this rank's XDs start.
-  op->started_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  op->started_ns = now_ns();
   op->live_xds.store(local);
   for (auto& xd : op->xds)
     if (xd->worker) xd->worker->add(xd.get());
@@ -1195,32 +1192,35 @@ void Engine::dist_readmit(std::vector<std::shared_ptr<CopyOperation>>& retry) {
 // ------------------------------------------------------------------------ progress between ranks
 
 // A local XD finished a tile. If the next hop runs elsewhere, its rank learns that the tile
-// landed once a flush says so; if the previous hop runs elsewhere, its rank learns that a slot
-// of the buffer it puts into is free again.
+// landed (for puts once a flush says so; a GPU hop's requests have landed when they complete);
+// if the previous hop runs elsewhere, its rank learns that a slot of the buffer it puts into is
+// free again.
 void Engine::dist_tile_progress(Xd* xd) {
   CopyOperation& op = *xd->op;
   DistributedState& d = *op.dist;
   const std::size_t n = op.xds.size();
   net::WireWriter out;
   out.put(d.id).put(static_cast<std::uint32_t>(xd->hop)).put(xd->tiles_done.load(std::memory_order_acquire));
-  if (xd->hop + 1 < n && !op.xds[xd->hop + 1]->worker && !puts_over_ucx(d.hops[xd->hop].kind)) {
-    // A GPU hop into another rank's memory: its requests completed on the stream, so the bytes
-    // are there already.
-    send(d.hop_rank[xd->hop + 1], kTiles, out.bytes());
-  } else if (xd->hop + 1 < n && !op.xds[xd->hop + 1]->worker) {
-    const int rank = d.hop_rank[xd->hop + 1];
-    // A failed flush fails the copy, if the engine (and so the copy's workers) still exists.
-    auto on_failure = [hook = hook_, id = d.id](const FailureCause& failure) {
-      std::lock_guard lock(hook->mutex);
-      if (Engine* engine = hook->engine)
-        if (auto failed = engine->dist_find(id)) failed->fail(failure);
-    };
-    auto* flush = new LandedFlush{std::move(on_failure), network_, rank,
-                                  std::vector<std::byte>(out.bytes().begin(), out.bytes().end())};
-    try {
-      if (network_->rma().flush(rank, {&LandedFlush::done, flush}) == net::RmaStatus::done) LandedFlush::done(flush, nullptr);
-    } catch (const Error&) {
-      delete flush;  // the peer is lost; its listener fails the copy
+  if (xd->hop + 1 < n && !op.xds[xd->hop + 1]->worker) {
+    if (!puts_over_ucx(d.hops[xd->hop].kind)) {
+      // A GPU hop into another rank's mapped memory: its requests completed on the stream, so
+      // the bytes are there already.
+      send(d.hop_rank[xd->hop + 1], kTiles, out.bytes());
+    } else {
+      const int rank = d.hop_rank[xd->hop + 1];
+      // A failed flush fails the copy, if the engine (and so the copy's workers) still exists.
+      auto on_failure = [hook = hook_, id = d.id](const FailureCause& failure) {
+        std::lock_guard lock(hook->mutex);
+        if (Engine* engine = hook->engine)
+          if (auto failed = engine->dist_find(id)) failed->fail(failure);
+      };
+      auto* flush = new LandedFlush{std::move(on_failure), network_, rank,
+                                    std::vector<std::byte>(out.bytes().begin(), out.bytes().end())};
+      try {
+        if (network_->rma().flush(rank, {&LandedFlush::done, flush}) == net::RmaStatus::done) LandedFlush::done(flush, nullptr);
+      } catch (const Error&) {
+        delete flush;  // the peer is lost; its listener fails the copy
+      }
     }
   }
   if (xd->hop > 0 && !op.xds[xd->hop - 1]->worker) send(d.hop_rank[xd->hop - 1], kTiles, out.bytes());

@@ -40,12 +40,12 @@ std::shared_ptr<Storage> Storage::allocate_device(MemoryId memory, int device, s
   return s;
 }
 
-std::shared_ptr<Storage> Storage::mapped_device(MemoryId memory, std::shared_ptr<const void> mapping, std::byte* mapped,
-                                                int device, std::uint64_t bytes) {
-  if (!mapping || !mapped || device < 0)
+std::shared_ptr<Storage> Storage::mapped_device(MemoryId memory, std::shared_ptr<std::byte> mapping, int device,
+                                                std::uint64_t bytes) {
+  if (!mapping || device < 0)
     throw Error(Errc::internal, fmt::format("{}: a mapped GPU storage needs its mapping and device", memory.to_string()));
   std::shared_ptr<Storage> s(new Storage(memory, bytes));
-  s->device_ptr_ = mapped;
+  s->device_ptr_ = mapping.get();
   s->device_ = device;
   s->mapping_ = std::move(mapping);
   return s;

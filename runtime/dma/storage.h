@@ -42,12 +42,12 @@ class Storage {
   // REG memory of another rank, reachable by UCX puts only (host() is null): what the nic
   // channel writes into when a copy's next hop or destination lives on that rank.
   static std::shared_ptr<Storage> remote(MemoryId memory, std::shared_ptr<net::RemoteMemory> memory_key, std::uint64_t bytes);
-  // GPU memory of another rank of this node, mapped into this process through IPC: `mapped` is
-  // the owner's allocation as this process sees it, on its GPU `device`, kept mapped while
-  // `mapping` lives. What the xgmi and sdma channels write into when a copy's next hop or
+  // GPU memory of another rank of this node, mapped into this process through IPC: `mapping`
+  // is the owner's allocation as this process sees it (unmapped when the last holder lets go),
+  // on its GPU `device`. What the xgmi and sdma channels write into when a copy's next hop or
   // destination is another rank's GPU memory on this node (see ipc_handle()).
-  static std::shared_ptr<Storage> mapped_device(MemoryId memory, std::shared_ptr<const void> mapping, std::byte* mapped,
-                                                int device, std::uint64_t bytes);
+  static std::shared_ptr<Storage> mapped_device(MemoryId memory, std::shared_ptr<std::byte> mapping, int device,
+                                                std::uint64_t bytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -93,7 +93,7 @@ class Storage {
   bool gpu_pinned_ = false;  // host_ pinned for the GPUs by wrap_registered (unpinned at the end)
   std::shared_ptr<net::RegisteredMemory> registration_;
   std::shared_ptr<net::RemoteMemory> remote_;
-  std::shared_ptr<const void> mapping_;  // mapped_device(): another rank's GPU memory, mapped
+  std::shared_ptr<std::byte> mapping_;  // mapped_device(): another rank's GPU memory, mapped
   std::uint64_t serial_ = 0;
   mutable std::once_flag ipc_once_;
   mutable gpu::IpcHandle ipc_handle_;

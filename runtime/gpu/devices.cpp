@@ -39,6 +39,14 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+// For the release calls of noexcept frees: a failure cannot be thrown, so it is logged (and
+// cleared, so that it does not surface in an unrelated later call).
+void log_failed_release(hipError_t status, const char* call) {
+  if (status == hipSuccess) return;
+  (void)hipGetLastError();
+  log::get("gpu")->error("{} failed: {} ({})", call, hipGetErrorName(status), hipGetErrorString(status));
+}
+
 Topology discover() {
   Topology t;
   GpuProbe probe = probe_gpus();
@@ -111,6 +119,15 @@ const Topology& topology() {
   return *found;
 }
 
+namespace {
+// Throws Error(invalid_argument) for a device ordinal this process does not have.
+void require_device(int device) {
+  const Topology& t = topology();
+  if (device < 0 || static_cast<std::size_t>(device) >= t.devices.size())
+    throw Error(Errc::invalid_argument, fmt::format("GPU {} does not exist (this process sees {})", device, t.devices.size()));
+}
+}  // namespace
+
 std::string topology_key() {
   const Topology& t = topology();
   if (t.devices.empty()) return "none";
@@ -123,9 +140,7 @@ std::string topology_key() {
 }
 
 void* allocate_device(int device, std::uint64_t bytes) {
-  const Topology& t = topology();
-  if (device < 0 || static_cast<std::size_t>(device) >= t.devices.size())
-    throw Error(Errc::invalid_argument, fmt::format("GPU {} does not exist (this process sees {})", device, t.devices.size()));
+  require_device(device);
   DeviceGuard guard(device);
   void* ptr = nullptr;
   CARAVAN_HIP_CHECK(hipMalloc(&ptr, std::max<std::uint64_t>(bytes, 1)));
@@ -139,11 +154,7 @@ void* allocate_device(int device, std::uint64_t bytes) {
 
 void free_device(void* ptr) noexcept {
   if (!ptr) return;
-  hipError_t status = hipFree(ptr);
-  if (status != hipSuccess) {
-    (void)hipGetLastError();
-    log::get("gpu")->error("hipFree failed: {} ({})", hipGetErrorName(status), hipGetErrorString(status));
-  }
+  log_failed_release(hipFree(ptr), "hipFree");
 }
 
 void* allocate_pinned(std::uint64_t bytes) {
@@ -157,11 +168,7 @@ void* allocate_pinned(std::uint64_t bytes) {
 
 void free_pinned(void* ptr) noexcept {
   if (!ptr) return;
-  hipError_t status = hipHostFree(ptr);
-  if (status != hipSuccess) {
-    (void)hipGetLastError();
-    log::get("gpu")->error("hipHostFree failed: {} ({})", hipGetErrorName(status), hipGetErrorString(status));
-  }
+  log_failed_release(hipHostFree(ptr), "hipHostFree");
 }
 
 bool pin_host(void* ptr, std::uint64_t bytes) {
@@ -177,11 +184,7 @@ bool pin_host(void* ptr, std::uint64_t bytes) {
 
 void unpin_host(void* ptr) noexcept {
   if (!ptr) return;
-  hipError_t status = hipHostUnregister(ptr);
-  if (status != hipSuccess) {
-    (void)hipGetLastError();
-    log::get("gpu")->error("hipHostUnregister failed: {} ({})", hipGetErrorName(status), hipGetErrorString(status));
-  }
+  log_failed_release(hipHostUnregister(ptr), "hipHostUnregister");
 }
 
 static_assert(sizeof(hipIpcMemHandle_t) == kIpcHandleBytes, "IpcHandle must hold a hipIpcMemHandle_t");
@@ -195,9 +198,7 @@ IpcHandle ipc_export(void* base) {
 }
 
 void* ipc_open(const IpcHandle& handle, int device) {
-  const Topology& t = topology();
-  if (device < 0 || static_cast<std::size_t>(device) >= t.devices.size())
-    throw Error(Errc::invalid_argument, fmt::format("GPU {} does not exist (this process sees {})", device, t.devices.size()));
+  require_device(device);
   hipIpcMemHandle_t h{};
   std::memcpy(&h, handle.bytes, kIpcHandleBytes);
   DeviceGuard guard(device);
@@ -210,11 +211,7 @@ void* ipc_open(const IpcHandle& handle, int device) {
 
 void ipc_close(void* mapped) noexcept {
   if (!mapped) return;
-  hipError_t status = hipIpcCloseMemHandle(mapped);
-  if (status != hipSuccess) {
-    (void)hipGetLastError();
-    log::get("gpu")->error("hipIpcCloseMemHandle failed: {} ({})", hipGetErrorName(status), hipGetErrorString(status));
-  }
+  log_failed_release(hipIpcCloseMemHandle(mapped), "hipIpcCloseMemHandle");
 }
 
 int device_of_pci_bus(const std::string& pci_bus_id) {
