@@ -41,6 +41,7 @@ struct LlmOptions {
   bool check = true;
   std::string json_path, plot_path, out;
   bool sweep = false;  // GPU backend: the matrix of models, token counts and TP degrees
+  std::string attention = "fused";  // GPU backend: fused or unfused (every variant alike)
 };
 LlmOptions g_llm, g_llm_rank;
 
@@ -290,9 +291,10 @@ BenchReport make_report(const nlohmann::json& run, const LlmOptions& o) {
     const auto& c = run["check_shape"];
     report.notes.push_back(fmt::format(
         "GPU backend: {} GPUs in one process, one thread each ({}); seed {:#x}; baseline {} = NCCL all_gather / "
-        "reduce_scatter + cuBLAS GEMM on one stream, as PyTorch+NCCL runs the layer; attention unfused (cuBLAS batched "
-        "GEMMs + causal softmax, the same in every variant)",
-        run["world"].get<int>(), run.value("toolchain", ""), run["seed"].get<std::uint64_t>(), baseline_name));
+        "reduce_scatter + cuBLAS GEMM on one stream, as PyTorch+NCCL runs the layer; attention {} (the same in every variant)",
+        run["world"].get<int>(), run.value("toolchain", ""), run["seed"].get<std::uint64_t>(), baseline_name,
+        run.value("attention", "fused") == "fused" ? "fused (flash-attention kernel)"
+                                                   : "unfused (cuBLAS batched GEMMs + causal softmax)"));
     report.notes.push_back(fmt::format(
         "check: each variant against the float32 reference layer at M={} H={} heads={} kv_heads={} F={} (grouped-query "
         "attention, several query blocks, outputs poisoned first); 'diff vs baseline': relative difference of the output "
@@ -351,7 +353,7 @@ BenchReport run_llm_bench_gpu(const LlmOptions& given) {
     throw Error(Errc::invalid_argument, "--nodes: the GPU backend runs the GPUs of one node (one process); use 1");
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
   LlmGpuRequest request{.shape = shape_of(o), .world = world, .iterations = o.iterations, .warmup = o.warmup,
-                        .variants = o.variants, .check = o.check};
+                        .variants = o.variants, .check = o.check, .attention = o.attention};
   return make_report(run_llm_gpu(request), o);
 #else
   throw Error(Errc::invalid_argument, "bench llm --backend gpu: this build has no GPU backend (no GPU toolchain or NCCL found)");
@@ -482,6 +484,10 @@ void add_shape_options(CLI::App& sub, LlmOptions& o) {
   sub.add_option("--iterations", o.iterations, "Timed layers per variant")->capture_default_str();
   sub.add_option("--warmup", o.warmup, "Untimed layers per variant first")->capture_default_str();
   sub.add_flag("--no-check", [&o](std::int64_t) { o.check = false; }, "Skip the float32 reference check");
+  sub.add_option("--attention", o.attention, "GPU backend: fused (a flash-attention kernel) or unfused (cuBLAS + softmax), "
+                 "the same in every variant")
+      ->check(CLI::IsMember({"fused", "unfused"}))
+      ->capture_default_str();
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ struct LlmGpuRequest {
   int warmup = 3;
   std::vector<std::string> variants;  // empty: all; the NCCL baseline always
   bool check = true;
+  std::string attention = "fused";  // or "unfused": GpuTpLayer's AttentionKind, every variant alike
 };
 
 // The GPU variant names `bench llm --backend gpu --variant` accepts (the baseline first).

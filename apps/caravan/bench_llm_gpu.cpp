@@ -126,7 +126,7 @@ class LayerBench {
       refs.push_back(kernels::reference_layer(shape, weights, inputs.back(), world_));
     }
     HeapScope scope(team_->heap(), "bench llm");
-    gpu::GpuTpLayer layer(*team_, shape, with_collectives(variant), kCheckQueryBlock);
+    gpu::GpuTpLayer layer(*team_, shape, with_collectives(variant), kCheckQueryBlock, attention_kind());
     layer.set_weights(weights);
     std::vector<double> errors(static_cast<std::size_t>(world_), 0.0);
     on_ranks([&](int r, RankState& rank) {
@@ -149,6 +149,11 @@ class LayerBench {
     return *std::max_element(errors.begin(), errors.end());
   }
 
+  // --attention fused|unfused (validated by the CLI).
+  gpu::AttentionKind attention_kind() const {
+    return request_.attention == "unfused" ? gpu::AttentionKind::unfused : gpu::AttentionKind::fused;
+  }
+
   // One variant at the measured shape: the difference from the baseline's output (the baseline
   // records it), then the timed layers. Appends to `results`.
   nlohmann::json measure(const LayerCommunication& variant, double error) {
@@ -157,7 +162,7 @@ class LayerBench {
     const std::size_t mine = static_cast<std::size_t>(rows * shape.hidden);
     const bool baseline = variant.name == kBaseline, bound = variant.skip_communication;
     HeapScope scope(team_->heap(), "bench llm");
-    gpu::GpuTpLayer layer(*team_, shape, with_collectives(variant));
+    gpu::GpuTpLayer layer(*team_, shape, with_collectives(variant), 1024, attention_kind());
     layer.set_random_weights(seed_);
     const int total_runs = request_.warmup + request_.iterations;
     std::vector<std::vector<double>> totals(static_cast<std::size_t>(world_)), steps(static_cast<std::size_t>(world_));
@@ -307,6 +312,7 @@ nlohmann::json run_llm_gpu(const LlmGpuRequest& request) {
           {"toolchain", probe.toolchain},
           {"seed", bench.seed()},
           {"baseline", kBaseline},
+          {"attention", request.attention},
           {"check_shape", {{"tokens", c.tokens}, {"hidden", c.hidden}, {"heads", c.heads}, {"kv_heads", c.kv_heads},
                            {"ffn", c.ffn}}},
           {"results", results}};

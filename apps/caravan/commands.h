@@ -26,5 +26,7 @@ void add_bench_ipc(CLI::App& bench);
 void add_bench_overlap(CLI::App& bench);
 // `caravan bench llm` (bench_llm.cpp: a tensor-parallel transformer layer, CPU backend).
 void add_bench_llm(CLI::App& bench);
+// `caravan bench attention` (bench_attention.cpp: the fused attention kernel vs the unfused path; GPU).
+void add_bench_attention(CLI::App& bench);
 
 }  // namespace caravan::app

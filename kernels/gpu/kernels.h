@@ -94,6 +94,35 @@ void causal_softmax(const float* scores, long rows, long cols, long rows_per_hea
 }  // namespace caravan::gpu
 
 namespace caravan::gpu {
+
+// ---- Fused causal attention (attention.cu; flash attention, forward) ----
+// out[i, head h] = sum over keys j <= i of softmax_j(scale * q_i . k_j) v_j, for every query row
+// i < tokens and query head h; query head h reads key/value head h / (q_heads / kv_heads)
+// (grouped-query attention). bf16 in and out, fp32 scores, softmax and accumulation.
+struct AttentionArguments {
+  const bf16* q = nullptr;  // query head h of row i at q[i * ld + h * head_dim]
+  const bf16* k = nullptr;  // key head g of row j at k[j * ld + g * head_dim]
+  const bf16* v = nullptr;  // value head g of row j at v[j * ld + g * head_dim]
+  long ld = 0;              // leading dimension of q, k and v, in elements (a multiple of 8)
+  long tokens = 0;
+  long q_heads = 0;
+  long kv_heads = 0;
+  long head_dim = 0;  // 32, 64 or 128 (fused_attention_supports)
+  float scale = 0;    // usually 1 / sqrt(head_dim)
+  bf16* out = nullptr;  // head h of row i at out[i * ld_out + h * head_dim]
+  long ld_out = 0;      // even
+};
+bool fused_attention_supports(long head_dim);
+// Throws Error(invalid_argument) naming the argument and rule. `block_rows`: query rows per
+// block, 64 or 128 (0: the default, 128). Needs no workspace; the sequence may be any length.
+void fused_causal_attention(const AttentionArguments& a, hipStream_t stream, int block_rows = 0);
+// The float32 reference of the same attention (one thread per query and head; for tests and
+// checks): q, k, v and out are float arrays with a's shape and strides (a's pointers unused).
+void attention_reference(const float* q, const float* k, const float* v, const AttentionArguments& a, float* out,
+                         hipStream_t stream);
+// Loads attention.cu's kernels and grants their shared memory on the current device.
+void preload_attention();
+
 // out[i] = in[i] as float, `count` elements (for comparing two bf16 results).
 void to_float(const bf16* in, float* out, std::size_t count, hipStream_t stream);
 }  // namespace caravan::gpu

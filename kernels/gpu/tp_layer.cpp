@@ -59,7 +59,8 @@ std::uint64_t GpuTpLayer::heap_bytes(const kernels::TpLayerShape& s, int world) 
   return 4 * m * h * sizeof(bf16) + 2 * lines + (8u << 20);
 }
 
-GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommunication communication, long query_block)
+GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommunication communication, long query_block,
+                       AttentionKind attention_kind)
     : team_(team), shape_(s), communication_(std::move(communication)), world_(team.world()) {
   const long w = world_;
   require(s.tokens > 0 && s.hidden > 0 && s.heads > 0 && s.kv() > 0 && s.ffn > 0,
@@ -83,6 +84,9 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
   f_local_ = s.ffn / w;
   require(query_block > 0, fmt::format("query_block = {} must be positive", query_block));
   query_block_ = std::min(query_block, s.tokens);
+  fused_attention_ = attention_kind != AttentionKind::unfused && fused_attention_supports(head_dim_);
+  require(attention_kind != AttentionKind::fused || fused_attention_,
+          fmt::format("fused attention needs a head width of 32, 64 or 128 (hidden / heads = {})", head_dim_));
   const long m = s.tokens, h = s.hidden;
 
   const bool own_buffers = communication_.bulk || communication_.skip_communication;
@@ -97,6 +101,7 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
   for (int rank : team.driven_ranks()) {
     team.use(rank);
     preload_layer_kernels();
+    preload_attention();
     auto r = std::make_unique<Rank>();
     r->device = team.device(rank);
     for (auto& e : r->events) CARAVAN_HIP_CHECK(hipEventCreate(&e));
@@ -113,8 +118,10 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
     }
     r->qkv = r->allocate<bf16>(m * qkv_cols_);
     r->attn = r->allocate<bf16>(m * h_local_);
-    r->scores = r->allocate<float>(q_heads_ * query_block_ * m);
-    r->probs = r->allocate<bf16>(q_heads_ * query_block_ * m);
+    if (!fused_attention_) {
+      r->scores = r->allocate<float>(q_heads_ * query_block_ * m);
+      r->probs = r->allocate<bf16>(q_heads_ * query_block_ * m);
+    }
     r->proj = r->allocate<bf16>(rows_ * h);
     r->x2 = r->allocate<bf16>(rows_ * h);
     r->up_gate = r->allocate<bf16>(m * 2 * f_local_);
@@ -207,29 +214,49 @@ void GpuTpLayer::set_random_weights(std::uint64_t seed) {
   }
 }
 
-// Causal attention of this rank's heads, block by block of queries: the scores of query block
-// [q0, q0 + B) need keys [0, q0 + B) only. Query head j of key/value group g is head
-// g * group + j; a batched GEMM per group shares K (and V) across the group's heads (stride 0).
-void GpuTpLayer::attention(int rank, hipStream_t stream) {
-  Rank& r = *ranks_[static_cast<std::size_t>(rank)];
-  Blas& blas = team_.blas(rank);
-  const long m = shape_.tokens, d = head_dim_, group = q_heads_ / kv_heads_;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const bf16* k_base = r.qkv + q_heads_ * d;
-  const bf16* v_base = r.qkv + (q_heads_ + kv_heads_) * d;
-  for (long q0 = 0; q0 < m; q0 += query_block_) {
-    const long b = std::min(query_block_, m - q0), keys = q0 + b;
-    for (long g = 0; g < kv_heads_; ++g)
-      blas.gemm_batched(stream, b, keys, d, scale, r.qkv + q0 * qkv_cols_ + g * group * d, qkv_cols_, d, k_base + g * d,
-                            qkv_cols_, 0, true, r.scores + g * group * b * keys, true, keys, b * keys, static_cast<int>(group));
-    causal_softmax(r.scores, q_heads_ * b, keys, b, q0, r.probs, stream);
-    for (long g = 0; g < kv_heads_; ++g)
-      blas.gemm_batched(stream, b, d, keys, 1.0f, r.probs + g * group * b * keys, keys, b * keys, v_base + g * d,
-                            qkv_cols_, 0, false, r.attn + q0 * h_local_ + g * group * d, false, h_local_, d,
-                            static_cast<int>(group));
+void unfused_causal_attention(Blas& blas, const AttentionArguments& a, long query_block, float* scores, bf16* probs,
+                              hipStream_t stream) {
+  if (a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || query_block <= 0)
+    throw Error(Errc::invalid_argument,
+                fmt::format("unfused_causal_attention: q_heads = {} must be a positive multiple of kv_heads = {} and "
+                            "query_block = {} positive",
+                            a.q_heads, a.kv_heads, query_block));
+  // The scores of query block [q0, q0 + B) need keys [0, q0 + B) only. Query head j of key/value
+  // group g is head g * group + j; a batched GEMM per group shares K (and V) across the group's
+  // heads (stride 0).
+  const long m = a.tokens, d = a.head_dim, group = a.q_heads / a.kv_heads;
+  for (long q0 = 0; q0 < m; q0 += query_block) {
+    const long b = std::min(query_block, m - q0), keys = q0 + b;
+    for (long g = 0; g < a.kv_heads; ++g)
+      blas.gemm_batched(stream, b, keys, d, a.scale, a.q + q0 * a.ld + g * group * d, a.ld, d, a.k + g * d, a.ld, 0,
+                        true, scores + g * group * b * keys, true, keys, b * keys, static_cast<int>(group));
+    causal_softmax(scores, a.q_heads * b, keys, b, q0, probs, stream);
+    for (long g = 0; g < a.kv_heads; ++g)
+      blas.gemm_batched(stream, b, d, keys, 1.0f, probs + g * group * b * keys, keys, b * keys, a.v + g * d, a.ld, 0,
+                        false, a.out + q0 * a.ld_out + g * group * d, false, a.ld_out, d, static_cast<int>(group));
   }
 }
 
+// Causal attention of this rank's heads over the whole (gathered) sequence.
+void GpuTpLayer::attention(int rank, hipStream_t stream) {
+  Rank& r = *ranks_[static_cast<std::size_t>(rank)];
+  const long d = head_dim_;
+  const AttentionArguments a{.q = r.qkv,
+                             .k = r.qkv + q_heads_ * d,
+                             .v = r.qkv + (q_heads_ + kv_heads_) * d,
+                             .ld = qkv_cols_,
+                             .tokens = shape_.tokens,
+                             .q_heads = q_heads_,
+                             .kv_heads = kv_heads_,
+                             .head_dim = d,
+                             .scale = 1.0f / std::sqrt(static_cast<float>(d)),
+                             .out = r.attn,
+                             .ld_out = h_local_};
+  if (fused_attention_)
+    fused_causal_attention(a, stream);
+  else
+    unfused_causal_attention(team_.blas(rank), a, query_block_, r.scores, r.probs, stream);
+}
 
 void GpuTpLayer::run(int rank, const bf16* x, bf16* y, hipStream_t stream) {
   require(team_.drives(rank), fmt::format("run: rank {} is outside 0..{} or driven by another process", rank, world_ - 1));

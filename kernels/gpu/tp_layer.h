@@ -9,9 +9,10 @@
 // Each of the four communications runs either bulk-synchronous through a BulkCollectives (the
 // baseline: NCCL collective, then cuBLAS GEMM, as PyTorch+NCCL runs it) or overlapped with
 // Caravan's operations (kernels/gpu/overlap.h) in the variants a LayerCommunication names.
-// Attention is unfused: per block of queries a cuBLAS batched GEMM for the scores (fp32), a
-// causal softmax kernel and a batched GEMM with V; only the causal part of the keys is
-// computed. Both communication modes run the same attention and element-wise kernels.
+// Attention is fused (kernels.h: fused_causal_attention, a flash-attention kernel) where the head
+// width allows, or unfused on request: per block of queries a cuBLAS batched GEMM for the scores
+// (fp32), a causal softmax kernel and a batched GEMM with V, only the causal part of the keys
+// computed. Every communication mode runs the same attention and element-wise kernels.
 // One host thread drives each rank, like the operations it uses.
 #pragma once
 
@@ -33,6 +34,17 @@ class BulkCollectives {
   virtual void reduce_scatter(int rank, const bf16* in, bf16* out, std::size_t count, hipStream_t stream) = 0;
 };
 
+// The unfused causal attention (per block of `query_block` queries: the scores by cuBLAS into
+// `scores`, q_heads x query_block x tokens floats, the causal softmax into `probs`, as many bf16,
+// then probabilities x V by cuBLAS): the layer's path for head widths the fused kernel does not
+// take, and the fused kernel's baseline in `caravan bench attention`.
+void unfused_causal_attention(Blas& blas, const AttentionArguments& a, long query_block, float* scores, bf16* probs,
+                              hipStream_t stream);
+
+// Which attention the layer runs: fused where the head width allows (automatic), always fused
+// (an unsupported head width is an error), or always unfused.
+enum class AttentionKind { automatic, fused, unfused };
+
 // How the layer communicates.
 struct LayerCommunication {
   std::string name;
@@ -52,10 +64,10 @@ class GpuTpLayer {
   // Throws Error(invalid_argument) for a shape the world size does not divide or whose widths
   // are not multiples of 8. Runs every GEMM shape and kernel once (see overlap.h: no first
   // launch while a peer's flag is awaited), so construct it with no work in flight.
-  // `query_block`: queries per attention block (the scores of a block take heads x block x keys
-  // floats).
+  // `query_block`: queries per block of the unfused attention (the scores of a block take
+  // heads x block x keys floats).
   GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& shape, LayerCommunication communication,
-             long query_block = 1024);
+             long query_block = 1024, AttentionKind attention_kind = AttentionKind::automatic);
   ~GpuTpLayer();
   GpuTpLayer(const GpuTpLayer&) = delete;
   GpuTpLayer& operator=(const GpuTpLayer&) = delete;
@@ -73,6 +85,7 @@ class GpuTpLayer {
 
   const kernels::TpLayerShape& shape() const { return shape_; }
   const LayerCommunication& communication() const { return communication_; }
+  bool fused_attention() const { return fused_attention_; }
   // Device memory one rank needs for a layer of this shape: symmetric heap bytes (overlapped
   // communication) and private bytes.
   static std::uint64_t heap_bytes(const kernels::TpLayerShape& shape, int world);
@@ -86,6 +99,7 @@ class GpuTpLayer {
   LayerCommunication communication_;
   int world_;
   long rows_, q_heads_, kv_heads_, head_dim_, qkv_cols_, h_local_, f_local_, query_block_;
+  bool fused_attention_ = true;
   std::unique_ptr<AllGatherGemm> qkv_op_, up_gate_op_;
   std::unique_ptr<GemmReduceScatter> out_op_, down_op_;
   std::vector<std::unique_ptr<Rank>> ranks_;

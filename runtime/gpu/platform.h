@@ -125,6 +125,13 @@ inline hipError_t hipFuncGetAttributes(hipFuncAttributes* attributes, const void
   return cudaFuncGetAttributes(attributes, func);
 }
 
+// Kernels that need more than 48 KiB of dynamic shared memory must say so before their launch.
+using hipFuncAttribute = cudaFuncAttribute;
+inline constexpr hipFuncAttribute hipFuncAttributeMaxDynamicSharedMemorySize = cudaFuncAttributeMaxDynamicSharedMemorySize;
+inline hipError_t hipFuncSetAttribute(const void* func, hipFuncAttribute attribute, int value) {
+  return cudaFuncSetAttribute(func, attribute, value);
+}
+
 // Inter-process memory handles: one process exports a device allocation, others on the same
 // host map it (the cross-process GPU symmetric heap).
 using hipIpcMemHandle_t = cudaIpcMemHandle_t;

@@ -1,0 +1,207 @@
+// The fused causal attention kernel (kernels/gpu/attention.cu) against the float32 reference on
+// fresh random inputs, outputs poisoned first, on one GPU: head widths 32, 64 and 128, grouped
+// and plain multi-head attention, both block heights, sequence lengths that are not multiples of
+// the tiles, and inputs scaled up so that the softmax is peaked. Skips without a GPU.
+#include "kernels/gpu/blas.h"
+#include "kernels/gpu/kernels.h"
+#include "kernels/gpu/tp_layer.h"
+
+#include <caravan/error.h>
+#include <caravan/platform.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace caravan::gpu {
+namespace {
+
+#define CARAVAN_REQUIRE_GPU()                                                 \
+  do {                                                                        \
+    GpuProbe probe_ = probe_gpus();                                           \
+    if (probe_.device_count < 1) GTEST_SKIP() << "needs a GPU; " << probe_.reason; \
+  } while (0)
+
+struct Case {
+  long tokens, q_heads, kv_heads, head_dim;
+  int block_rows;
+  float input_scale;  // inputs uniform in [-scale, scale]; larger: a more peaked softmax
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return "t" + std::to_string(c.tokens) + "_h" + std::to_string(c.q_heads) + "_kv" + std::to_string(c.kv_heads) + "_d" +
+         std::to_string(c.head_dim) + "_rows" + std::to_string(c.block_rows) + "_scale" +
+         std::to_string(static_cast<int>(c.input_scale));
+}
+
+template <class T>
+struct DeviceArray {
+  T* data = nullptr;
+  explicit DeviceArray(std::size_t count) {
+    void* p = nullptr;
+    CARAVAN_HIP_CHECK(hipMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
+    data = static_cast<T*>(p);
+  }
+  ~DeviceArray() { (void)hipFree(data); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+};
+
+struct Measured {
+  double relative_error = 0;
+  unsigned long long nonfinite = 0;
+  bool padding_untouched = true;
+};
+
+// Q, K, V packed per row like the layer's QKV projection, with 8 spare columns so that the
+// leading dimension is not the packed width; the output likewise, its spare columns poisoned and
+// checked afterwards (the kernel must not write outside its heads).
+Measured run_case(const Case& c, std::uint64_t seed) {
+  hipStream_t stream = nullptr;
+  CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
+  const long d = c.head_dim, ld = (c.q_heads + 2 * c.kv_heads) * d + 8, out_width = c.q_heads * d,
+             ld_out = out_width + 8;
+  const std::size_t in_count = static_cast<std::size_t>(std::max(c.tokens, 1L) * ld);
+  const std::size_t out_count = static_cast<std::size_t>(std::max(c.tokens, 1L) * ld_out);
+  DeviceArray<bf16> qkv(in_count), out(out_count);
+  DeviceArray<float> qkv_f(in_count), ref(out_count);
+  DeviceArray<ErrorSums> sums(1);
+  fill_random(qkv.data, c.tokens, ld, ld, seed, 0, 0, c.input_scale, stream);
+  fill_random(qkv_f.data, c.tokens, ld, ld, seed, 0, 0, c.input_scale, stream);  // the same values
+  CARAVAN_HIP_CHECK(hipMemsetAsync(out.data, 0xff, out_count * sizeof(bf16), stream));  // NaN everywhere
+
+  AttentionArguments a{.q = qkv.data,
+                       .k = qkv.data + c.q_heads * d,
+                       .v = qkv.data + (c.q_heads + c.kv_heads) * d,
+                       .ld = ld,
+                       .tokens = c.tokens,
+                       .q_heads = c.q_heads,
+                       .kv_heads = c.kv_heads,
+                       .head_dim = d,
+                       .scale = 1.0f / std::sqrt(static_cast<float>(d)),
+                       .out = out.data,
+                       .ld_out = ld_out};
+  fused_causal_attention(a, stream, c.block_rows);
+  attention_reference(qkv_f.data, qkv_f.data + c.q_heads * d, qkv_f.data + (c.q_heads + c.kv_heads) * d, a, ref.data,
+                      stream);
+  compare(out.data, c.tokens, out_width, ld_out, ref.data, ld_out, sums.data, stream);
+  ErrorSums host;
+  CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.data, sizeof(host), hipMemcpyDefault, stream));
+  std::vector<std::uint16_t> out_host(out_count);
+  CARAVAN_HIP_CHECK(hipMemcpyAsync(out_host.data(), out.data, out_count * sizeof(bf16), hipMemcpyDefault, stream));
+  CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+  CARAVAN_HIP_CHECK(hipStreamDestroy(stream));
+  Measured m;
+  m.relative_error = host.ref2 > 0 ? std::sqrt(host.diff2 / host.ref2) : (host.diff2 > 0 ? 1.0 : 0.0);
+  m.nonfinite = host.nonfinite;
+  for (long row = 0; row < c.tokens; ++row)
+    for (long col = out_width; col < ld_out; ++col)
+      if (out_host[static_cast<std::size_t>(row * ld_out + col)] != 0xffff) m.padding_untouched = false;
+  return m;
+}
+
+class FusedAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FusedAttention, MatchesTheFloat32Reference) {
+  CARAVAN_REQUIRE_GPU();
+  CARAVAN_HIP_CHECK(hipSetDevice(0));
+  preload_attention();
+  const std::uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Measured m = run_case(GetParam(), seed);
+  EXPECT_EQ(m.nonfinite, 0u) << "outputs left poisoned or not finite";
+  EXPECT_LT(m.relative_error, 1e-2);
+  EXPECT_TRUE(m.padding_untouched) << "the kernel wrote outside its heads' columns";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FusedAttention,
+    ::testing::Values(Case{1000, 8, 2, 128, 0, 1.0f},    // grouped, tails of both tiles
+                      Case{1000, 8, 2, 128, 64, 1.0f},   // the 4-warp block
+                      Case{4096, 2, 1, 128, 0, 1.0f},    // many key tiles: the online softmax's rescaling
+                      Case{777, 4, 4, 128, 128, 4.0f},   // plain multi-head, peaked softmax
+                      Case{300, 4, 4, 64, 128, 2.0f}, Case{257, 6, 3, 32, 64, 1.0f}, Case{129, 6, 3, 32, 128, 4.0f},
+                      Case{1, 2, 1, 128, 0, 1.0f},       // one token: the output is V's first row
+                      Case{64, 2, 2, 64, 64, 1.0f}),
+    case_name);
+
+// The layer's unfused path (cuBLAS + softmax kernel) agrees with the reference too: it is the
+// baseline the benchmark measures the fused kernel against.
+TEST(UnfusedAttention, MatchesTheFloat32Reference) {
+  CARAVAN_REQUIRE_GPU();
+  CARAVAN_HIP_CHECK(hipSetDevice(0));
+  preload_attention();
+  preload_layer_kernels();
+  hipStream_t stream = nullptr;
+  CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
+  const long tokens = 700, q_heads = 4, kv_heads = 2, d = 128, ld = (q_heads + 2 * kv_heads) * d, ld_out = q_heads * d;
+  const long query_block = 256;
+  const std::uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  DeviceArray<bf16> qkv(static_cast<std::size_t>(tokens * ld)), out(static_cast<std::size_t>(tokens * ld_out)),
+      probs(static_cast<std::size_t>(q_heads * query_block * tokens));
+  DeviceArray<float> qkv_f(static_cast<std::size_t>(tokens * ld)), ref(static_cast<std::size_t>(tokens * ld_out)),
+      scores(static_cast<std::size_t>(q_heads * query_block * tokens));
+  DeviceArray<ErrorSums> sums(1);
+  fill_random(qkv.data, tokens, ld, ld, seed, 0, 0, 1.0f, stream);
+  fill_random(qkv_f.data, tokens, ld, ld, seed, 0, 0, 1.0f, stream);
+  CARAVAN_HIP_CHECK(hipMemsetAsync(out.data, 0xff, static_cast<std::size_t>(tokens * ld_out) * sizeof(bf16), stream));
+  const AttentionArguments a{.q = qkv.data,
+                             .k = qkv.data + q_heads * d,
+                             .v = qkv.data + (q_heads + kv_heads) * d,
+                             .ld = ld,
+                             .tokens = tokens,
+                             .q_heads = q_heads,
+                             .kv_heads = kv_heads,
+                             .head_dim = d,
+                             .scale = 1.0f / std::sqrt(static_cast<float>(d)),
+                             .out = out.data,
+                             .ld_out = ld_out};
+  {
+    Blas blas(stream);
+    unfused_causal_attention(blas, a, query_block, scores.data, probs.data, stream);
+    attention_reference(qkv_f.data, qkv_f.data + q_heads * d, qkv_f.data + (q_heads + kv_heads) * d, a, ref.data, stream);
+    compare(out.data, tokens, ld_out, ld_out, ref.data, ld_out, sums.data, stream);
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+  }
+  ErrorSums host;
+  CARAVAN_HIP_CHECK(hipMemcpy(&host, sums.data, sizeof(host), hipMemcpyDefault));
+  CARAVAN_HIP_CHECK(hipStreamDestroy(stream));
+  EXPECT_EQ(host.nonfinite, 0u);
+  EXPECT_LT(std::sqrt(host.diff2 / host.ref2), 1e-2);
+}
+
+TEST(FusedAttentionArguments, AreCheckedWithTheRuleNamed) {
+  // Checked before anything touches a device, so this runs without a GPU too.
+  AttentionArguments a{.ld = 3 * 128, .tokens = 16, .q_heads = 1, .kv_heads = 1, .head_dim = 128, .scale = 1.0f, .ld_out = 128};
+  auto message = [](const AttentionArguments& args, int block_rows = 0) {
+    try {
+      fused_causal_attention(args, nullptr, block_rows);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  AttentionArguments bad = a;
+  bad.head_dim = 96;
+  EXPECT_NE(message(bad).find("head_dim = 96"), std::string::npos);
+  bad = a;
+  bad.q_heads = 3;
+  bad.kv_heads = 2;
+  EXPECT_NE(message(bad).find("kv_heads must divide q_heads"), std::string::npos);
+  bad = a;
+  bad.ld = 3 * 128 + 4;
+  EXPECT_NE(message(bad).find("ld must be a multiple of 8"), std::string::npos);
+  EXPECT_NE(message(a, 96).find("block_rows = 96"), std::string::npos);
+  EXPECT_FALSE(fused_attention_supports(96));
+  EXPECT_TRUE(fused_attention_supports(128));
+}
+
+}  // namespace
+}  // namespace caravan::gpu
