@@ -141,6 +141,13 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
       blas.gemm(stream, m, 2 * f_local_, h, r.gathered, h, r.w_up_gate, 2 * f_local_, r.up_gate, 2 * f_local_);
       blas.gemm(stream, m, h, f_local_, r.act, f_local_, r.w_down, h, r.partial, h);
     }
+    if (communication_.skip_communication) {
+      // The bound's GEMMs read the gathered buffer that no collective fills: give it values like
+      // real activations. On zeros the tensor cores draw less power and clock higher, which made
+      // the bound (and its attention, on the zero QKV that followed) faster than any real layer.
+      fill_random(r.gathered, m, h, h, 0x57a1e + static_cast<std::uint64_t>(rank), 0, 0, 1.0f, stream);
+      fill_random(r.proj, rows_, h, h, 0x9a27 + static_cast<std::uint64_t>(rank), 0, 0, 1.0f, stream);
+    }
     rmsnorm(r.proj, rows_, h, r.norm1, r.x2, stream);
     add(r.proj, r.x2, r.x2, static_cast<std::size_t>(rows_ * h), stream);
     swiglu(r.up_gate, m, f_local_, r.act, stream);

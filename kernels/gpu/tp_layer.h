@@ -49,8 +49,9 @@ enum class AttentionKind { automatic, fused, unfused };
 struct LayerCommunication {
   std::string name;
   BulkCollectives* bulk = nullptr;  // set: bulk-synchronous through these; the variants below unused
-  // No communication at all: each GEMM runs on this rank's stale buffers. Its output is
-  // meaningless; its time is the bound any overlap can reach (compute alone).
+  // No communication at all: each GEMM runs on this rank's stale buffers (random values, filled
+  // once at construction). Its output is meaningless; its time is the bound any overlap can reach
+  // (compute alone).
   bool skip_communication = false;
   AgGemmVariant all_gather = AgGemmVariant::ce_push;
   int all_gather_lanes = 1;
