@@ -135,6 +135,9 @@ const Definition kTable[] = {
    "the same object's previous call on that rank has finished before it is queued. On by default: queuing calls of "
    "one object back to back hung on 4 x H200 (cause open, docs/overlap.md); off lets the next call's launches overlap "
    "the previous call"},
+  {"CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", Kind::boolean, "true",
+   "GPU GEMM+ReduceScatter sm-pull: launch the exchange kernel as a programmatic dependent of the GEMM before it "
+   "(Hopper and later), so that its launch overlaps the GEMM's end; off: an ordinary launch after the GEMM"},
   // --- GPU ---
   {"CARAVAN_GPU_STREAMS", Kind::integer, "1",
    "Streams each GPU channel (sdma, xgmi) spreads its requests over; 1 queues them behind each other on one link, "

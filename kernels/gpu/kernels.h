@@ -173,8 +173,9 @@ std::size_t sm_push_counter_bytes(int world, int chunks);
 // writes out = the sum over ranks, in rank order and fp32, of their `elements` at `rows`, read
 // over the peer links. The caller must not overwrite a partial while a peer may still read it
 // (GemmReduceScatter alternates two by epoch parity). elements a multiple of 8, pointers
-// 16-byte aligned.
+// 16-byte aligned. `early_launch`: launch it as a programmatic dependent of the kernel before it
+// in the stream (Hopper and later), so that its launch overlaps that kernel's end.
 void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,
-                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream);
+                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream, bool early_launch = false);
 void preload_sm_copy();
 }  // namespace caravan::gpu

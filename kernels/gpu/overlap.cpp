@@ -758,7 +758,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     bf16* shared = team_.heap().at<bf16>(pull_partials_, rank) + (e & 1) * static_cast<std::size_t>(m_) * n_;
     team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, shared, n_);
     pull_reduce_scatter(team_.heap().view(rank), shared + rank * chunk_elems, chunk_elems, out, my.at(rs_ready, 0),
-                        my.at(rs_freed, 0), e, stream);
+                        my.at(rs_freed, 0), e, stream, settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH"));
     return;
   }
   if (variant == GemmRsVariant::ll_bulk) {

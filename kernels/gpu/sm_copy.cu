@@ -78,6 +78,12 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     pull_reduce_scatter_kernel(HeapView heap, const uint4* rows, std::size_t vectors, uint4* out, std::uint64_t* ready,
                                std::uint64_t* freed, std::uint64_t epoch) {
+  // Launched early (programmatic dependent launch), the grid may begin while the GEMM before it
+  // in the stream is still finishing: wait here until that grid has completed and its writes
+  // are visible. A no-op for a grid launched the ordinary way.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int world = heap.world, me = heap.rank;
   if (threadIdx.x == 0) {
     for (int step = 1; step < world; ++step) dev::notify(heap, ready + me, epoch, (me + step) % world);
@@ -112,7 +118,7 @@ void preload_sm_copy() {
 }
 
 void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,
-                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream) {
+                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream, bool early_launch) {
   const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
   if (elements == 0 || elements % 8 != 0 || misaligned(rows) || misaligned(out) || ready == nullptr)
     throw Error(Errc::invalid_argument, "pull_reduce_scatter: elements (" + std::to_string(elements) +
@@ -122,8 +128,25 @@ void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t ele
   const std::size_t vectors = elements / 8;
   // Enough blocks for every SM twice over (more loads in flight), no more than the work needs.
   const std::size_t blocks = std::min<std::size_t>((vectors + kThreads - 1) / kThreads, 264);
-  pull_reduce_scatter_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      heap, reinterpret_cast<const uint4*>(rows), vectors, reinterpret_cast<uint4*>(out), ready, freed, epoch);
+  const auto* in = reinterpret_cast<const uint4*>(rows);
+  auto* sum = reinterpret_cast<uint4*>(out);
+  if (early_launch) {
+    // The grid's launch (and its blocks' scheduling) overlaps the tail of the kernel before it;
+    // the kernel's first instruction waits for that kernel's results.
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    CARAVAN_HIP_CHECK(cudaLaunchKernelEx(&config, pull_reduce_scatter_kernel, heap, in, vectors, sum, ready, freed, epoch));
+  } else {
+    pull_reduce_scatter_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(heap, in, vectors, sum, ready, freed,
+                                                                                        epoch);
+  }
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
