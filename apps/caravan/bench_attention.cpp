@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
+#include "apps/caravan/bench_gpu_ranks.h"
 #include "kernels/gpu/blas.h"
 #include "kernels/gpu/kernels.h"
 #include "kernels/gpu/tp_layer.h"
@@ -54,20 +55,7 @@ HeadShape model_heads(const std::string& model) {
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
 using gpu::bf16;
 
-template <class T>
-struct DeviceArray {
-  T* data = nullptr;
-  explicit DeviceArray(std::size_t count) {
-    void* p = nullptr;
-    CARAVAN_HIP_CHECK(hipMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
-    data = static_cast<T*>(p);
-  }
-  ~DeviceArray() { (void)hipFree(data); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-};
-
-double relative_error(const gpu::ErrorSums& s) { return s.ref2 > 0 ? std::sqrt(s.diff2 / s.ref2) : 1.0; }
+double error_of(const gpu::ErrorSums& s) { return s.ref2 > 0 ? std::sqrt(s.diff2 / s.ref2) : 1.0; }
 
 BenchReport run_on_gpu() {
   BenchReport out;
@@ -102,11 +90,15 @@ BenchReport run_on_gpu() {
   for (long t : o.tokens) max_tokens = std::max(max_tokens, t);
   const long check_tokens = std::min(2048L, max_tokens);
   const auto count = [](long a, long b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); };
-  DeviceArray<bf16> qkv(count(max_tokens, max_cols)), fused_out(count(max_tokens, max_heads * 128)),
-      unfused_out(count(max_tokens, max_heads * 128)), probs(count(max_heads * kQueryBlock, max_tokens));
-  DeviceArray<float> scores(count(max_heads * kQueryBlock, max_tokens)), unfused_f(count(max_tokens, max_heads * 128));
-  DeviceArray<float> qkv_f(o.check ? count(check_tokens, max_cols) : 1), ref(o.check ? count(check_tokens, max_heads * 128) : 1);
-  DeviceArray<gpu::ErrorSums> sums(1);
+  auto qkv = make_buffer<bf16>(count(max_tokens, max_cols));
+  auto fused_out = make_buffer<bf16>(count(max_tokens, max_heads * 128));
+  auto unfused_out = make_buffer<bf16>(count(max_tokens, max_heads * 128));
+  auto probs = make_buffer<bf16>(count(max_heads * kQueryBlock, max_tokens));
+  auto scores = make_buffer<float>(count(max_heads * kQueryBlock, max_tokens));
+  auto unfused_f = make_buffer<float>(count(max_tokens, max_heads * 128));
+  auto qkv_f = make_buffer<float>(o.check ? count(check_tokens, max_cols) : 1);
+  auto ref = make_buffer<float>(o.check ? count(check_tokens, max_heads * 128) : 1);
+  auto sums = make_buffer<gpu::ErrorSums>(1);
   gpu::Blas blas(stream);
   hipEvent_t start, stop;
   CARAVAN_HIP_CHECK(hipEventCreate(&start));
@@ -125,9 +117,9 @@ BenchReport run_on_gpu() {
       const long q_heads = h.q_heads / tp, kv_heads = h.kv_heads / tp, d = h.head_dim;
       const long ld = (q_heads + 2 * kv_heads) * d, ld_out = q_heads * d;
       auto arguments = [&](long tokens, bf16* out_buffer) {
-        return gpu::AttentionArguments{.q = qkv.data,
-                                       .k = qkv.data + q_heads * d,
-                                       .v = qkv.data + (q_heads + kv_heads) * d,
+        return gpu::AttentionArguments{.q = qkv.get(),
+                                       .k = qkv.get() + q_heads * d,
+                                       .v = qkv.get() + (q_heads + kv_heads) * d,
                                        .ld = ld,
                                        .tokens = tokens,
                                        .q_heads = q_heads,
@@ -140,25 +132,25 @@ BenchReport run_on_gpu() {
       double reference_error = -1;
       if (o.check) {  // fused vs float32 at check_tokens, fresh inputs, output poisoned
         const std::uint64_t seed = seeds();
-        gpu::fill_random(qkv.data, check_tokens, ld, ld, seed, 0, 0, 1.0f, stream);
-        gpu::fill_random(qkv_f.data, check_tokens, ld, ld, seed, 0, 0, 1.0f, stream);
-        CARAVAN_HIP_CHECK(hipMemsetAsync(fused_out.data, 0xff, count(check_tokens, ld_out) * sizeof(bf16), stream));
-        const gpu::AttentionArguments a = arguments(check_tokens, fused_out.data);
+        gpu::fill_random(qkv.get(), check_tokens, ld, ld, seed, 0, 0, 1.0f, stream);
+        gpu::fill_random(qkv_f.get(), check_tokens, ld, ld, seed, 0, 0, 1.0f, stream);
+        CARAVAN_HIP_CHECK(hipMemsetAsync(fused_out.get(), 0xff, count(check_tokens, ld_out) * sizeof(bf16), stream));
+        const gpu::AttentionArguments a = arguments(check_tokens, fused_out.get());
         gpu::fused_causal_attention(a, stream, o.block_rows);
-        gpu::attention_reference(qkv_f.data, qkv_f.data + q_heads * d, qkv_f.data + (q_heads + kv_heads) * d, a, ref.data,
+        gpu::attention_reference(qkv_f.get(), qkv_f.get() + q_heads * d, qkv_f.get() + (q_heads + kv_heads) * d, a, ref.get(),
                                  stream);
-        gpu::compare(fused_out.data, check_tokens, ld_out, ld_out, ref.data, ld_out, sums.data, stream);
+        gpu::compare(fused_out.get(), check_tokens, ld_out, ld_out, ref.get(), ld_out, sums.get(), stream);
         gpu::ErrorSums host;
-        CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.data, sizeof(host), hipMemcpyDefault, stream));
+        CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.get(), sizeof(host), hipMemcpyDefault, stream));
         CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
-        reference_error = host.nonfinite > 0 ? 1.0 : relative_error(host);
+        reference_error = host.nonfinite > 0 ? 1.0 : error_of(host);
       }
       for (long tokens : o.tokens) {
-        gpu::fill_random(qkv.data, tokens, ld, ld, seeds(), 0, 0, 1.0f, stream);
-        CARAVAN_HIP_CHECK(hipMemsetAsync(fused_out.data, 0xff, count(tokens, ld_out) * sizeof(bf16), stream));
-        CARAVAN_HIP_CHECK(hipMemsetAsync(unfused_out.data, 0xff, count(tokens, ld_out) * sizeof(bf16), stream));
-        const gpu::AttentionArguments fused_args = arguments(tokens, fused_out.data);
-        const gpu::AttentionArguments unfused_args = arguments(tokens, unfused_out.data);
+        gpu::fill_random(qkv.get(), tokens, ld, ld, seeds(), 0, 0, 1.0f, stream);
+        CARAVAN_HIP_CHECK(hipMemsetAsync(fused_out.get(), 0xff, count(tokens, ld_out) * sizeof(bf16), stream));
+        CARAVAN_HIP_CHECK(hipMemsetAsync(unfused_out.get(), 0xff, count(tokens, ld_out) * sizeof(bf16), stream));
+        const gpu::AttentionArguments fused_args = arguments(tokens, fused_out.get());
+        const gpu::AttentionArguments unfused_args = arguments(tokens, unfused_out.get());
         std::vector<double> fused_s, unfused_s;
         auto timed = [&](auto&& call) {
           CARAVAN_HIP_CHECK(hipEventRecord(start, stream));
@@ -170,7 +162,7 @@ BenchReport run_on_gpu() {
           return ms * 1e-3;
         };
         for (int rep = -1; rep < o.repetitions; ++rep) {  // rep -1: warm-up
-          const double u = timed([&] { gpu::unfused_causal_attention(blas, unfused_args, kQueryBlock, scores.data, probs.data, stream); });
+          const double u = timed([&] { gpu::unfused_causal_attention(blas, unfused_args, kQueryBlock, scores.get(), probs.get(), stream); });
           const double f = timed([&] { gpu::fused_causal_attention(fused_args, stream, o.block_rows); });
           if (rep >= 0) {
             unfused_s.push_back(u);
@@ -178,12 +170,12 @@ BenchReport run_on_gpu() {
           }
         }
         // The fused output against the unfused one (both bf16; the unfused widened to float).
-        gpu::to_float(unfused_out.data, unfused_f.data, count(tokens, ld_out), stream);
-        gpu::compare(fused_out.data, tokens, ld_out, ld_out, unfused_f.data, ld_out, sums.data, stream);
+        gpu::to_float(unfused_out.get(), unfused_f.get(), count(tokens, ld_out), stream);
+        gpu::compare(fused_out.get(), tokens, ld_out, ld_out, unfused_f.get(), ld_out, sums.get(), stream);
         gpu::ErrorSums host;
-        CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.data, sizeof(host), hipMemcpyDefault, stream));
+        CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.get(), sizeof(host), hipMemcpyDefault, stream));
         CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
-        const double difference = host.nonfinite > 0 ? 1.0 : relative_error(host);
+        const double difference = host.nonfinite > 0 ? 1.0 : error_of(host);
         const Summary fs = summarize(fused_s), us = summarize(unfused_s);
         const double flops = 4.0 * static_cast<double>(d) * static_cast<double>(q_heads) * static_cast<double>(tokens) *
                              static_cast<double>(tokens + 1) / 2.0;
