@@ -322,6 +322,9 @@ void require_arguments(const AttentionArguments& a, int block_rows) {
   if (a.ld % 8 != 0 || a.ld_out % 2 != 0)
     fail("ld must be a multiple of 8 (16-byte rows) and ld_out even (got ld = " + std::to_string(a.ld) + ", ld_out = " +
          std::to_string(a.ld_out) + ")");
+  const auto aligned = [](const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
+  if (!aligned(a.q, 16) || !aligned(a.k, 16) || !aligned(a.v, 16) || !aligned(a.out, 4))
+    fail("q, k and v must be 16-byte aligned and out 4-byte aligned");
   if (block_rows != 0 && block_rows != 64 && block_rows != 128)
     fail("block_rows = " + std::to_string(block_rows) + " is not 0 (automatic), 64 or 128");
 }
@@ -355,7 +358,10 @@ void fused_causal_attention(const AttentionArguments& a, hipStream_t stream, int
 
 void attention_reference(const float* q, const float* k, const float* v, const AttentionArguments& a, float* out,
                          hipStream_t stream) {
-  require_arguments(a, 0);
+  AttentionArguments shape = a;  // only a's shape and strides apply to the float arrays
+  shape.q = shape.k = shape.v = nullptr;
+  shape.out = nullptr;
+  require_arguments(shape, 0);
   if (a.tokens == 0) return;
   const long threads = a.tokens * a.q_heads;
   const unsigned blocks = static_cast<unsigned>((threads + 127) / 128);

@@ -113,6 +113,7 @@ struct AttentionArguments {
   long ld_out = 0;      // even
 };
 bool fused_attention_supports(long head_dim);
+// q, k, v 16-byte aligned, out 4-byte aligned.
 // Throws Error(invalid_argument) naming the argument and rule. `block_rows`: query rows per
 // block, 64 or 128 (0: the default, 128). Needs no workspace; the sequence may be any length.
 void fused_causal_attention(const AttentionArguments& a, hipStream_t stream, int block_rows = 0);

@@ -198,6 +198,9 @@ TEST(FusedAttentionArguments, AreCheckedWithTheRuleNamed) {
   bad = a;
   bad.ld = 3 * 128 + 4;
   EXPECT_NE(message(bad).find("ld must be a multiple of 8"), std::string::npos);
+  bad = a;
+  bad.k = reinterpret_cast<const bf16*>(std::uintptr_t{0x1002});
+  EXPECT_NE(message(bad).find("16-byte aligned"), std::string::npos);
   EXPECT_NE(message(a, 96).find("block_rows = 96"), std::string::npos);
   EXPECT_FALSE(fused_attention_supports(96));
   EXPECT_TRUE(fused_attention_supports(128));
