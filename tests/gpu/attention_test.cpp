@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +32,12 @@ struct Case {
   int block_rows;
   float input_scale;  // inputs uniform in [-scale, scale]; larger: a more peaked softmax
 };
+
+// gtest prints a parameter with this (not as raw bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "tokens " << c.tokens << ", heads " << c.q_heads << "/" << c.kv_heads << ", width " << c.head_dim
+      << ", block rows " << c.block_rows << ", input scale " << c.input_scale;
+}
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
