@@ -602,6 +602,9 @@ struct SignalCase {
   const char* channel;
   std::uint64_t bytes;
   bool flags_in_zcm;  // pinned host flags, else the consumer GPU's memory
+  // multipath: the copy is split over several paths (channel then names a channel one of them
+  // uses), each path raising its own tiles' flags.
+  PlannerChoice planner = PlannerChoice::automatic;
 };
 
 // Copies fresh random 8-byte words from `from` to `to` (one hop on `channel`) with landing flags
@@ -613,10 +616,12 @@ void copy_into_a_waiting_kernel(const SignalCase& c) {
   const Rect space = Rect::from_extents({static_cast<std::int64_t>(c.bytes / 8)});
   Instance src = Instance::create(c.from, space, words, Layout::parse("F,x"));
   Instance dst = Instance::create(c.to, space, words, Layout::parse("F,x"));
-  auto plan = plan_copy(src, dst);
-  ASSERT_EQ(plan->hops.size(), 1u) << plan->route();
-  ASSERT_TRUE(uses(plan->route(), c.channel)) << plan->route();
-  const CopyTiling tiling = copy_tiling(src, dst);
+  if (c.planner != PlannerChoice::multipath) {
+    auto plan = plan_copy(src, dst);
+    ASSERT_EQ(plan->hops.size(), 1u) << plan->route();
+    ASSERT_TRUE(uses(plan->route(), c.channel)) << plan->route();
+  }
+  const CopyTiling tiling = copy_tiling(src, dst, c.planner);
   const std::uint64_t n = tiling.tiles.size();
   ASSERT_GE(n, 2u) << "too few tiles to watch them land one after another";
   std::vector<gpu::test::TileBytes> ranges;
@@ -643,8 +648,15 @@ void copy_into_a_waiting_kernel(const SignalCase& c) {
 
     ASSERT_TRUE(consumer.run(flags, epoch, data)) << what << ": the consumer's blocks did not all start polling within 10 s";
     CopyReport report;
-    Event done = copy(src, dst, {.report = &report, .signal = {.flags = flags, .value = epoch, .tiles = n}});
+    Event done =
+        copy(src, dst, {.planner = c.planner, .report = &report, .signal = {.flags = flags, .value = epoch, .tiles = n}});
     ASSERT_TRUE(done.wait_for(60s)) << what;
+    if (c.planner == PlannerChoice::multipath) {
+      EXPECT_GE(report.paths.size(), 2u) << "the copy was not split: " << report.route;
+      bool relayed = false;
+      for (const CopyPathReport& path : report.paths) relayed = relayed || uses(path.report.route, c.channel);
+      EXPECT_TRUE(relayed) << "no path uses " << c.channel << ": " << report.route;
+    }
     EXPECT_EQ(report.tiles, n);
     expect_tiles_seen(consumer.finish(), expected, what + " (" + report.route + ", epoch " + std::to_string(epoch) + ")");
 
@@ -674,6 +686,13 @@ TEST_F(GpuSignalTest, SdmaFlagsObservedByAWaitingKernel) {
 TEST_F(GpuSignalTest, XgmiFlagsObservedByAWaitingKernelOnThePeer) {
   CARAVAN_REQUIRE_GPUS(2);
   copy_into_a_waiting_kernel({fbm(0), fbm(1), "xgmi", 512u << 20, false});
+}
+
+// A multi-path copy host -> GPU 0, part of it relayed through GPU 1 over NVLink: each path
+// raises the flags of its own tiles, and the consumer on GPU 0 sees every tile land whole.
+TEST_F(GpuSignalTest, MultipathFlagsThroughAGpuRelayObservedByAWaitingKernel) {
+  CARAVAN_REQUIRE_GPUS(2);
+  copy_into_a_waiting_kernel({zcm(), fbm(0), "xgmi", 192u << 20, false, PlannerChoice::multipath});
 }
 
 TEST_F(GpuSignalTest, FlagsInTheWrongMemoryAreRejected) {
