@@ -117,17 +117,7 @@ BenchReport run_on_gpu() {
       const long q_heads = h.q_heads / tp, kv_heads = h.kv_heads / tp, d = h.head_dim;
       const long ld = (q_heads + 2 * kv_heads) * d, ld_out = q_heads * d;
       auto arguments = [&](long tokens, bf16* out_buffer) {
-        return gpu::AttentionArguments{.q = qkv.get(),
-                                       .k = qkv.get() + q_heads * d,
-                                       .v = qkv.get() + (q_heads + kv_heads) * d,
-                                       .ld = ld,
-                                       .tokens = tokens,
-                                       .q_heads = q_heads,
-                                       .kv_heads = kv_heads,
-                                       .head_dim = d,
-                                       .scale = 1.0f / std::sqrt(static_cast<float>(d)),
-                                       .out = out_buffer,
-                                       .ld_out = ld_out};
+        return gpu::packed_qkv_attention(qkv.get(), ld, tokens, q_heads, kv_heads, d, out_buffer, ld_out);
       };
       double reference_error = -1;
       if (o.check) {  // fused vs float32 at check_tokens, fresh inputs, output poisoned

@@ -331,6 +331,21 @@ void require_arguments(const AttentionArguments& a, int block_rows) {
 
 }  // namespace
 
+AttentionArguments packed_qkv_attention(const bf16* qkv, long ld, long tokens, long q_heads, long kv_heads, long head_dim,
+                                        bf16* out, long ld_out) {
+  return AttentionArguments{.q = qkv,
+                            .k = qkv + q_heads * head_dim,
+                            .v = qkv + (q_heads + kv_heads) * head_dim,
+                            .ld = ld,
+                            .tokens = tokens,
+                            .q_heads = q_heads,
+                            .kv_heads = kv_heads,
+                            .head_dim = head_dim,
+                            .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                            .out = out,
+                            .ld_out = ld_out};
+}
+
 bool fused_attention_supports(long head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
 void preload_attention() {

@@ -112,6 +112,11 @@ struct AttentionArguments {
   bf16* out = nullptr;  // head h of row i at out[i * ld_out + h * head_dim]
   long ld_out = 0;      // even
 };
+// The arguments for Q, K and V packed per row as a QKV projection writes them: q_heads query
+// heads, then kv_heads key heads, then kv_heads value heads, each head_dim wide, in rows of ld;
+// the output heads packed the same way in rows of ld_out. Scale 1 / sqrt(head_dim).
+AttentionArguments packed_qkv_attention(const bf16* qkv, long ld, long tokens, long q_heads, long kv_heads, long head_dim,
+                                        bf16* out, long ld_out);
 bool fused_attention_supports(long head_dim);
 // q, k, v 16-byte aligned, out 4-byte aligned.
 // Throws Error(invalid_argument) naming the argument and rule. `block_rows`: query rows per

@@ -247,18 +247,8 @@ void unfused_causal_attention(Blas& blas, const AttentionArguments& a, long quer
 // Causal attention of this rank's heads over the whole (gathered) sequence.
 void GpuTpLayer::attention(int rank, hipStream_t stream) {
   Rank& r = *ranks_[static_cast<std::size_t>(rank)];
-  const long d = head_dim_;
-  const AttentionArguments a{.q = r.qkv,
-                             .k = r.qkv + q_heads_ * d,
-                             .v = r.qkv + (q_heads_ + kv_heads_) * d,
-                             .ld = qkv_cols_,
-                             .tokens = shape_.tokens,
-                             .q_heads = q_heads_,
-                             .kv_heads = kv_heads_,
-                             .head_dim = d,
-                             .scale = 1.0f / std::sqrt(static_cast<float>(d)),
-                             .out = r.attn,
-                             .ld_out = h_local_};
+  const AttentionArguments a =
+      packed_qkv_attention(r.qkv, qkv_cols_, shape_.tokens, q_heads_, kv_heads_, head_dim_, r.attn, h_local_);
   if (fused_attention_)
     fused_causal_attention(a, stream);
   else

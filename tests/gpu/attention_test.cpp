@@ -82,17 +82,8 @@ Measured run_case(const Case& c, std::uint64_t seed) {
   fill_random(qkv_f.data, c.tokens, ld, ld, seed, 0, 0, c.input_scale, stream);  // the same values
   CARAVAN_HIP_CHECK(hipMemsetAsync(out.data, 0xff, out_count * sizeof(bf16), stream));  // NaN everywhere
 
-  AttentionArguments a{.q = qkv.data,
-                       .k = qkv.data + c.q_heads * d,
-                       .v = qkv.data + (c.q_heads + c.kv_heads) * d,
-                       .ld = ld,
-                       .tokens = c.tokens,
-                       .q_heads = c.q_heads,
-                       .kv_heads = c.kv_heads,
-                       .head_dim = d,
-                       .scale = 1.0f / std::sqrt(static_cast<float>(d)),
-                       .out = out.data,
-                       .ld_out = ld_out};
+  const AttentionArguments a =
+      packed_qkv_attention(qkv.data, ld, c.tokens, c.q_heads, c.kv_heads, d, out.data, ld_out);
   fused_causal_attention(a, stream, c.block_rows);
   attention_reference(qkv_f.data, qkv_f.data + c.q_heads * d, qkv_f.data + (c.q_heads + c.kv_heads) * d, a, ref.data,
                       stream);
@@ -158,17 +149,7 @@ TEST(UnfusedAttention, MatchesTheFloat32Reference) {
   fill_random(qkv.data, tokens, ld, ld, seed, 0, 0, 1.0f, stream);
   fill_random(qkv_f.data, tokens, ld, ld, seed, 0, 0, 1.0f, stream);
   CARAVAN_HIP_CHECK(hipMemsetAsync(out.data, 0xff, static_cast<std::size_t>(tokens * ld_out) * sizeof(bf16), stream));
-  const AttentionArguments a{.q = qkv.data,
-                             .k = qkv.data + q_heads * d,
-                             .v = qkv.data + (q_heads + kv_heads) * d,
-                             .ld = ld,
-                             .tokens = tokens,
-                             .q_heads = q_heads,
-                             .kv_heads = kv_heads,
-                             .head_dim = d,
-                             .scale = 1.0f / std::sqrt(static_cast<float>(d)),
-                             .out = out.data,
-                             .ld_out = ld_out};
+  const AttentionArguments a = packed_qkv_attention(qkv.data, ld, tokens, q_heads, kv_heads, d, out.data, ld_out);
   {
     Blas blas(stream);
     unfused_causal_attention(blas, a, query_block, scores.data, probs.data, stream);
