@@ -8,10 +8,9 @@
 namespace caravan::channels {
 
 GpuConvertChannel::GpuConvertChannel(MemoryId device_memory, int streams, int window)
-    : memory_(device_memory),
-      window_(std::max(window, 1)),
-      queue_(std::make_unique<gpu::CopyQueue>(static_cast<int>(device_memory.index), streams,
-                                              fmt::format("gpu_convert {}", device_memory.to_string()))) {
+    : GpuChannel(static_cast<int>(device_memory.index), streams, window,
+                 fmt::format("gpu_convert {}", device_memory.to_string())),
+      memory_(device_memory) {
   // Loaded now, not at the first request: a module load while other work waits on flags can stall.
   gpu::preload_op_kernel(static_cast<int>(device_memory.index));
 }
@@ -27,7 +26,7 @@ void GpuConvertChannel::submit(const dma::Request& request, Completion done) {
                       fmt::format("gpu_convert {} given a request outside its GPU's memory", memory_.to_string())));
     return;
   }
-  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_kernel(request.ops, ends, stream); }, std::move(done),
+  queue().submit([&](hipStream_t stream) { gpu::enqueue_transfer_kernel(request.ops, ends, stream); }, std::move(done),
                  request.signal_flag, request.signal_value);
 }
 

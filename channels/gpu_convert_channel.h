@@ -8,17 +8,11 @@
 // Built only with a GPU toolchain (CARAVAN_HAVE_GPU); the header holds no HIP type.
 #pragma once
 
-#include "runtime/dma/channel.h"
-
-#include <memory>
-
-namespace caravan::gpu {
-class CopyQueue;
-}
+#include "channels/gpu_channel.h"
 
 namespace caravan::channels {
 
-class GpuConvertChannel final : public dma::Channel {
+class GpuConvertChannel final : public GpuChannel {
  public:
   // The GPU behind `device_memory` (an fbm), with `streams` streams and up to `window` requests
   // in flight.
@@ -27,15 +21,10 @@ class GpuConvertChannel final : public dma::Channel {
   ChannelKind kind() const noexcept override { return ChannelKind::gpu_convert; }
   // fbm -> the same fbm only.
   bool serves(MemoryId src, MemoryId dst) const noexcept override;
-  int window() const noexcept override { return window_; }
-  // Landing flags: hipStreamWriteValue64 behind the request's kernels (runtime/gpu/copy_queue.h).
-  dma::FlagWriter flag_writer() const noexcept override { return dma::FlagWriter::gpu; }
   void submit(const dma::Request& request, Completion done) override;
 
  private:
   MemoryId memory_;
-  int window_;
-  std::unique_ptr<gpu::CopyQueue> queue_;
 };
 
 }  // namespace caravan::channels

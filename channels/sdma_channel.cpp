@@ -7,10 +7,8 @@
 namespace caravan::channels {
 
 SdmaChannel::SdmaChannel(MemoryId device_memory, int streams, int window)
-    : memory_(device_memory),
-      window_(std::max(window, 1)),
-      queue_(std::make_unique<gpu::CopyQueue>(static_cast<int>(device_memory.index), streams,
-                                              fmt::format("sdma {}", device_memory.to_string()))) {}
+    : GpuChannel(static_cast<int>(device_memory.index), streams, window, fmt::format("sdma {}", device_memory.to_string())),
+      memory_(device_memory) {}
 
 SdmaChannel::~SdmaChannel() = default;
 
@@ -28,7 +26,7 @@ void SdmaChannel::submit(const dma::Request& request, Completion done) {
     done(make_failure(Errc::internal, fmt::format("sdma {} given a request on file-backed storage", memory_.to_string())));
     return;
   }
-  queue_->submit([&](hipStream_t stream) { gpu::enqueue_transfer_ops(request.ops, ends, stream); }, std::move(done),
+  queue().submit([&](hipStream_t stream) { gpu::enqueue_transfer_ops(request.ops, ends, stream); }, std::move(done),
                  request.signal_flag, request.signal_value);
 }
 

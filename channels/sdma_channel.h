@@ -1,22 +1,15 @@
 // sdma: a GPU's copy engines, for host -> GPU, GPU -> host and within-GPU copies (the paper's
 // GPUWrite, GPURead and GPUCopy), including the strided 2-D/3-D copies that convert layouts.
-// Requests go on the channel's own streams of that GPU and complete asynchronously
-// (runtime/gpu/copy_queue.h), so the DMA worker keeps window() requests in flight.
+// Requests go on the channel's own streams of that GPU and complete asynchronously (GpuChannel).
 //
 // Built only with a GPU toolchain (CARAVAN_HAVE_GPU); the header holds no HIP type.
 #pragma once
 
-#include "runtime/dma/channel.h"
-
-#include <memory>
-
-namespace caravan::gpu {
-class CopyQueue;
-}
+#include "channels/gpu_channel.h"
 
 namespace caravan::channels {
 
-class SdmaChannel final : public dma::Channel {
+class SdmaChannel final : public GpuChannel {
  public:
   // The copy engines of the GPU behind `device_memory` (an fbm), with `streams` streams and up
   // to `window` requests in flight.
@@ -26,15 +19,10 @@ class SdmaChannel final : public dma::Channel {
   // Host memory (sys, zcm, reg) <-> this GPU's fbm, and fbm -> the same fbm (also the same GPU's
   // memory of another rank of the node, mapped through IPC when a copy starts).
   bool serves(MemoryId src, MemoryId dst) const noexcept override;
-  int window() const noexcept override { return window_; }
-  // Landing flags: hipStreamWriteValue64 behind the request's copies (runtime/gpu/copy_queue.h).
-  dma::FlagWriter flag_writer() const noexcept override { return dma::FlagWriter::gpu; }
   void submit(const dma::Request& request, Completion done) override;
 
  private:
   MemoryId memory_;
-  int window_;
-  std::unique_ptr<gpu::CopyQueue> queue_;
 };
 
 }  // namespace caravan::channels

@@ -11,13 +11,11 @@
 namespace caravan::channels {
 
 XgmiChannel::XgmiChannel(MemoryId src, MemoryId dst, int streams, int window)
-    : src_(src),
+    : GpuChannel(static_cast<int>(src.index), streams, window, fmt::format("xgmi {}->{}", src.to_string(), dst.to_string())),
+      src_(src),
       dst_(dst),
-      window_(std::max(window, 1)),
       peer_(gpu::topology().can_peer(static_cast<int>(src.index), static_cast<int>(dst.index))),
-      sm_(settings::get_string("CARAVAN_GPU_XGMI_ENGINE") == "sm"),
-      queue_(std::make_unique<gpu::CopyQueue>(static_cast<int>(src.index), streams,
-                                              fmt::format("xgmi {}->{}", src.to_string(), dst.to_string()))) {
+      sm_(settings::get_string("CARAVAN_GPU_XGMI_ENGINE") == "sm") {
   // Loaded now, not at the first request (a module load while other work waits can stall).
   if (sm_) gpu::preload_op_kernel(static_cast<int>(src.index));
 }
@@ -39,7 +37,7 @@ void XgmiChannel::submit(const dma::Request& request, Completion done) {
     done(make_failure(Errc::internal, fmt::format("xgmi {}->{} given a request on host storage", src_.to_string(), dst_.to_string())));
     return;
   }
-  queue_->submit(
+  queue().submit(
       [&](hipStream_t stream) {
         if (sm_) gpu::enqueue_transfer_kernel(request.ops, ends, stream);
         else gpu::enqueue_transfer_ops(request.ops, ends, stream);

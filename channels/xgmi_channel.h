@@ -7,34 +7,23 @@
 // Built only with a GPU toolchain (CARAVAN_HAVE_GPU); the header holds no HIP type.
 #pragma once
 
-#include "runtime/dma/channel.h"
-
-#include <memory>
-
-namespace caravan::gpu {
-class CopyQueue;
-}
+#include "channels/gpu_channel.h"
 
 namespace caravan::channels {
 
-class XgmiChannel final : public dma::Channel {
+class XgmiChannel final : public GpuChannel {
  public:
   XgmiChannel(MemoryId src, MemoryId dst, int streams, int window);
   ~XgmiChannel() override;
   ChannelKind kind() const noexcept override { return ChannelKind::xgmi; }
   // Its own pair: fbm of one GPU -> fbm of another GPU of the same node and rank that it reaches.
   bool serves(MemoryId src, MemoryId dst) const noexcept override;
-  int window() const noexcept override { return window_; }
-  // Landing flags: hipStreamWriteValue64 behind the request's copies (runtime/gpu/copy_queue.h).
-  dma::FlagWriter flag_writer() const noexcept override { return dma::FlagWriter::gpu; }
   void submit(const dma::Request& request, Completion done) override;
 
  private:
   MemoryId src_, dst_;
-  int window_;
   bool peer_;  // the source GPU reaches the destination's memory (peer access enabled)
   bool sm_;    // CARAVAN_GPU_XGMI_ENGINE=sm: requests run as kernels, not copy-engine calls
-  std::unique_ptr<gpu::CopyQueue> queue_;
 };
 
 }  // namespace caravan::channels
