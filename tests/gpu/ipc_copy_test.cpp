@@ -38,15 +38,13 @@ class GpuNodeJobTest : public test::GpuJobTest {
   int writer() { return (rank() + world() - 1) % world(); }  // the rank that copies to this one
 };
 
-std::uint64_t seed_of(std::uint64_t seed, int rank) { return seed ^ (0x6dull * static_cast<std::uint64_t>(rank + 1)); }
-
 TEST_F(GpuNodeJobTest, GpuToAnotherRanksGpuIsOnePeerCopy) {
   const std::uint64_t seed = test::fresh_seed(rt());
   FieldSpace fields({{"a", 8}, {"b", 4}, {"c", 4}});
   auto space = Rect::from_extents({(1 << 20) + 77});  // 16 MiB and a partial tile
   auto src = Instance::create(memory(rank(), MemoryKind::fbm), space, fields, Layout::parse("F,x"));
   auto dst = Instance::create(memory(rank(), MemoryKind::fbm), space, fields, Layout::parse("F,x"));
-  test::write_pattern(src, seed_of(seed, rank()));
+  test::write_pattern(src, test::rank_seed(seed, rank()));
   auto dsts = test::share(rt(), dst);
   // Into the same destination again and again, started directly (the descriptor's IPC handle)
   // and through the set-up exchange with the owner (its `ready` names the handle): every copy
@@ -66,7 +64,7 @@ TEST_F(GpuNodeJobTest, GpuToAnotherRanksGpuIsOnePeerCopy) {
     else EXPECT_EQ(mappings, mappings_after_first) << "the second copy mapped the destination again";
     EXPECT_GE(mappings, 1u);
     rt().barrier(30s);
-    EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, writer())), 0u) << "round " << round;
+    EXPECT_EQ(test::count_mismatches(dst, test::rank_seed(seed, writer())), 0u) << "round " << round;
   }
   EXPECT_TRUE(test::engine_drains(10s));
   rt().barrier(30s);
@@ -79,7 +77,7 @@ TEST_F(GpuNodeJobTest, LayoutChangesBetweenRanksGpus) {
   auto space = Rect::from_extents({160, 96});
   auto src = Instance::create(memory(rank(), MemoryKind::fbm), space, fields, Layout::parse("F,x,y"));
   auto dst = Instance::create(memory(rank(), MemoryKind::fbm), space, fields, Layout::parse("y,x,F"));
-  test::write_pattern(src, seed_of(seed, rank()));
+  test::write_pattern(src, test::rank_seed(seed, rank()));
   test::poison(dst);
   auto dsts = test::share(rt(), dst);
   CopyReport report;
@@ -87,7 +85,7 @@ TEST_F(GpuNodeJobTest, LayoutChangesBetweenRanksGpus) {
   EXPECT_NE(report.route.find("-[xgmi]-> " + memory(target(), MemoryKind::fbm).to_string()), std::string::npos)
       << report.route;
   rt().barrier(30s);
-  EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, writer())), 0u) << "route " << report.route;
+  EXPECT_EQ(test::count_mismatches(dst, test::rank_seed(seed, writer())), 0u) << "route " << report.route;
   EXPECT_TRUE(test::engine_drains(10s));
   rt().barrier(30s);
 }
@@ -101,7 +99,7 @@ TEST_F(GpuNodeJobTest, SameGpuOfAnotherRankIsOneCopyEngineCopy) {
   auto src = Instance::create(memory(rank(), MemoryKind::fbm), space, fields, Layout::parse("F,x"));
   // This rank's destination lives on the GPU of the rank that writes it.
   auto dst = Instance::create(memory(rank(), MemoryKind::fbm, from_writer), space, fields, Layout::parse("F,x"));
-  test::write_pattern(src, seed_of(seed, mine));
+  test::write_pattern(src, test::rank_seed(seed, mine));
   test::poison(dst);
   auto dsts = test::share(rt(), dst);
   CopyReport report;
@@ -109,7 +107,7 @@ TEST_F(GpuNodeJobTest, SameGpuOfAnotherRankIsOneCopyEngineCopy) {
   EXPECT_EQ(report.route, fmt::format("{} -[sdma]-> {}", memory(rank(), MemoryKind::fbm).to_string(),
                                       memory(target(), MemoryKind::fbm, rank()).to_string()));
   rt().barrier(30s);
-  EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, from_writer)), 0u);
+  EXPECT_EQ(test::count_mismatches(dst, test::rank_seed(seed, from_writer)), 0u);
   EXPECT_TRUE(test::engine_drains(10s));
   rt().barrier(30s);
 }
@@ -124,7 +122,7 @@ TEST_F(GpuNodeJobTest, PipelinedThroughAnotherRanksGpuBuffers) {
   auto space = Rect::from_extents({1 << 19});  // 8 MiB
   auto src = Instance::create(memory(rank(), MemoryKind::fbm), space, fields, Layout::parse("F,x"));
   auto dst = Instance::create(memory(rank(), MemoryKind::zcm), space, fields, Layout::parse("F,x"));
-  test::write_pattern(src, seed_of(seed, rank()));
+  test::write_pattern(src, test::rank_seed(seed, rank()));
   test::poison(dst);
   auto dsts = test::share(rt(), dst);
   CopyReport report;
@@ -139,7 +137,7 @@ TEST_F(GpuNodeJobTest, PipelinedThroughAnotherRanksGpuBuffers) {
   EXPECT_GE(report.tiles, 8u) << report.route;
   RecordProperty("route", report.route);
   rt().barrier(30s);
-  EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, writer())), 0u) << "route " << report.route;
+  EXPECT_EQ(test::count_mismatches(dst, test::rank_seed(seed, writer())), 0u) << "route " << report.route;
   EXPECT_TRUE(test::engine_drains(10s));
   rt().barrier(30s);
 }
@@ -152,14 +150,14 @@ TEST_F(GpuNodeJobTest, HostToHostBetweenRanksStillCorrect) {
   auto space = Rect::from_extents({1 << 20});  // 8 MiB
   auto src = Instance::create(memory(rank(), MemoryKind::sys), space, fields, Layout::parse("F,x"));
   auto dst = Instance::create(memory(rank(), MemoryKind::sys), space, fields, Layout::parse("x,F"));
-  test::write_pattern(src, seed_of(seed, rank()));
+  test::write_pattern(src, test::rank_seed(seed, rank()));
   test::poison(dst);
   auto dsts = test::share(rt(), dst);
   CopyReport report;
   ASSERT_TRUE(copy(src, dsts[static_cast<std::size_t>(target())], {.report = &report}).wait_for(60s));
   RecordProperty("route", report.route);
   rt().barrier(30s);
-  EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, writer())), 0u) << "route " << report.route;
+  EXPECT_EQ(test::count_mismatches(dst, test::rank_seed(seed, writer())), 0u) << "route " << report.route;
   EXPECT_TRUE(test::engine_drains(10s));
   rt().barrier(30s);
 }

@@ -38,8 +38,6 @@ class GpuCrossNodeTest : public test::GpuJobTest {
   }
 };
 
-std::uint64_t seed_of(std::uint64_t seed, int rank) { return seed ^ (0x51ull * static_cast<std::uint64_t>(rank + 1)); }
-
 TEST_F(GpuCrossNodeTest, GpuToGpuAcrossNodesIsPipelinedThroughRegisteredHostMemory) {
   // Buffers far smaller than the instance, so the copy streams through REG on both hosts.
   settings::ScopedOverride threshold("CARAVAN_PLANNER_BUFFER_THRESHOLD", "1M");
@@ -49,7 +47,7 @@ TEST_F(GpuCrossNodeTest, GpuToGpuAcrossNodesIsPipelinedThroughRegisteredHostMemo
   auto space = Rect::from_extents({1 << 19});  // 8 MiB
   auto src = Instance::create(memory(me, MemoryKind::fbm), space, fields, Layout::parse("F,x"));
   auto dst = Instance::create(memory(me, MemoryKind::fbm), space, fields, Layout::parse("F,x"));
-  test::write_pattern(src, seed_of(seed, me));
+  test::write_pattern(src, test::rank_seed(seed, me));
   test::poison(dst);
   auto dsts = test::share(rt(), dst);
   const int target = (me + n / 2) % n, writer = (me + n - n / 2) % n;  // ranks on the other node (SetUp)
@@ -67,7 +65,7 @@ TEST_F(GpuCrossNodeTest, GpuToGpuAcrossNodesIsPipelinedThroughRegisteredHostMemo
     EXPECT_GT(report.hop_requests[1], 0u);
   }
   rt().barrier(30s);
-  EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, writer)), 0u);
+  EXPECT_EQ(test::count_mismatches(dst, test::rank_seed(seed, writer)), 0u);
   EXPECT_TRUE(test::engine_drains(10s));
   rt().barrier(30s);
 }
@@ -83,8 +81,8 @@ TEST_F(GpuCrossNodeTest, LayoutChangesAndMixedEndsAcrossNodes) {
   auto host_dst = Instance::create(memory(me, MemoryKind::zcm), space, fields, Layout::parse("y,x,F"));
   auto host_src = Instance::create(memory(me, MemoryKind::sys), space, fields, Layout::parse("x,y,F"));
   auto gpu_dst = Instance::create(memory(me, MemoryKind::fbm), space, fields, Layout::parse("x_in=16,F,x_out,y"));
-  test::write_pattern(gpu_src, seed_of(seed, me));
-  test::write_pattern(host_src, seed_of(seed, me) + 1);
+  test::write_pattern(gpu_src, test::rank_seed(seed, me));
+  test::write_pattern(host_src, test::rank_seed(seed, me) + 1);
   test::poison(host_dst);
   test::poison(gpu_dst);
   auto host_dsts = test::share(rt(), host_dst), gpu_dsts = test::share(rt(), gpu_dst);
@@ -100,8 +98,8 @@ TEST_F(GpuCrossNodeTest, LayoutChangesAndMixedEndsAcrossNodes) {
     EXPECT_NE(to_gpu.route.find("-[sdma]-> " + memory(target, MemoryKind::fbm).to_string()), std::string::npos) << to_gpu.route;
   }
   rt().barrier(30s);
-  EXPECT_EQ(test::count_mismatches(host_dst, seed_of(seed, writer)), 0u);
-  EXPECT_EQ(test::count_mismatches(gpu_dst, seed_of(seed, writer) + 1), 0u);
+  EXPECT_EQ(test::count_mismatches(host_dst, test::rank_seed(seed, writer)), 0u);
+  EXPECT_EQ(test::count_mismatches(gpu_dst, test::rank_seed(seed, writer) + 1), 0u);
   EXPECT_TRUE(test::engine_drains(10s));
   rt().barrier(30s);
 }

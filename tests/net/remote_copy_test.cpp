@@ -37,8 +37,6 @@ MemoryId memory_of(Runtime& rt, int rank, MemoryKind kind) {
   return MemoryId{static_cast<std::uint32_t>(rt.rank_info(rank).node), static_cast<std::uint32_t>(rank), kind, 0};
 }
 
-std::uint64_t seed_of(std::uint64_t seed, int rank) { return seed ^ (0x9E37ull * static_cast<std::uint64_t>(rank + 1)); }
-
 // The event fails with `code` (and a cause that mentions `text`) within 30 s.
 void expect_poisoned(const Event& e, Errc code, std::string_view text = "") {
   try {
@@ -190,8 +188,8 @@ TEST_F(JobTest, RemoteCopiesInEveryDirectionWithLayoutChanges) {
   auto reg_src = Instance::create(memory_of(rt(), me, MemoryKind::reg), space, fields, Layout::parse("F,x,y"));
   auto reg_dst = Instance::create(memory_of(rt(), me, MemoryKind::reg), space, fields, Layout::parse("F,x,y"));
   auto third = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("x,y,F"));
-  test::write_pattern(src, seed_of(seed, me));
-  test::write_pattern(reg_src, seed_of(seed, me) + 1);
+  test::write_pattern(src, test::rank_seed(seed, me));
+  test::write_pattern(reg_src, test::rank_seed(seed, me) + 1);
   for (const Instance* d : {&pushed, &pulled, &reg_dst, &third}) test::poison(*d);
   auto srcs = share(rt(), src), pusheds = share(rt(), pushed), reg_srcs = share(rt(), reg_src), reg_dsts = share(rt(), reg_dst),
        thirds = share(rt(), third);
@@ -214,11 +212,11 @@ TEST_F(JobTest, RemoteCopiesInEveryDirectionWithLayoutChanges) {
                                           memory_of(rt(), static_cast<int>(next), MemoryKind::reg).to_string()));
   rt().barrier(30s);
 
-  EXPECT_EQ(test::count_mismatches(pushed, seed_of(seed, static_cast<int>(prev))), 0u);
-  EXPECT_EQ(test::count_mismatches(pulled, seed_of(seed, static_cast<int>(prev))), 0u);
-  EXPECT_EQ(test::count_mismatches(reg_dst, seed_of(seed, static_cast<int>(prev)) + 1), 0u);
+  EXPECT_EQ(test::count_mismatches(pushed, test::rank_seed(seed, static_cast<int>(prev))), 0u);
+  EXPECT_EQ(test::count_mismatches(pulled, test::rank_seed(seed, static_cast<int>(prev))), 0u);
+  EXPECT_EQ(test::count_mismatches(reg_dst, test::rank_seed(seed, static_cast<int>(prev)) + 1), 0u);
   if (n >= 3) {
-    EXPECT_EQ(test::count_mismatches(third, seed_of(seed, (me + n - 1) % n)), 0u);
+    EXPECT_EQ(test::count_mismatches(third, test::rank_seed(seed, (me + n - 1) % n)), 0u);
   }
   EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
   rt().barrier(30s);
@@ -234,7 +232,7 @@ TEST_F(JobTest, PipelinedCrossNodeCopyThroughSmallBuffers) {
   auto space = Rect::from_extents({1 << 19});  // 8 MiB
   auto src = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x"));
   auto dst = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("x,F"));
-  test::write_pattern(src, seed_of(seed, me));
+  test::write_pattern(src, test::rank_seed(seed, me));
   test::poison(dst);
   auto dsts = share(rt(), dst);
   const int target = (me + n / 2) % n;  // with --nodes 2: a rank on the other node
@@ -256,7 +254,7 @@ TEST_F(JobTest, PipelinedCrossNodeCopyThroughSmallBuffers) {
   rt().barrier(30s);
   const int writer = (me + n - n / 2) % n;
   if (writer != me) {
-    EXPECT_EQ(test::count_mismatches(dst, seed_of(seed, writer)), 0u);
+    EXPECT_EQ(test::count_mismatches(dst, test::rank_seed(seed, writer)), 0u);
   }
   EXPECT_TRUE(engine_drains(10s));
   rt().barrier(30s);
@@ -366,14 +364,14 @@ TEST_F(JobTest, ReRegisteredMemoryGetsItsOwnRemoteKey) {
     std::optional<Instance> dst =
         Instance::attach(memory_of(rt(), me, MemoryKind::reg), space, fields, Layout::parse("F,x"), buffer.data(), bytes);
     test::poison(*dst);
-    test::write_pattern(src, seed_of(seed, me) + round);
+    test::write_pattern(src, test::rank_seed(seed, me) + round);
     auto dsts = share(rt(), *dst);
     rt().barrier(30s);
     const std::size_t keys = dma::Engine::current().stats().remote_keys;
     EXPECT_TRUE(copy(src, dsts[next]).wait_for(30s));
     EXPECT_EQ(dma::Engine::current().stats().remote_keys, keys + 1) << "round " << round << ": no key imported for the new registration";
     rt().barrier(30s);
-    EXPECT_EQ(test::count_mismatches(*dst, seed_of(seed, prev) + round), 0u) << "round " << round;
+    EXPECT_EQ(test::count_mismatches(*dst, test::rank_seed(seed, prev) + round), 0u) << "round " << round;
     rt().barrier(30s);
     dsts.clear();
     dst.reset();  // unregisters the bytes; the next round registers them again

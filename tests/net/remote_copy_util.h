@@ -30,6 +30,9 @@ inline std::uint64_t fresh_seed(Runtime& rt) {
   return all_gather(rt, seed)[0];
 }
 
+// Rank `rank`'s seed of a test whose ranks write different patterns from one shared seed.
+inline std::uint64_t rank_seed(std::uint64_t seed, int rank) { return seed ^ (0x9E37ull * static_cast<std::uint64_t>(rank + 1)); }
+
 inline std::size_t engine_active_copies() { return dma::Engine::current().stats().active_copies; }
 
 // Waits (bounded) until this rank's engine has no copy left: a part waiting for `finished`, or
