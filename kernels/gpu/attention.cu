@@ -273,7 +273,7 @@ __global__ void attention_reference_kernel(const float* q, const float* k, const
   for (int d = 0; d < D; ++d) o[d] = acc[d] / sum;
 }
 
-template <int D, int Warps>
+template <int D>
 constexpr int shared_bytes() {
   return 2 * 2 * kKeyTile * D * static_cast<int>(sizeof(bf16));
 }
@@ -287,7 +287,7 @@ void allow_shared_memory() {
   const std::uint64_t bit = device < 64 ? (std::uint64_t{1} << device) : 0;
   if (bit != 0 && (devices_done.load(std::memory_order_acquire) & bit) != 0) return;
   CARAVAN_HIP_CHECK(hipFuncSetAttribute(reinterpret_cast<const void*>(&attention_kernel<D, Warps>),
-                                        hipFuncAttributeMaxDynamicSharedMemorySize, shared_bytes<D, Warps>()));
+                                        hipFuncAttributeMaxDynamicSharedMemorySize, shared_bytes<D>()));
   devices_done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
@@ -297,7 +297,7 @@ void launch(const AttentionArguments& a, hipStream_t stream) {
   constexpr int rows = 16 * Warps;
   const dim3 grid(static_cast<unsigned>((a.tokens + rows - 1) / rows), static_cast<unsigned>(a.q_heads));
   const float scale_log2 = a.scale * 1.4426950408889634f;
-  attention_kernel<D, Warps><<<grid, Warps * 32, shared_bytes<D, Warps>(), stream>>>(
+  attention_kernel<D, Warps><<<grid, Warps * 32, shared_bytes<D>(), stream>>>(
       a.q, a.k, a.v, a.ld, a.tokens, static_cast<int>(a.q_heads / a.kv_heads), scale_log2, a.out, a.ld_out);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
