@@ -130,11 +130,12 @@ const Definition kTable[] = {
   {"CARAVAN_OVERLAP_GPU_COMM_BLOCKS", Kind::integer, "32",
    "Blocks (each on one SM) of the SM-driven push of the GPU AllGather+GEMM variant sm-push, which runs beside the "
    "GEMM: more push faster and leave fewer SMs to the GEMM (the bulk variant sm-bulk takes every SM)", 1, 1024},
-  {"CARAVAN_OVERLAP_GPU_PACE", Kind::boolean, "true",
-   "GPU overlapped operations (AllGather+GEMM, GEMM+ReduceScatter, GEMM+All-Scatter): a call waits on the host until "
-   "the same object's previous call on that rank has finished before it is queued. On by default: queuing calls of "
-   "one object back to back hung on 4 x H200 (cause open, docs/overlap.md); off lets the next call's launches overlap "
-   "the previous call"},
+  {"CARAVAN_OVERLAP_GPU_PACE", Kind::choice, "pulls",
+   "GPU overlapped operations: when a call waits on the host until the same object's previous call on that rank has "
+   "finished before it is queued. pulls: when it or that previous call pulls with the copy engines (AllGather+GEMM "
+   "ce-pull, ce-pull runs, ce-bulk, tile-pull; every GEMM+ReduceScatter and GEMM+All-Scatter call, not measured "
+   "unpaced yet): queuing such calls back to back hangs on 4 x H200 (docs/overlap.md, 'Run-ahead'); all: every "
+   "call; none: no call (calls may then be captured in a graph, at the risk of that hang)", -kInf, kInf, "pulls|all|none"},
   {"CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", Kind::boolean, "true",
    "GPU GEMM+ReduceScatter sm-pull: launch the exchange kernel as a programmatic dependent of the GEMM before it "
    "(Hopper and later), so that its launch overlaps the GEMM's end; off: an ordinary launch after the GEMM"},

@@ -58,7 +58,7 @@ for step in "${steps[@]}"; do
       # without, the snapshots say where the rank threads are.
       CARAVAN_TEST_RUN_AHEAD=1 run run-ahead-paced 120 "$bin/overlap_gpu_tests" --gtest_filter='*RunAhead*'
       echo "== run-ahead-unpaced (snapshots at 8 s and 25 s)" >>"$out/run-ahead-unpaced.log"
-      CARAVAN_TEST_RUN_AHEAD=1 CARAVAN_OVERLAP_GPU_PACE=0 \
+      CARAVAN_TEST_RUN_AHEAD=1 CARAVAN_OVERLAP_GPU_PACE=none \
         "$bin/overlap_gpu_tests" --gtest_filter='*RunAheadThroughMixedVariantsWithoutLowLatency' \
         >>"$out/run-ahead-unpaced.log" 2>&1 &
       pid=$!

@@ -172,7 +172,7 @@ Blas& GpuTeam::blas(int rank, int lane) {
 }
 void GpuTeam::use(int rank) const { CARAVAN_HIP_CHECK(hipSetDevice(device(rank))); }
 
-RankSync::RankSync(int chunk_events, bool pace) : pace_(pace) {
+RankSync::RankSync(int chunk_events, bool pace, bool pulls_only) : pace_(pace), pulls_only_(pulls_only) {
   chunk.resize(static_cast<std::size_t>(chunk_events));
   try {
     for (hipEvent_t* e : {&start, &comm_done, &lane_done, &call_done_, &call_end_})
@@ -187,8 +187,11 @@ RankSync::RankSync(int chunk_events, bool pace) : pace_(pace) {
   }
 }
 
-std::uint64_t RankSync::enter(hipStream_t stream) {
-  if (pace_ && epoch > 0) {
+std::uint64_t RankSync::enter(hipStream_t stream, bool copy_engine_pull) {
+  // Pulls queued behind pulls hang (docs/overlap.md, "Run-ahead"): a pull waits for the call
+  // before it, and the call after a pull waits for the pull.
+  const bool wait = pace_ && epoch > 0 && (!pulls_only_ || copy_engine_pull || last_pulled_);
+  if (wait) {
     // The previous call recorded call_end_ when it was queued (leave()): only a query here, so
     // a caller that waits between calls anyway pays one event query.
     const auto limit = std::chrono::duration<double>(settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S"));
@@ -206,6 +209,7 @@ std::uint64_t RankSync::enter(hipStream_t stream) {
   }
   order_after_last_call(stream);
   last_stream_ = stream;
+  last_pulled_ = copy_engine_pull;
   return ++epoch;
 }
 
@@ -322,11 +326,12 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
 
 // Events live on the device that was current when they were made: make one set per rank there.
 std::vector<std::unique_ptr<RankSync>> make_sync(GpuTeam& team, int chunk_events, bool pace = true) {
-  const bool paced = pace && settings::get_bool("CARAVAN_OVERLAP_GPU_PACE");
+  const std::string mode = settings::get_string("CARAVAN_OVERLAP_GPU_PACE");
+  const bool paced = pace && mode != "none";
   std::vector<std::unique_ptr<RankSync>> sync(static_cast<std::size_t>(team.world()));
   for (int r : team.driven_ranks()) {
     team.use(r);
-    sync[static_cast<std::size_t>(r)] = std::make_unique<RankSync>(chunk_events, paced);
+    sync[static_cast<std::size_t>(r)] = std::make_unique<RankSync>(chunk_events, paced, mode == "pulls");
   }
   return sync;
 }
@@ -488,7 +493,9 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
           fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}", kLlMaxBytes,
                       static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16)));
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
-  const std::uint64_t e = s.enter(stream);
+  const bool copy_engine_pull = variant == AgGemmVariant::ce_pull || variant == AgGemmVariant::ce_pull_runs ||
+                                variant == AgGemmVariant::ce_bulk || variant == AgGemmVariant::tile_pull;
+  const std::uint64_t e = s.enter(stream, copy_engine_pull);
   CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
   Blas& blas = team_.blas(rank);

@@ -75,10 +75,11 @@ class GpuTeam {
 // Per-rank events and epoch of one operation (internal helper, shared by the operations).
 class RankSync {
  public:
-  // `pace`: enter() first waits (polling, bounded by CARAVAN_OVERLAP_TIMEOUT_S) until the rank's
-  // previous call has finished on the GPU (CARAVAN_OVERLAP_GPU_PACE; see docs/overlap.md,
-  // "Open: run-ahead"). The LL AllGather is never paced: its calls may be captured in a graph.
-  RankSync(int chunk_events, bool pace);
+  // `pace`: enter() may first wait (polling, bounded by CARAVAN_OVERLAP_TIMEOUT_S) until the
+  // rank's previous call has finished on the GPU; `pulls_only`: only when that call or this one
+  // pulls with the copy engines (CARAVAN_OVERLAP_GPU_PACE; docs/overlap.md, "Run-ahead"). The LL
+  // AllGather is never paced: its calls may be captured in a graph.
+  RankSync(int chunk_events, bool pace, bool pulls_only = false);
   ~RankSync();
   RankSync(const RankSync&) = delete;
   RankSync& operator=(const RankSync&) = delete;
@@ -90,7 +91,9 @@ class RankSync {
   // first waits for the previous call, so the calls of one rank stay in order whatever streams
   // the caller uses (the previous call's stream must still exist then). Paced: waits on the
   // host first (throws Error(timeout) without taking an epoch if that wait runs out).
-  std::uint64_t enter(hipStream_t stream);
+  // `copy_engine_pull`: this call pulls peers' data with the copy engines (or has not been
+  // measured unpaced), which paces it and the next call when pacing is for pulls only.
+  std::uint64_t enter(hipStream_t stream, bool copy_engine_pull = true);
   // Makes `stream` wait until the last call of this rank has finished.
   void order_after_last_call(hipStream_t stream);
   // Ends a call that entered on `stream`: paced, records where it ends, for the next enter().
@@ -101,6 +104,8 @@ class RankSync {
   hipEvent_t call_end_ = nullptr;  // paced: recorded at the end of every call
   hipStream_t last_stream_ = nullptr;
   bool pace_ = false;
+  bool pulls_only_ = false;
+  bool last_pulled_ = false;  // the previous call pulled with the copy engines
 };
 
 enum class AgGemmVariant {

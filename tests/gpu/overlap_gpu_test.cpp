@@ -21,6 +21,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -259,26 +260,63 @@ TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
   });
 }
 
+// CARAVAN_TEST_RUN_AHEAD_VARIANTS="ce-push:2,sm-bulk" (names as to_string(AgGemmVariant) gives
+// them, each with an optional ":lanes"): the run-ahead tests cycle through these instead of
+// their mix, `calls` calls in all, to find which variants the unpaced hang needs.
+std::vector<std::pair<AgGemmVariant, int>> run_ahead_variants_from(std::string_view list, std::size_t calls) {
+  std::vector<std::pair<AgGemmVariant, int>> chosen;
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    std::string_view item = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    int lanes = 1;
+    if (const std::size_t colon = item.find(':'); colon != std::string_view::npos) {
+      lanes = std::stoi(std::string(item.substr(colon + 1)));
+      item = item.substr(0, colon);
+    }
+    bool known = false;
+    for (int v = 0; v <= static_cast<int>(AgGemmVariant::sm_bulk); ++v)
+      if (to_string(static_cast<AgGemmVariant>(v)) == item) {
+        chosen.emplace_back(static_cast<AgGemmVariant>(v), lanes);
+        known = true;
+      }
+    if (!known)
+      throw Error(Errc::invalid_argument, "CARAVAN_TEST_RUN_AHEAD_VARIANTS: unknown variant '" + std::string(item) +
+                                              "' (names as `caravan bench overlap` prints them, e.g. ce-push:2)");
+  }
+  if (chosen.empty()) throw Error(Errc::invalid_argument, "CARAVAN_TEST_RUN_AHEAD_VARIANTS: no variant named");
+  std::vector<std::pair<AgGemmVariant, int>> runs;
+  for (std::size_t i = 0; i < calls; ++i) runs.push_back(chosen[i % chosen.size()]);
+  return runs;
+}
+
 // Ranks queue many calls without waiting (each rank sleeping at random between them, on two
 // streams in turn), mixing variants, after every rank had one call rejected: the epochs must
 // stay in step and no peer may overwrite a buffer still in use. Every call has its own inputs
 // and output; all are checked at the end.
 // Ranks queue twelve calls of mixed variants each, with random host delays, and wait only at
 // the end (on two streams: calls of one rank stay ordered across streams).
-void run_ahead_through_mixed_variants(bool two_streams, bool low_latency) {
+void run_ahead_through_mixed_variants(bool two_streams, bool low_latency,
+                                      std::vector<std::pair<AgGemmVariant, int>> only = {}) {
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
   const long m = 64L * world, k = 128, n = 192, rows = m / world;
   AllGatherGemm op(team, m, k, n);
   ASSERT_TRUE(op.low_latency());
   const AgGemmVariant ll = low_latency ? AgGemmVariant::ll_bulk : AgGemmVariant::ce_bulk;
-  const std::vector<std::pair<AgGemmVariant, int>> runs = {
+  std::vector<std::pair<AgGemmVariant, int>> runs = {
       {AgGemmVariant::ce_push, 1}, {AgGemmVariant::ce_pull, 2},      {ll, 1},
       {AgGemmVariant::ce_push, 2}, {AgGemmVariant::ce_bulk, 1},      {AgGemmVariant::ce_push_runs, 1},
       {AgGemmVariant::ce_pull, 1}, {AgGemmVariant::ce_pull_runs, 2}, {AgGemmVariant::ce_push, 1},
       {ll, 1},                     {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::ce_push, 2},
       {AgGemmVariant::sm_push, 1}, {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::sm_bulk, 1},
       {AgGemmVariant::sm_push, 2}};
+  if (!only.empty()) {
+    const std::size_t calls = runs.size();
+    runs.clear();
+    for (std::size_t i = 0; i < calls; ++i) runs.push_back(only[i % only.size()]);
+  }
+  if (const char* list = std::getenv("CARAVAN_TEST_RUN_AHEAD_VARIANTS")) runs = run_ahead_variants_from(list, runs.size());
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
     hipStream_t other;
@@ -333,14 +371,15 @@ void run_ahead_through_mixed_variants(bool two_streams, bool low_latency) {
   });
 }
 
-// These hang on 4 x H200 when calls are not paced (every run, one stream or two, with or
-// without the LL variant; docs/overlap.md, "Open: run-ahead") and pass with pacing, the
-// default (CARAVAN_OVERLAP_GPU_PACE). Unpaced they run only on request.
+// These hang on 4 x H200 when no call is paced (every run, one stream or two, with or without
+// the LL variant; docs/overlap.md, "Run-ahead": the copy-engine pulls need it) and pass with
+// the default pacing (CARAVAN_OVERLAP_GPU_PACE=pulls: only around those pulls; the pushes and
+// SM variants of the mix run ahead). With no pacing they run only on request.
 #define CARAVAN_REQUIRE_RUN_AHEAD()                                                                          \
   do {                                                                                                      \
-    if (!settings::get_bool("CARAVAN_OVERLAP_GPU_PACE") && !std::getenv("CARAVAN_TEST_RUN_AHEAD"))           \
-      GTEST_SKIP() << "known hang when calls of one operation are queued without pacing (docs/overlap.md, "   \
-                      "'Open: run-ahead'); set CARAVAN_TEST_RUN_AHEAD=1 to run it with CARAVAN_OVERLAP_GPU_PACE=0"; \
+    if (settings::get_string("CARAVAN_OVERLAP_GPU_PACE") == "none" && !std::getenv("CARAVAN_TEST_RUN_AHEAD"))           \
+      GTEST_SKIP() << "known hang when copy-engine pulls are queued without pacing (docs/overlap.md, "   \
+                      "'Run-ahead'); set CARAVAN_TEST_RUN_AHEAD=1 to run it with CARAVAN_OVERLAP_GPU_PACE=none"; \
   } while (0)
 
 TEST(Overlap, AllGatherGemmRanksRunAheadThroughMixedVariants) {
@@ -357,6 +396,19 @@ TEST(Overlap, AllGatherGemmRanksRunAheadOnTwoStreams) {
   CARAVAN_REQUIRE_GPUS(2);
   CARAVAN_REQUIRE_RUN_AHEAD();
   run_ahead_through_mixed_variants(true, true);
+}
+// Pushes and the SM variants need no pacing: with none at all, sixteen calls queued back to back
+// on every rank (each rank sleeping at random between them) land every shard.
+TEST(Overlap, AllGatherGemmPushesRunAheadWithoutPacing) {
+  CARAVAN_REQUIRE_GPUS(2);
+  settings::ScopedOverride no_pacing("CARAVAN_OVERLAP_GPU_PACE", "none");
+  run_ahead_through_mixed_variants(false, true,
+                                   {{AgGemmVariant::ce_push, 1},
+                                    {AgGemmVariant::sm_push, 2},
+                                    {AgGemmVariant::ll_bulk, 1},
+                                    {AgGemmVariant::ce_push_runs, 2},
+                                    {AgGemmVariant::sm_bulk, 1},
+                                    {AgGemmVariant::ce_push, 2}});
 }
 
 // The tile variants on shapes that leave partial tiles everywhere (72 rows per rank: tiles span
