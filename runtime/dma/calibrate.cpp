@@ -16,17 +16,22 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -250,39 +255,113 @@ std::string calibration_path() {
   return dir + "/calibration-" + machine_key() + ".json";
 }
 
-Calibration load_or_calibrate(bool force, bool* from_cache) {
-  std::string path = calibration_path();
-  if (from_cache) *from_cache = false;
-  if (!force) {
-    std::ifstream in(path);
-    if (in) {
-      try {
-        nlohmann::json j = nlohmann::json::parse(in);
-        Calibration c;
-        c.machine_key = j.at("machine_key").get<std::string>();
-        c.seconds = j.value("seconds", 0.0);
-        for (auto& [name, samples] : j.at("channels").items()) {
-          ChannelCalibration ch{name, {}};
-          for (auto& s : samples) ch.samples.push_back({s.at(0).get<std::uint64_t>(), s.at(1).get<double>()});
-          c.channels.push_back(std::move(ch));
-        }
-        std::set<std::string> names;
-        for (const auto& ch : c.channels) names.insert(ch.channel);
-        if (c.machine_key == machine_key() && names == expected_channels()) {
-          if (from_cache) *from_cache = true;
-          return c;
-        }
-      } catch (const std::exception& e) {
-        log::get("dma")->warn("ignoring unreadable calibration cache {}: {}", path, e.what());
+namespace {
+
+// The cached calibration at `path`, if there is one for this machine with every channel.
+std::optional<Calibration> read_cache(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  try {
+    nlohmann::json j = nlohmann::json::parse(in);
+    Calibration c;
+    c.machine_key = j.at("machine_key").get<std::string>();
+    c.seconds = j.value("seconds", 0.0);
+    for (auto& [name, samples] : j.at("channels").items()) {
+      ChannelCalibration ch{name, {}};
+      for (auto& s : samples) ch.samples.push_back({s.at(0).get<std::uint64_t>(), s.at(1).get<double>()});
+      c.channels.push_back(std::move(ch));
+    }
+    std::set<std::string> names;
+    for (const auto& ch : c.channels) names.insert(ch.channel);
+    if (c.machine_key == machine_key() && names == expected_channels()) return c;
+  } catch (const std::exception& e) {
+    log::get("dma")->warn("ignoring unreadable calibration cache {}: {}", path, e.what());
+  }
+  return std::nullopt;
+}
+
+// An advisory lock (flock) on one file of the cache directory, held while a process calibrates.
+// The ranks of a job start together: without it each measured its channels against the others'
+// traffic, and each used its own tables, so the same copy was cut into different tiles on
+// different ranks. With it they measure one after another, and a rank that waited reads what
+// the one before it wrote. The wait is bounded (a process stuck while calibrating must not hold
+// the others forever); past it, this process calibrates without the lock.
+class CalibrationLock {
+ public:
+  CalibrationLock(const std::string& path, std::chrono::seconds limit) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      log::get("dma")->warn("cannot open the calibration lock {} ({}); calibrating without it", path, std::strerror(errno));
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK && errno != EINTR) {
+        log::get("dma")->warn("cannot lock {} ({}); calibrating without it", path, std::strerror(errno));
+        return;
       }
+      if (std::chrono::steady_clock::now() > deadline) {
+        log::get("dma")->warn("another process held {} for over {} s; calibrating without it", path, limit.count());
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  Calibration c = calibrate_channels();
+  ~CalibrationLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the lock
+  }
+  CalibrationLock(const CalibrationLock&) = delete;
+  CalibrationLock& operator=(const CalibrationLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Written to a file of its own, then renamed over `path`: a reader sees the old file or the new
+// one, never half of one.
+void write_cache(const std::string& path, const Calibration& c) {
+  const std::string partial = fmt::format("{}.{}.partial", path, static_cast<long>(::getpid()));
+  {
+    std::ofstream out(partial);
+    if (out) out << to_json(c).dump(2) << "\n";
+    if (!out) {
+      log::get("dma")->warn("could not write the calibration cache {} (it will be measured again next time)", path);
+      std::error_code ignored;
+      std::filesystem::remove(partial, ignored);
+      return;
+    }
+  }
   std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  std::ofstream out(path);
-  if (out) out << to_json(c).dump(2) << "\n";
-  else log::get("dma")->warn("could not write the calibration cache {} (it will be measured again next time)", path);
+  std::filesystem::rename(partial, path, ec);
+  if (ec) {
+    log::get("dma")->warn("could not move {} to {} ({}); it will be measured again next time", partial, path, ec.message());
+    std::filesystem::remove(partial, ec);
+  }
+}
+
+}  // namespace
+
+Calibration load_or_calibrate(bool force, bool* from_cache) {
+  const std::string path = calibration_path();
+  if (from_cache) *from_cache = false;
+  if (!force)
+    if (auto cached = read_cache(path)) {
+      if (from_cache) *from_cache = true;
+      return *cached;
+    }
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::filesystem::create_directories(dir, ec);
+  // One lock for the whole directory, not per machine key: ranks that see different GPU sets
+  // have different keys, and they too should not measure while another does.
+  CalibrationLock lock((dir / "calibration.lock").string(), std::chrono::seconds(120));
+  if (!force)
+    if (auto cached = read_cache(path)) {  // written by the process that held the lock before us
+      if (from_cache) *from_cache = true;
+      return *cached;
+    }
+  Calibration c = calibrate_channels();
+  write_cache(path, c);
   log::get("dma")->info("calibrated channels in {:.2f} s ({})", c.seconds, path);
   return c;
 }
