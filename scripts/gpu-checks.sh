@@ -54,8 +54,8 @@ for step in "${steps[@]}"; do
       run overlap-tests 240 "$bin/overlap_gpu_tests" --gtest_shuffle --gtest_repeat=2
       ;;
     run-ahead)
-      # The open run-ahead hang (docs/overlap.md): with pacing (the default) it should pass;
-      # without, the snapshots say where the rank threads are.
+      # The run-ahead hang (docs/overlap.md): with pacing (the default, around pulls) it should
+      # pass; with none, the snapshots say where the rank threads are.
       CARAVAN_TEST_RUN_AHEAD=1 run run-ahead-paced 120 "$bin/overlap_gpu_tests" --gtest_filter='*RunAhead*'
       echo "== run-ahead-unpaced (snapshots at 8 s and 25 s)" >>"$out/run-ahead-unpaced.log"
       CARAVAN_TEST_RUN_AHEAD=1 CARAVAN_OVERLAP_GPU_PACE=none \

@@ -326,8 +326,9 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
 
 // Events live on the device that was current when they were made: make one set per rank there.
 std::vector<std::unique_ptr<RankSync>> make_sync(GpuTeam& team, int chunk_events, bool pace = true) {
-  const std::string mode = settings::get_string("CARAVAN_OVERLAP_GPU_PACE");
-  const bool paced = pace && mode != "none";
+  // Read only where pacing applies (the LL AllGather is never paced).
+  const std::string mode = pace ? settings::get_string("CARAVAN_OVERLAP_GPU_PACE") : "none";
+  const bool paced = mode != "none";
   std::vector<std::unique_ptr<RankSync>> sync(static_cast<std::size_t>(team.world()));
   for (int r : team.driven_ranks()) {
     team.use(r);
@@ -493,8 +494,10 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
           fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}", kLlMaxBytes,
                       static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16)));
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
+  // Paced as pulls: the copy-engine pulls, and tile_push, which has not been measured unpaced.
   const bool copy_engine_pull = variant == AgGemmVariant::ce_pull || variant == AgGemmVariant::ce_pull_runs ||
-                                variant == AgGemmVariant::ce_bulk || variant == AgGemmVariant::tile_pull;
+                                variant == AgGemmVariant::ce_bulk || variant == AgGemmVariant::tile_pull ||
+                                variant == AgGemmVariant::tile_push;
   const std::uint64_t e = s.enter(stream, copy_engine_pull);
   CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);

@@ -290,6 +290,7 @@ class CalibrationLock {
  public:
   CalibrationLock(const std::string& path, std::chrono::seconds limit) {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0 && errno == EACCES) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // another user's lock file
     if (fd_ < 0) {
       log::get("dma")->warn("cannot open the calibration lock {} ({}); calibrating without it", path, std::strerror(errno));
       return;
@@ -320,10 +321,14 @@ class CalibrationLock {
 // Written to a file of its own, then renamed over `path`: a reader sees the old file or the new
 // one, never half of one.
 void write_cache(const std::string& path, const Calibration& c) {
-  const std::string partial = fmt::format("{}.{}.partial", path, static_cast<long>(::getpid()));
+  // Named by process and thread: two callers that both measured without the lock must not
+  // write into one file.
+  const std::string partial = fmt::format("{}.{}.{:x}.partial", path, static_cast<long>(::getpid()),
+                                          std::hash<std::thread::id>{}(std::this_thread::get_id()));
   {
     std::ofstream out(partial);
     if (out) out << to_json(c).dump(2) << "\n";
+    out.close();  // the last bytes are written here: check after it
     if (!out) {
       log::get("dma")->warn("could not write the calibration cache {} (it will be measured again next time)", path);
       std::error_code ignored;
@@ -352,9 +357,13 @@ Calibration load_or_calibrate(bool force, bool* from_cache) {
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   std::filesystem::create_directories(dir, ec);
-  // One lock for the whole directory, not per machine key: ranks that see different GPU sets
-  // have different keys, and they too should not measure while another does.
-  CalibrationLock lock((dir / "calibration.lock").string(), std::chrono::seconds(120));
+  // One lock per host, not per machine key: ranks that see different GPU sets have different
+  // keys, and they too should not measure while another does. Not one per directory: a cache
+  // directory shared by several hosts (a home on NFS, where flock reaches across hosts) must not
+  // make the hosts wait for each other.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  CalibrationLock lock((dir / fmt::format("calibration-{}.lock", host)).string(), std::chrono::seconds(120));
   if (!force)
     if (auto cached = read_cache(path)) {  // written by the process that held the lock before us
       if (from_cache) *from_cache = true;

@@ -25,7 +25,7 @@ static bool completes(cudaStream_t s, int ms) {
   return false;
 }
 
-int main(int argc, char** argv) {
+int main() {
   const size_t bytes = 8 << 20;
   setvbuf(stdout, nullptr, _IONBF, 0);
   int n = 0; CK(cudaGetDeviceCount(&n));
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   CK(cudaSetDevice(1)); CK(cudaMalloc(&a1, bytes)); CK(cudaMalloc(&b1, bytes)); CK(cudaMalloc(&dflag1, 8)); CK(cudaMemset(dflag1, 0, 8));
   CK(cudaDeviceSynchronize());
   struct Case { int held_a, copies, held_b; bool peer_held; };
-  const Case cases[] = {{1, 1, 0, false}, {1, 1, 0, true}, {3, 40, 0, true}, {3, 40, 2, true}, {6, 40, 4, true}, {12, 40, 8, true}};
+  const Case cases[] = {{1, 1, 0, false}, {1, 1, 0, true}, {3, 40, 0, true}, {3, 40, 2, true}, {6, 40, 4, true}};  // 12 on A and 8 on B never finished being queued
   for (const Case& c : cases) {
     // Held: streams on A (and on B) that wait on a flag in GPU memory, then `copies` copies each (peer pulls B->A on A's streams).
     std::vector<cudaStream_t> held;

@@ -160,11 +160,12 @@ TEST_F(GpuHeapAcrossProcesses, DmaCopiesIntoAPeerRaiseLandingFlagsInItsHeap) {
   auto dsts = caravan::test::share(rt(), dst);
   const Instance& peer_dst = dsts[static_cast<std::size_t>(target)];
   const CopyTiling tiling = copy_tiling(src, peer_dst);
-  ASSERT_GE(tiling.tiles.size(), 2u) << "the copy should land in several tiles";
   // Each rank's copy is cut by the measured throughput of its own link, so the ranks' tile
   // counts may differ (seen on 4 x H200: 6 against 9 or 10). The flags are sized by the largest
-  // (the heap stays symmetric), and each rank checks its writer's count.
+  // (the heap stays symmetric), and each rank checks its writer's count. Gathered before any
+  // rank may stop on the check below, so that none waits for it.
   const auto tile_counts = caravan::test::all_gather(rt(), static_cast<std::uint64_t>(tiling.tiles.size()));
+  ASSERT_GE(tiling.tiles.size(), 2u) << "the copy should land in several tiles";
   const std::uint64_t most = *std::max_element(tile_counts.begin(), tile_counts.end());
   if (rank() == 0 && most != *std::min_element(tile_counts.begin(), tile_counts.end()))
     std::fprintf(stderr, "note: the ranks' copies have different tile counts: %s\n", fmt::format("{}", fmt::join(tile_counts, " ")).c_str());

@@ -260,19 +260,30 @@ TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
   });
 }
 
-// CARAVAN_TEST_RUN_AHEAD_VARIANTS="ce-push:2,sm-bulk" (names as to_string(AgGemmVariant) gives
-// them, each with an optional ":lanes"): the run-ahead tests cycle through these instead of
-// their mix, `calls` calls in all, to find which variants the unpaced hang needs.
+// CARAVAN_TEST_RUN_AHEAD_VARIANTS="ce-push:2, sm-bulk" (variant names as to_string(AgGemmVariant)
+// gives them, e.g. "ce-pull runs", each with an optional ":lanes", 1 or 2): the mixed run-ahead
+// tests cycle through these instead of their mix, `calls` calls in all, to find which variants
+// the unpaced hang needs.
 std::vector<std::pair<AgGemmVariant, int>> run_ahead_variants_from(std::string_view list, std::size_t calls) {
+  const auto trim = [](std::string_view v) {
+    while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+    while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
+    return v;
+  };
+  const auto refuse = [](const std::string& why) {
+    return Error(Errc::invalid_argument, "CARAVAN_TEST_RUN_AHEAD_VARIANTS: " + why);
+  };
   std::vector<std::pair<AgGemmVariant, int>> chosen;
   while (!list.empty()) {
     const std::size_t comma = list.find(',');
-    std::string_view item = list.substr(0, comma);
+    std::string_view item = trim(list.substr(0, comma));
     list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
     int lanes = 1;
     if (const std::size_t colon = item.find(':'); colon != std::string_view::npos) {
-      lanes = std::stoi(std::string(item.substr(colon + 1)));
-      item = item.substr(0, colon);
+      const std::string_view count = trim(item.substr(colon + 1));
+      if (count != "1" && count != "2") throw refuse("lanes must be 1 or 2, got '" + std::string(count) + "'");
+      lanes = count[0] - '0';
+      item = trim(item.substr(0, colon));
     }
     bool known = false;
     for (int v = 0; v <= static_cast<int>(AgGemmVariant::sm_bulk); ++v)
@@ -280,22 +291,19 @@ std::vector<std::pair<AgGemmVariant, int>> run_ahead_variants_from(std::string_v
         chosen.emplace_back(static_cast<AgGemmVariant>(v), lanes);
         known = true;
       }
-    if (!known)
-      throw Error(Errc::invalid_argument, "CARAVAN_TEST_RUN_AHEAD_VARIANTS: unknown variant '" + std::string(item) +
-                                              "' (names as `caravan bench overlap` prints them, e.g. ce-push:2)");
+    if (!known) throw refuse("unknown variant '" + std::string(item) + "' (e.g. ce-push, ce-pull runs, sm-bulk, ll-bulk)");
   }
-  if (chosen.empty()) throw Error(Errc::invalid_argument, "CARAVAN_TEST_RUN_AHEAD_VARIANTS: no variant named");
+  if (chosen.empty()) throw refuse("no variant named");
   std::vector<std::pair<AgGemmVariant, int>> runs;
   for (std::size_t i = 0; i < calls; ++i) runs.push_back(chosen[i % chosen.size()]);
   return runs;
 }
 
-// Ranks queue many calls without waiting (each rank sleeping at random between them, on two
-// streams in turn), mixing variants, after every rank had one call rejected: the epochs must
-// stay in step and no peer may overwrite a buffer still in use. Every call has its own inputs
-// and output; all are checked at the end.
-// Ranks queue twelve calls of mixed variants each, with random host delays, and wait only at
-// the end (on two streams: calls of one rank stay ordered across streams).
+// Ranks queue sixteen calls each without waiting (each rank sleeping at random between them, on
+// two streams in turn if asked), mixing variants (`only`: these instead), after every rank had one
+// call rejected: the epochs must stay in step, no peer may overwrite a buffer still in use, and
+// calls of one rank stay ordered across streams. Every call has its own inputs and output; all
+// are checked at the end.
 void run_ahead_through_mixed_variants(bool two_streams, bool low_latency,
                                       std::vector<std::pair<AgGemmVariant, int>> only = {}) {
   const int world = team_size();
@@ -316,7 +324,9 @@ void run_ahead_through_mixed_variants(bool two_streams, bool low_latency,
     runs.clear();
     for (std::size_t i = 0; i < calls; ++i) runs.push_back(only[i % only.size()]);
   }
-  if (const char* list = std::getenv("CARAVAN_TEST_RUN_AHEAD_VARIANTS")) runs = run_ahead_variants_from(list, runs.size());
+  // Only the mixed tests take the list: the no-pacing test must not be given a pull.
+  if (const char* list = std::getenv("CARAVAN_TEST_RUN_AHEAD_VARIANTS"); list && only.empty())
+    runs = run_ahead_variants_from(list, runs.size());
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
     hipStream_t other;
