@@ -138,7 +138,8 @@ const Definition kTable[] = {
    "call; none: no call (calls may then be captured in a graph, at the risk of that hang)", -kInf, kInf, "pulls|all|none"},
   {"CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", Kind::boolean, "true",
    "GPU GEMM+ReduceScatter sm-pull: launch the exchange kernel as a programmatic dependent of the GEMM before it "
-   "(Hopper and later), so that its launch overlaps the GEMM's end; off: an ordinary launch after the GEMM"},
+   "(Hopper and later), so that its launch overlaps the GEMM's end; off: an ordinary launch after the GEMM (read when the operation is "
+   "constructed)"},
   // --- GPU ---
   {"CARAVAN_GPU_STREAMS", Kind::integer, "1",
    "Streams each GPU channel (sdma, xgmi) spreads its requests over; 1 queues them behind each other on one link, "

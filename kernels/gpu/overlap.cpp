@@ -693,7 +693,8 @@ std::string_view to_string(GemmRsVariant v) {
 enum RsFlags { rs_arrived, rs_freed, rs_ready, rs_groups };  // rs_ready[p]: p's sm_pull partial is complete
 
 GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int splits)
-    : team_(team), m_(m), k_(k), n_(n), splits_(splits) {
+    : team_(team), m_(m), k_(k), n_(n), splits_(splits),
+      early_launch_(settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH")) {
   const int world = team.world();
   require_shape("GemmReduceScatter", m, k, n, world, splits);
   require((m / world) * n % 8 == 0, "GemmReduceScatter: (m / world) x n must be a multiple of 8 (16-byte vectors)");
@@ -768,7 +769,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     bf16* shared = team_.heap().at<bf16>(pull_partials_, rank) + (e & 1) * static_cast<std::size_t>(m_) * n_;
     team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, shared, n_);
     pull_reduce_scatter(team_.heap().view(rank), shared + rank * chunk_elems, chunk_elems, out, my.at(rs_ready, 0),
-                        my.at(rs_freed, 0), e, stream, settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH"));
+                        my.at(rs_freed, 0), e, stream, early_launch_);
     return;
   }
   if (variant == GemmRsVariant::ll_bulk) {

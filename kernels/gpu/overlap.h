@@ -206,6 +206,7 @@ class GemmReduceScatter {
 
   long m_, k_, n_;
   int splits_;
+  bool early_launch_;  // CARAVAN_OVERLAP_GPU_EARLY_LAUNCH, read at construction (not per call)
   SymmetricRegion received_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when the output fits the low-latency protocol
   SymmetricRegion pull_partials_;        // sm_pull: two m x n partials (by epoch parity), when they fit

@@ -191,9 +191,14 @@ std::set<std::string> expected_channels() {
   return names;
 }
 
-std::string machine_key() {
+std::string host_name() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+std::string machine_key() {
+  const std::string host = host_name();
   std::string cpu = "cpu";
   std::ifstream cpuinfo("/proc/cpuinfo");
   for (std::string line; std::getline(cpuinfo, line);)
@@ -361,9 +366,7 @@ Calibration load_or_calibrate(bool force, bool* from_cache) {
   // keys, and they too should not measure while another does. Not one per directory: a cache
   // directory shared by several hosts (a home on NFS, where flock reaches across hosts) must not
   // make the hosts wait for each other.
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  CalibrationLock lock((dir / fmt::format("calibration-{}.lock", host)).string(), std::chrono::seconds(120));
+  CalibrationLock lock((dir / fmt::format("calibration-{}.lock", host_name())).string(), std::chrono::seconds(120));
   if (!force)
     if (auto cached = read_cache(path)) {  // written by the process that held the lock before us
       if (from_cache) *from_cache = true;
