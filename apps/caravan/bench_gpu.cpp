@@ -253,9 +253,11 @@ BenchReport run_gpu_bench() {
     gpu::time_raw_copies(p.raw, 1);
     for (int r = 0; r < p.repetitions; ++r) {
       p.baseline.push_back(gbps(bytes, gpu::time_raw_copies(p.raw, 1).front()));
-      // Polled like hipStreamSynchronize polls in the raw baseline (the same waiting policy)...
+      // Polled like hipStreamSynchronize polls in the raw baseline (the same waiting policy),
+      // and without a report (building one is on the way to the event; the warm-up copy's
+      // report names the route)...
       auto start = Clock::now();
-      Event e = copy(p.src, p.dst, {.report = &report});
+      Event e = copy(p.src, p.dst);
       while (!e.has_triggered()) {
       }
       e.wait();  // throws if the copy failed
@@ -432,12 +434,46 @@ BenchReport run_gpu_bench() {
       e.wait();
       caravan_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
     }
+    // Where the caravan copy's time goes: the same copy with a report, split at the engine's
+    // own timestamps (call -> start -> the request's issue -> its completion callback -> the
+    // copy's finish) and the moment this thread saw the event. Building the report falls in
+    // the retire step.
+    std::vector<double> setup_us, issue_us, request_us, teardown_us, notice_us;
+    for (int r = 0; r < 50; ++r) {
+      CopyReport report;
+      auto start = Clock::now();
+      Event e = copy(ss, sd, {.report = &report});
+      while (!e.has_triggered()) {
+      }
+      const double total = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+      e.wait();
+      if (report.timeline.empty() || report.timeline.front().requests.empty()) continue;
+      const RequestSpan& request = report.timeline.front().requests.front();
+      setup_us.push_back(report.setup_us);
+      issue_us.push_back(request.start_us);
+      request_us.push_back(request.end_us - request.start_us);
+      teardown_us.push_back(report.teardown_us + (report.elapsed_us - request.end_us));
+      notice_us.push_back(total - report.setup_us - report.elapsed_us - report.teardown_us);
+    }
     Summary sc = summarize(caravan_us), sr = summarize(raw_us);
     BenchTable l{"Time of one 64 KiB zcm->fbm0 copy, us (50 runs): the fixed cost per copy", {"copy", "median", "p10", "p90", "min", "max"}, {}};
     l.rows.push_back(row("caravan copy(), event polled", sc));
     l.rows.push_back(row("hipMemcpyAsync + hipStreamSynchronize", sr));
+    if (!setup_us.empty()) {
+      l.rows.push_back(row("  with a report: call -> start (plan, admit)", summarize(setup_us)));
+      l.rows.push_back(row("  start -> request issued (worker)", summarize(issue_us)));
+      l.rows.push_back(row("  issued -> completion callback (channel)", summarize(request_us)));
+      l.rows.push_back(row("  callback -> event triggered (retire, report)", summarize(teardown_us)));
+      l.rows.push_back(row("  triggered -> seen by the polling caller", summarize(notice_us)));
+    }
     out.tables.push_back(l);
     figures["latency_us"] = {{"caravan", summary_json(sc)}, {"raw", summary_json(sr)}};
+    if (!setup_us.empty())
+      figures["latency_us"]["with_report"] = {{"setup", summary_json(summarize(setup_us))},
+                                              {"issue", summary_json(summarize(issue_us))},
+                                              {"request", summary_json(summarize(request_us))},
+                                              {"retire", summary_json(summarize(teardown_us))},
+                                              {"notice", summary_json(summarize(notice_us))}};
   }
 
   if (g_gpu.priority) {

@@ -158,7 +158,10 @@ namespace caravan::gpu {
 //   - once chunk c has landed at a peer, sets the peer's landed[rank * chunks + c] = epoch
 //     (release, system scope),
 //   - with `wait_landed`, ends only when this rank's landed[q * chunks + c] >= epoch for every
-//     peer q and chunk c (a whole AllGather in one kernel).
+//     peer q and chunk c (a whole AllGather in one kernel);
+//   - with `all_peers_at_once`, waits for every peer's freed word first and then stores each
+//     chunk to all peers together (one load per vector, one fence per chunk), instead of peer
+//     by peer: the whole exchange sooner, the first peer's rows later.
 // `counters` is this GPU's own scratch of sm_push_counter_bytes(world, chunks), zero before the
 // first call and left zero by each; calls using the same counters must be stream-ordered.
 // chunk_bytes a multiple of 16, pointers 16-byte aligned.
@@ -167,6 +170,7 @@ struct SmPushFlags {
   std::uint64_t* freed = nullptr;
   std::uint64_t* entry[2] = {nullptr, nullptr};
   bool wait_landed = false;
+  bool all_peers_at_once = false;
 };
 void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk_bytes, int chunks, const SmPushFlags& flags,
              std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream);

@@ -518,6 +518,7 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
     sm.entry[0] = my.at(ag_freed, rank);
     sm.entry[1] = my.at(ag_done, rank);
     sm.wait_landed = true;
+    sm.all_peers_at_once = true;  // everything waits for the whole exchange anyway
     sm_push(team_.heap().view(rank), rows_of(rank, mine), rows_of(rank, mine), chunk_bytes, splits_, sm,
             team_.heap().at<std::uint32_t>(sm_counters_, rank), e, team_.sm_count(rank), stream);
     blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);

@@ -38,7 +38,40 @@ __global__ void __launch_bounds__(kThreads)
     for (std::uint64_t* entry : flags.entry)
       if (entry != nullptr)
         for (int step = 1; step < world; ++step) dev::notify(heap, entry, epoch, (me + step) % world);
-  for (int step = 1; step < world; ++step) {
+  if (flags.all_peers_at_once) {
+    // Every peer's slot first (they were announced at about the same time), then each vector
+    // loaded once and stored to every peer, one fence per block and chunk for all of them: at
+    // small shards the per-peer fences and the peer-by-peer order were most of the time.
+    if (flags.freed != nullptr) {
+      if (threadIdx.x < world - 1) dev::wait_until(flags.freed + (me + 1 + threadIdx.x) % world, dev::Compare::ge, epoch);
+      __syncthreads();
+    }
+    uint4* remote[kMaxHeapRanks] = {};
+    for (int step = 1; step < world; ++step) remote[step] = dev::translate(heap, dst, (me + step) % world);
+    for (int c = 0; c < chunks; ++c) {
+      const std::size_t base = static_cast<std::size_t>(c) * chunk_vectors;
+      for (std::size_t i = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x; i < chunk_vectors; i += stride) {
+        const uint4 v = src[base + i];
+#pragma unroll
+        for (int step = 1; step < kMaxHeapRanks; ++step)
+          if (step < world) remote[step][base + i] = v;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (int step = 1; step < world; ++step) {
+          const int peer = (me + step) % world;
+          cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> count(counters[peer * chunks + c]);
+          if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
+            count.store(0, cuda::memory_order_relaxed);  // for the next call (stream-ordered after this one)
+            __threadfence_system();
+            dev::notify(heap, landed + me * chunks + c, epoch, peer);
+          }
+        }
+      }
+    }
+  }
+  for (int step = 1; step < world && !flags.all_peers_at_once; ++step) {
     const int peer = (me + step) % world;
     if (flags.freed != nullptr) {
       if (threadIdx.x == 0) dev::wait_until(flags.freed + peer, dev::Compare::ge, epoch);
