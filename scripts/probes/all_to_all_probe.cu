@@ -1,11 +1,15 @@
-// Probe (not part of the build): how fast can every GPU send to every other at once, and which
-// launch shape gets there? docs/gpu.md ("All-to-all") has what it printed on 4 x H200. Each GPU
-// sends `MiB` to each peer, all GPUs at once; GB/s sent per GPU, median of 5 after a warm-up:
-//   ce 3 streams      hipMemcpyPeerAsync per peer, a stream each (the raw copy-engine baseline)
-//   sm 3 streams      a full-GPU copy kernel per peer, a stream each (what the xgmi channels do)
-//   sm 1 stream       the same kernels one after another on one stream
-//   sm 1 kernel       one kernel per GPU, its blocks split between the peers
-//   sm 1 kernel mixed one kernel per GPU, each thread storing one vector to every peer in turn
+// Probe (not part of the build): how fast can every GPU send to every other at once, and what
+// decides it? docs/gpu.md ("All-to-all") has what it printed on 4 x H200 (CUDA 13, driver 580).
+// Each GPU sends `MiB` to each peer, all GPUs at once; GB/s sent per GPU, median of 5 after a
+// warm-up. The copy-engine cases vary the stream lifetime, the destination allocations and the
+// order the copies are issued in; the SM cases the launch shape:
+//   ce 3 streams        hipMemcpyPeerAsync per peer, a stream each, peers d+1, d+2, ...
+//   sm 3 streams        a full-GPU copy kernel per peer, a stream each
+//   sm 1 stream         the same kernels one after another on one stream
+//   sm 1 kernel         one kernel per GPU, its blocks split between the peers
+//   sm 1 kernel mixed   one kernel per GPU, each thread storing one vector to every peer
+//   ... receivers ascending / d+1, d+2: the issue order (0 -> 1, 2, 3; 1 -> 0, 2, 3; ... or a
+//   rotation); on 4 x H200 the order alone made it 194 or 384 GB/s.
 //   nvcc -arch=sm_90 -O3 -o all_to_all_probe scripts/probes/all_to_all_probe.cu
 //   timeout 120 ./all_to_all_probe [MiB per peer, default 256] [blocks per GPU, default 132*2]
 //                                  [idle streams made first on each GPU, default 0]
