@@ -265,6 +265,28 @@ int main(int argc, char** argv) {
       });
     }
   }
+  // One stream per GPU, the copies cut into pieces issued round robin over the peers: each GPU
+  // sends to one peer at a time, switching every piece. In rotation order the GPUs' k-th pieces
+  // go to a permutation of receivers; in ascending order they collide.
+  for (std::size_t piece_mib : {4, 16, 64})
+    for (bool ascending : {false, true}) {
+      const size_t piece = std::min(piece_mib << 20, bytes), pieces = (bytes + piece - 1) / piece;
+      std::string name = "1 stream, " + std::to_string(piece_mib) + " MiB pieces round robin, " +
+                         (ascending ? "ascending" : "rotation");
+      timed(name.c_str(), [&] {
+        for (int d = 0; d < gpus; ++d) {
+          CK(cudaSetDevice(d));
+          for (size_t k = 0; k < pieces; ++k)
+            for (int j = 0; j < gpus - 1; ++j) {
+              const int p = peer_of(d, j, ascending);
+              const size_t off = k * piece, len = std::min(piece, bytes - off);
+              CK(cudaMemcpyPeerAsync(reinterpret_cast<char*>(recv[p] + size_t(d) * n) + off, p,
+                                     reinterpret_cast<const char*>(src[d]) + off, d, len, pool[d][0]));
+            }
+        }
+        sync_all();
+      });
+    }
   const int picks[][3] = {{0, 1, 2}, {0, 4, 8}};
   for (const auto& pick : picks) {
     auto run = [&] {
