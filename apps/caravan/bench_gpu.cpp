@@ -197,6 +197,91 @@ struct Pair {
   bool verified = false;
 };
 
+// "xgmi all-to-all": every GPU sends a copy of `random` (an fbm0 instance of random bytes) to
+// every other at once, against the same copies as raw hipMemcpyPeerAsync calls on the copy
+// engines, each on a stream of its own; in two issue orders. Skipped (silently, as before) unless
+// every GPU reaches every other.
+void run_all_to_all_case(BenchReport& out, nlohmann::json& figures, std::uint32_t rank, const Instance& random) {
+  const gpu::Topology& topo = gpu::topology();
+  const int reps = g_gpu.repetitions;
+  const std::uint64_t bytes = random.footprint_bytes();
+  auto make = [&](MemoryId m) { return Instance::create(m, random.space(), random.fields(), random.layout()); };
+  bool all_peers = topo.devices.size() >= 2;
+  for (std::size_t i = 0; i < topo.devices.size(); ++i)
+    for (std::size_t j = 0; j < topo.devices.size(); ++j)
+      if (i != j && !topo.can_peer(static_cast<int>(i), static_cast<int>(j))) all_peers = false;
+  if (!all_peers) return;
+  const std::size_t gpus = topo.devices.size();
+  auto fbm = [&](std::size_t i) { return MemoryId{0, rank, MemoryKind::fbm, static_cast<std::uint32_t>(i)}; };
+  std::vector<Instance> sources;
+  // One destination per (sender, receiver); targets[i * gpus + j] (unused where i == j).
+  std::vector<Instance> targets(gpus * gpus);
+  for (std::size_t i = 0; i < gpus; ++i) {
+    sources.push_back(make(fbm(i)));
+    copy(random, sources.back()).wait();  // random data
+  }
+  for (std::size_t i = 0; i < gpus; ++i)
+    for (std::size_t j = 0; j < gpus; ++j)
+      if (i != j) targets[i * gpus + j] = make(fbm(j));
+  // Two orders of the same copies. Each GPU's copy engines serve its peer copies about in the
+  // order they were issued, so the order decides which receivers collide: "receivers
+  // ascending" (0 -> 1, 2, 3; 1 -> 0, 2, 3; ...) starts three senders on GPU 0 at once and
+  // halves the rate; "rotation" (every GPU to its next, then the one after...) keeps each
+  // phase a permutation (scripts/probes/all_to_all_probe.cu measured 384 vs 194 GB/s).
+  struct Order {
+    std::string name;
+    std::vector<std::pair<std::size_t, std::size_t>> pairs;
+  };
+  std::vector<Order> orders(2);
+  orders[0].name = "receivers ascending";
+  for (std::size_t i = 0; i < gpus; ++i)
+    for (std::size_t j = 0; j < gpus; ++j)
+      if (i != j) orders[0].pairs.emplace_back(i, j);
+  orders[1].name = "rotation";
+  for (std::size_t step = 1; step < gpus; ++step)
+    for (std::size_t i = 0; i < gpus; ++i) orders[1].pairs.emplace_back(i, (i + step) % gpus);
+  const std::string engine = settings::get_string("CARAVAN_GPU_XGMI_ENGINE");
+  const double per_gpu_bytes = static_cast<double>(bytes) * static_cast<double>(gpus - 1);
+  BenchTable at{fmt::format("All-to-all over the peer links: each of {} GPUs sends {} MiB to every other at once, GB/s sent per GPU",
+                            gpus, bytes >> 20),
+                {"copy", "median", "p10", "p90", "min", "max"}, {}};
+  figures["all_to_all"] = {{"engine", engine}};
+  for (const Order& order : orders) {
+    std::vector<gpu::RawCopy> raws;
+    for (auto [i, j] : order.pairs)
+      raws.push_back({.dst = address(targets[i * gpus + j]), .src = address(sources[i]), .bytes = bytes,
+                      .device = static_cast<int>(i), .peer = true, .src_device = static_cast<int>(i),
+                      .dst_device = static_cast<int>(j)});
+    auto all_to_all = [&] {
+      std::vector<Event> events;
+      for (auto [i, j] : order.pairs) events.push_back(copy(sources[i], targets[i * gpus + j]));
+      for (Event& e : events) e.wait();
+    };
+    all_to_all();  // warm-up: plans, streams
+    gpu::time_raw_concurrent(raws, 1);
+    std::vector<double> caravan_gbps, raw_gbps;
+    for (int r = 0; r < std::max(reps / 2, 5); ++r) {
+      raw_gbps.push_back(per_gpu_bytes / gpu::time_raw_concurrent(raws, 1).front() / 1e9);
+      auto start = Clock::now();
+      all_to_all();
+      caravan_gbps.push_back(per_gpu_bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9);
+    }
+    bool verified = true;
+    for (auto [i, j] : order.pairs) verified = verified && verify(sources[i], targets[i * gpus + j]);
+    Summary sc = summarize(caravan_gbps), sr = summarize(raw_gbps);
+    at.rows.push_back(row(fmt::format("caravan xgmi ({}), {}", engine, order.name), sc));
+    at.rows.push_back(row(fmt::format("hipMemcpyPeerAsync, a stream per pair, {}", order.name), sr));
+    out.headlines.push_back(fmt::format("xgmi all-to-all, {} GPUs, engine {}, {}: caravan / raw copy engines = {:.2f}x ({:.1f} vs "
+                                        "{:.1f} GB/s per GPU){}",
+                                        gpus, engine, order.name, sc.median / sr.median, sc.median, sr.median,
+                                        verified ? "" : " DATA MISMATCH"));
+    if (!verified) out.failure = "xgmi all-to-all: a destination differs from its source";
+    figures["all_to_all"][order.name] = {{"caravan_gbps_per_gpu", summary_json(sc)}, {"raw_gbps_per_gpu", summary_json(sr)},
+                                         {"verified", verified}};
+  }
+  out.tables.push_back(at);
+}
+
 BenchReport run_gpu_bench() {
   BenchReport out;
   GpuProbe probe = probe_gpus();
@@ -230,6 +315,12 @@ BenchReport run_gpu_bench() {
     std::memcpy(pageable.data(), host.data(), bytes);
     copy(host, a).wait();
   }
+  if (g_gpu.all_to_all_only) {
+    nlohmann::json figures = nlohmann::json::object();
+    run_all_to_all_case(out, figures, rank, a);
+    out.figures = figures;
+    return out;
+  }
   const bool peer = topo.devices.size() >= 2 && topo.can_peer(0, 1);
   Instance c;
   if (peer) c = make(fbm1);
@@ -248,203 +339,124 @@ BenchReport run_gpu_bench() {
   if (peer) add("xgmi fbm0->fbm1", "hipMemcpyPeerAsync 0->1", a, c, {.device = 0, .peer = true, .src_device = 0, .dst_device = 1}, reps);
   add("sys->fbm0 (planned path)", "hipMemcpyAsync pageable H2D", pageable, a, {.device = 0}, std::max(reps / 4, 3));
 
+  for (Pair& p : pairs) {
+    CopyReport report;
+    copy(p.src, p.dst, {.report = &report}).wait();  // warm-up: plan, streams, first touch
+    gpu::time_raw_copies(p.raw, 1);
+    for (int r = 0; r < p.repetitions; ++r) {
+      p.baseline.push_back(gbps(bytes, gpu::time_raw_copies(p.raw, 1).front()));
+      // Polled like hipStreamSynchronize polls in the raw baseline (the same waiting policy),
+      // and without a report (building one is on the way to the event; the warm-up copy's
+      // report names the route)...
+      auto start = Clock::now();
+      Event e = copy(p.src, p.dst);
+      while (!e.has_triggered()) {
+      }
+      e.wait();  // throws if the copy failed
+      p.caravan.push_back(gbps(bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+      // ...and with Event::wait(), which sleeps after CARAVAN_WAIT_SPIN_US.
+      start = Clock::now();
+      copy(p.src, p.dst).wait();
+      p.caravan_wait.push_back(gbps(bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+    }
+    p.route = report.route;
+    p.requests = report.hop_requests.empty() ? 0 : report.hop_requests.back();
+    p.verified = verify(p.src, p.dst);
+  }
+
+  BenchTable t{fmt::format("GB/s, {} MiB per copy, each timed from submission to completion, raw and Caravan alternating; "
+                           "(caravan) polls the event as hipStreamSynchronize polls the stream", bytes >> 20),
+               {"copy", "median", "p10", "p90", "min", "max"}, {}};
   nlohmann::json figures = nlohmann::json::object();
-  if (!g_gpu.all_to_all_only) {
-    for (Pair& p : pairs) {
-      CopyReport report;
-      copy(p.src, p.dst, {.report = &report}).wait();  // warm-up: plan, streams, first touch
-      gpu::time_raw_copies(p.raw, 1);
-      for (int r = 0; r < p.repetitions; ++r) {
-        p.baseline.push_back(gbps(bytes, gpu::time_raw_copies(p.raw, 1).front()));
-        // Polled like hipStreamSynchronize polls in the raw baseline (the same waiting policy),
-        // and without a report (building one is on the way to the event; the warm-up copy's
-        // report names the route)...
-        auto start = Clock::now();
-        Event e = copy(p.src, p.dst);
-        while (!e.has_triggered()) {
-        }
-        e.wait();  // throws if the copy failed
-        p.caravan.push_back(gbps(bytes, std::chrono::duration<double>(Clock::now() - start).count()));
-        // ...and with Event::wait(), which sleeps after CARAVAN_WAIT_SPIN_US.
-        start = Clock::now();
-        copy(p.src, p.dst).wait();
-        p.caravan_wait.push_back(gbps(bytes, std::chrono::duration<double>(Clock::now() - start).count()));
-      }
-      p.route = report.route;
-      p.requests = report.hop_requests.empty() ? 0 : report.hop_requests.back();
-      p.verified = verify(p.src, p.dst);
-    }
-
-    BenchTable t{fmt::format("GB/s, {} MiB per copy, each timed from submission to completion, raw and Caravan alternating; "
-                             "(caravan) polls the event as hipStreamSynchronize polls the stream", bytes >> 20),
-                 {"copy", "median", "p10", "p90", "min", "max"}, {}};
-    for (const Pair& p : pairs) {
-      Summary sc = summarize(p.caravan), sw = summarize(p.caravan_wait), sb = summarize(p.baseline);
-      t.rows.push_back(row(p.name + " (caravan)", sc));
-      t.rows.push_back(row(p.name + " (caravan, Event::wait)", sw));
-      t.rows.push_back(row(p.raw_name + " (raw, same buffers)", sb));
-      double ratio = sc.median / sb.median;
-      out.headlines.push_back(fmt::format("{}: caravan / raw = {:.3f} ({:.1f} vs {:.1f} GB/s){}{}", p.name, ratio, sc.median, sb.median,
-                                          p.name.rfind("sys", 0) == 0 ? "" : " (goal >= 0.95)", p.verified ? "" : " DATA MISMATCH"));
-      out.notes.push_back(fmt::format("{}: route {}, {} requests, {} runs, destination verified: {}; with Event::wait() "
-                                      "caravan / raw = {:.3f}",
-                                      p.name, p.route, p.requests, p.repetitions, p.verified ? "yes" : "NO", sw.median / sb.median));
-      figures[p.name] = {{"caravan_gbps", summary_json(sc)}, {"caravan_wait_gbps", summary_json(sw)}, {"raw_gbps", summary_json(sb)},
-                         {"ratio", ratio}, {"ratio_wait", sw.median / sb.median}, {"route", p.route}, {"verified", p.verified}};
-    }
-    out.tables.push_back(t);
-
-    // Diagnostic: the per-request cost of the copy engines (raw, 4 MiB pieces).
-    {
-      BenchTable d{"Raw copies cut into 4 MiB pieces (what one request costs), GB/s", {"copy", "median", "p10", "p90", "min", "max"}, {}};
-      auto piece = [&](const std::string& name, gpu::RawCopy raw, int streams) {
-        raw.chunk = 4u << 20;
-        raw.streams = streams;
-        std::vector<double> g;
-        for (double s : gpu::time_raw_copies(raw, std::max(reps / 2, 3))) g.push_back(gbps(bytes, s));
-        Summary s = summarize(g);
-        d.rows.push_back(row(name, s));
-        figures["pieces"][name] = summary_json(s);
-      };
-      piece("H2D 4 MiB pieces, 1 stream", pairs[0].raw, 1);
-      piece("H2D 4 MiB pieces, 3 streams", pairs[0].raw, 3);
-      if (peer) {
-        piece("peer 4 MiB pieces, 1 stream", pairs[3].raw, 1);
-        piece("peer 4 MiB pieces, 3 streams", pairs[3].raw, 3);
-      }
-      out.tables.push_back(d);
-    }
-
-    // A layout conversion within GPU 0: 48 MiB of points with three 4-byte fields, AOS -> SOA, as
-    // planned (the gpu_convert kernel where calibration finds it faster) against the copy engine
-    // doing it as raw per-field 2-D copies (4-byte rows), verified word by word.
-    {
-      const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
-      const std::uint64_t points = (48u << 20) / 12, conv_bytes = points * 12;
-      const Rect line = Rect::from_extents({static_cast<std::int64_t>(points)});
-      Instance cs = Instance::create(fbm0, line, xyz, Layout::parse("F,x")), cd = Instance::create(fbm0, line, xyz, Layout::parse("x,F"));
-      std::vector<std::uint32_t> words(points * 3), got(points * 3);
-      std::mt19937_64 rng(0xC0417);
-      for (auto& w : words) w = static_cast<std::uint32_t>(rng());
-      cs.write_bytes(0, std::as_bytes(std::span(words)));
-      std::fill(got.begin(), got.end(), 0xDEADBEEFu);
-      cd.write_bytes(0, std::as_bytes(std::span(got)));
-      CopyReport report;
-      copy(cs, cd, {.report = &report}).wait();
-      cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
-      std::uint64_t wrong = 0;
-      for (std::uint64_t i = 0; i < points; ++i)
-        for (std::uint64_t f = 0; f < 3; ++f) wrong += got[f * points + i] != words[i * 3 + f];
-      gpu::RawCopy raw{.dst = address(cd), .src = address(cs), .device = 0, .width = 4, .height = points, .src_pitch = 12,
-                       .dst_pitch = 4, .src_slice = 4, .dst_slice = points * 4, .slices = 3};
-      gpu::time_raw_copies(raw, 1);
-      std::vector<double> caravan_gbps, raw_gbps;
-      for (int r = 0; r < std::max(reps / 2, 5); ++r) {
-        raw_gbps.push_back(gbps(conv_bytes, gpu::time_raw_copies(raw, 1).front()));
-        auto start = Clock::now();
-        Event e = copy(cs, cd);
-        while (!e.has_triggered()) {
-        }
-        e.wait();
-        caravan_gbps.push_back(gbps(conv_bytes, std::chrono::duration<double>(Clock::now() - start).count()));
-      }
-      Summary sc = summarize(caravan_gbps), sr = summarize(raw_gbps);
-      BenchTable ct{fmt::format("Layout conversion within GPU 0, {} MiB, three 4-byte fields, AOS -> SOA, GB/s", conv_bytes >> 20),
-                    {"copy", "median", "p10", "p90", "min", "max"}, {}};
-      ct.rows.push_back(row("caravan copy(), as planned", sc));
-      ct.rows.push_back(row("hipMemcpy2DAsync per field (raw copy engine)", sr));
-      out.tables.push_back(ct);
-      out.headlines.push_back(fmt::format("layout conversion fbm0 AOS->SOA: caravan / raw copy-engine 2-D copies = {:.2f}x ({:.1f} vs "
-                                          "{:.1f} GB/s) via {}{}",
-                                          sc.median / sr.median, sc.median, sr.median, report.route,
-                                          wrong == 0 ? "" : fmt::format(" DATA MISMATCH ({} words)", wrong)));
-      if (wrong != 0) out.failure = fmt::format("layout conversion: {} words wrong after the copy", wrong);
-      figures["conversion"] = {{"caravan_gbps", summary_json(sc)}, {"raw_2d_gbps", summary_json(sr)}, {"route", report.route},
-                               {"verified", wrong == 0}};
-    }
+  for (const Pair& p : pairs) {
+    Summary sc = summarize(p.caravan), sw = summarize(p.caravan_wait), sb = summarize(p.baseline);
+    t.rows.push_back(row(p.name + " (caravan)", sc));
+    t.rows.push_back(row(p.name + " (caravan, Event::wait)", sw));
+    t.rows.push_back(row(p.raw_name + " (raw, same buffers)", sb));
+    double ratio = sc.median / sb.median;
+    out.headlines.push_back(fmt::format("{}: caravan / raw = {:.3f} ({:.1f} vs {:.1f} GB/s){}{}", p.name, ratio, sc.median, sb.median,
+                                        p.name.rfind("sys", 0) == 0 ? "" : " (goal >= 0.95)", p.verified ? "" : " DATA MISMATCH"));
+    out.notes.push_back(fmt::format("{}: route {}, {} requests, {} runs, destination verified: {}; with Event::wait() "
+                                    "caravan / raw = {:.3f}",
+                                    p.name, p.route, p.requests, p.repetitions, p.verified ? "yes" : "NO", sw.median / sb.median));
+    figures[p.name] = {{"caravan_gbps", summary_json(sc)}, {"caravan_wait_gbps", summary_json(sw)}, {"raw_gbps", summary_json(sb)},
+                       {"ratio", ratio}, {"ratio_wait", sw.median / sb.median}, {"route", p.route}, {"verified", p.verified}};
   }
+  out.tables.push_back(t);
 
-  // Every GPU sends to every other at once (xgmi, CARAVAN_GPU_XGMI_ENGINE), against the same
-  // copies as raw hipMemcpyPeerAsync calls on the copy engines, each on a stream of its own.
-  bool all_peers = topo.devices.size() >= 2;
-  for (std::size_t i = 0; i < topo.devices.size(); ++i)
-    for (std::size_t j = 0; j < topo.devices.size(); ++j)
-      if (i != j && !topo.can_peer(static_cast<int>(i), static_cast<int>(j))) all_peers = false;
-  if (all_peers) {
-    const std::size_t gpus = topo.devices.size();
-    auto fbm = [&](std::size_t i) { return MemoryId{0, rank, MemoryKind::fbm, static_cast<std::uint32_t>(i)}; };
-    std::vector<Instance> sources;
-    // One destination per (sender, receiver); targets[i * gpus + j] (unused where i == j).
-    std::vector<Instance> targets(gpus * gpus);
-    for (std::size_t i = 0; i < gpus; ++i) {
-      sources.push_back(make(fbm(i)));
-      copy(a, sources.back()).wait();  // random data
-    }
-    for (std::size_t i = 0; i < gpus; ++i)
-      for (std::size_t j = 0; j < gpus; ++j)
-        if (i != j) targets[i * gpus + j] = make(fbm(j));
-    // Two orders of the same copies. Each GPU's copy engines serve its peer copies about in the
-    // order they were issued, so the order decides which receivers collide: "receivers
-    // ascending" (0 -> 1, 2, 3; 1 -> 0, 2, 3; ...) starts three senders on GPU 0 at once and
-    // halves the rate; "rotation" (every GPU to its next, then the one after...) keeps each
-    // phase a permutation (scripts/probes/all_to_all_probe.cu measured 384 vs 194 GB/s).
-    struct Order {
-      std::string name;
-      std::vector<std::pair<std::size_t, std::size_t>> pairs;
+  // Diagnostic: the per-request cost of the copy engines (raw, 4 MiB pieces).
+  {
+    BenchTable d{"Raw copies cut into 4 MiB pieces (what one request costs), GB/s", {"copy", "median", "p10", "p90", "min", "max"}, {}};
+    auto piece = [&](const std::string& name, gpu::RawCopy raw, int streams) {
+      raw.chunk = 4u << 20;
+      raw.streams = streams;
+      std::vector<double> g;
+      for (double s : gpu::time_raw_copies(raw, std::max(reps / 2, 3))) g.push_back(gbps(bytes, s));
+      Summary s = summarize(g);
+      d.rows.push_back(row(name, s));
+      figures["pieces"][name] = summary_json(s);
     };
-    std::vector<Order> orders(2);
-    orders[0].name = "receivers ascending";
-    for (std::size_t i = 0; i < gpus; ++i)
-      for (std::size_t j = 0; j < gpus; ++j)
-        if (i != j) orders[0].pairs.emplace_back(i, j);
-    orders[1].name = "rotation";
-    for (std::size_t step = 1; step < gpus; ++step)
-      for (std::size_t i = 0; i < gpus; ++i) orders[1].pairs.emplace_back(i, (i + step) % gpus);
-    const std::string engine = settings::get_string("CARAVAN_GPU_XGMI_ENGINE");
-    const double per_gpu_bytes = static_cast<double>(bytes) * static_cast<double>(gpus - 1);
-    BenchTable at{fmt::format("All-to-all over the peer links: each of {} GPUs sends {} MiB to every other at once, GB/s sent per GPU",
-                              gpus, bytes >> 20),
-                  {"copy", "median", "p10", "p90", "min", "max"}, {}};
-    figures["all_to_all"] = {{"engine", engine}};
-    for (const Order& order : orders) {
-      std::vector<gpu::RawCopy> raws;
-      for (auto [i, j] : order.pairs)
-        raws.push_back({.dst = address(targets[i * gpus + j]), .src = address(sources[i]), .bytes = bytes,
-                        .device = static_cast<int>(i), .peer = true, .src_device = static_cast<int>(i),
-                        .dst_device = static_cast<int>(j)});
-      auto all_to_all = [&] {
-        std::vector<Event> events;
-        for (auto [i, j] : order.pairs) events.push_back(copy(sources[i], targets[i * gpus + j]));
-        for (Event& e : events) e.wait();
-      };
-      all_to_all();  // warm-up: plans, streams
-      gpu::time_raw_concurrent(raws, 1);
-      std::vector<double> caravan_gbps, raw_gbps;
-      for (int r = 0; r < std::max(reps / 2, 5); ++r) {
-        raw_gbps.push_back(per_gpu_bytes / gpu::time_raw_concurrent(raws, 1).front() / 1e9);
-        auto start = Clock::now();
-        all_to_all();
-        caravan_gbps.push_back(per_gpu_bytes / std::chrono::duration<double>(Clock::now() - start).count() / 1e9);
-      }
-      bool verified = true;
-      for (auto [i, j] : order.pairs) verified = verified && verify(sources[i], targets[i * gpus + j]);
-      Summary sc = summarize(caravan_gbps), sr = summarize(raw_gbps);
-      at.rows.push_back(row(fmt::format("caravan xgmi ({}), {}", engine, order.name), sc));
-      at.rows.push_back(row(fmt::format("hipMemcpyPeerAsync, a stream per pair, {}", order.name), sr));
-      out.headlines.push_back(fmt::format("xgmi all-to-all, {} GPUs, engine {}, {}: caravan / raw copy engines = {:.2f}x ({:.1f} vs "
-                                          "{:.1f} GB/s per GPU){}",
-                                          gpus, engine, order.name, sc.median / sr.median, sc.median, sr.median,
-                                          verified ? "" : " DATA MISMATCH"));
-      if (!verified) out.failure = "xgmi all-to-all: a destination differs from its source";
-      figures["all_to_all"][order.name] = {{"caravan_gbps_per_gpu", summary_json(sc)}, {"raw_gbps_per_gpu", summary_json(sr)},
-                                           {"verified", verified}};
+    piece("H2D 4 MiB pieces, 1 stream", pairs[0].raw, 1);
+    piece("H2D 4 MiB pieces, 3 streams", pairs[0].raw, 3);
+    if (peer) {
+      piece("peer 4 MiB pieces, 1 stream", pairs[3].raw, 1);
+      piece("peer 4 MiB pieces, 3 streams", pairs[3].raw, 3);
     }
-    out.tables.push_back(at);
+    out.tables.push_back(d);
   }
 
+  // A layout conversion within GPU 0: 48 MiB of points with three 4-byte fields, AOS -> SOA, as
+  // planned (the gpu_convert kernel where calibration finds it faster) against the copy engine
+  // doing it as raw per-field 2-D copies (4-byte rows), verified word by word.
+  {
+    const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
+    const std::uint64_t points = (48u << 20) / 12, conv_bytes = points * 12;
+    const Rect line = Rect::from_extents({static_cast<std::int64_t>(points)});
+    Instance cs = Instance::create(fbm0, line, xyz, Layout::parse("F,x")), cd = Instance::create(fbm0, line, xyz, Layout::parse("x,F"));
+    std::vector<std::uint32_t> words(points * 3), got(points * 3);
+    std::mt19937_64 rng(0xC0417);
+    for (auto& w : words) w = static_cast<std::uint32_t>(rng());
+    cs.write_bytes(0, std::as_bytes(std::span(words)));
+    std::fill(got.begin(), got.end(), 0xDEADBEEFu);
+    cd.write_bytes(0, std::as_bytes(std::span(got)));
+    CopyReport report;
+    copy(cs, cd, {.report = &report}).wait();
+    cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
+    std::uint64_t wrong = 0;
+    for (std::uint64_t i = 0; i < points; ++i)
+      for (std::uint64_t f = 0; f < 3; ++f) wrong += got[f * points + i] != words[i * 3 + f];
+    gpu::RawCopy raw{.dst = address(cd), .src = address(cs), .device = 0, .width = 4, .height = points, .src_pitch = 12,
+                     .dst_pitch = 4, .src_slice = 4, .dst_slice = points * 4, .slices = 3};
+    gpu::time_raw_copies(raw, 1);
+    std::vector<double> caravan_gbps, raw_gbps;
+    for (int r = 0; r < std::max(reps / 2, 5); ++r) {
+      raw_gbps.push_back(gbps(conv_bytes, gpu::time_raw_copies(raw, 1).front()));
+      auto start = Clock::now();
+      Event e = copy(cs, cd);
+      while (!e.has_triggered()) {
+      }
+      e.wait();
+      caravan_gbps.push_back(gbps(conv_bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+    }
+    Summary sc = summarize(caravan_gbps), sr = summarize(raw_gbps);
+    BenchTable ct{fmt::format("Layout conversion within GPU 0, {} MiB, three 4-byte fields, AOS -> SOA, GB/s", conv_bytes >> 20),
+                  {"copy", "median", "p10", "p90", "min", "max"}, {}};
+    ct.rows.push_back(row("caravan copy(), as planned", sc));
+    ct.rows.push_back(row("hipMemcpy2DAsync per field (raw copy engine)", sr));
+    out.tables.push_back(ct);
+    out.headlines.push_back(fmt::format("layout conversion fbm0 AOS->SOA: caravan / raw copy-engine 2-D copies = {:.2f}x ({:.1f} vs "
+                                        "{:.1f} GB/s) via {}{}",
+                                        sc.median / sr.median, sc.median, sr.median, report.route,
+                                        wrong == 0 ? "" : fmt::format(" DATA MISMATCH ({} words)", wrong)));
+    if (wrong != 0) out.failure = fmt::format("layout conversion: {} words wrong after the copy", wrong);
+    figures["conversion"] = {{"caravan_gbps", summary_json(sc)}, {"raw_2d_gbps", summary_json(sr)}, {"route", report.route},
+                             {"verified", wrong == 0}};
+  }
+
+  run_all_to_all_case(out, figures, rank, a);
 
   // Diagnostic: the fixed cost of one copy (a 64 KiB copy, where bandwidth does not matter).
-  if (!g_gpu.all_to_all_only) {
+  {
     const Rect small = Rect::from_extents({static_cast<std::int64_t>((64u << 10) / fields().total_size())});
     Instance ss = Instance::create(zcm, small, fields(), aos), sd = Instance::create(fbm0, small, fields(), aos);
     gpu::RawCopy raw{.dst = address(sd), .src = address(ss), .bytes = 64u << 10, .device = 0};
@@ -501,7 +513,7 @@ BenchReport run_gpu_bench() {
                                               {"notice", summary_json(summarize(notice_us))}};
   }
 
-  if (g_gpu.priority && !g_gpu.all_to_all_only) {
+  if (g_gpu.priority) {
     // 32 low-priority 16 MiB copies zcm -> fbm0 and one 64 MiB copy on the same channel.
     const Rect low_space = Rect::from_extents({static_cast<std::int64_t>((16u << 20) / fields().total_size())});
     const Rect high_space = Rect::from_extents({static_cast<std::int64_t>((64u << 20) / fields().total_size())});
@@ -548,7 +560,7 @@ BenchReport run_gpu_bench() {
     figures["priority_ms"] = {{"alone", summary_json(s_alone)}, {"prioritized", summary_json(s_prio)},
                               {"fifo", summary_json(s_fifo)}, {"interleaved", summary_json(s_inter)}};
   }
-  if (g_gpu.multipath && !g_gpu.all_to_all_only) run_multipath_case(out, figures, rank);
+  if (g_gpu.multipath) run_multipath_case(out, figures, rank);
   out.notes.push_back(fmt::format("GPUs: {} x {}; peer copies {}", topo.devices.size(), topo.devices[0].name,
                                   peer ? "GPU 0 -> GPU 1" : "not measured (needs 2 GPUs with peer access)"));
   out.figures = figures;

@@ -26,6 +26,20 @@ constexpr int kThreads = 512;
 // block fences its stores at system scope before it counts itself, and the last one fences again
 // before its release store: whoever acquires the flag sees every block's stores (the pattern of
 // a last-block reduction, at system scope).
+// Thread 0 of a block that has stored its share of chunk c for `peer`: fences those stores at
+// system scope and counts the block; the last block of the grid resets the counter (for the next
+// call, stream-ordered after this one), fences again and raises the peer's landed flag.
+__device__ inline void block_stored_chunk(const HeapView& heap, std::uint32_t* counters, std::uint64_t* landed, int peer, int c,
+                                          int chunks, std::uint64_t epoch) {
+  __threadfence_system();
+  cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> count(counters[peer * chunks + c]);
+  if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
+    count.store(0, cuda::memory_order_relaxed);
+    __threadfence_system();
+    dev::notify(heap, landed + heap.rank * chunks + c, epoch, peer);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     sm_push_kernel(HeapView heap, const uint4* src, uint4* dst, std::size_t chunk_vectors, int chunks, SmPushFlags flags,
                    std::uint32_t* counters, std::uint64_t epoch) {
@@ -57,40 +71,23 @@ __global__ void __launch_bounds__(kThreads)
           if (step < world) remote[step][base + i] = v;
       }
       __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (int step = 1; step < world; ++step) {
-          const int peer = (me + step) % world;
-          cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> count(counters[peer * chunks + c]);
-          if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
-            count.store(0, cuda::memory_order_relaxed);  // for the next call (stream-ordered after this one)
-            __threadfence_system();
-            dev::notify(heap, landed + me * chunks + c, epoch, peer);
-          }
-        }
+      if (threadIdx.x == 0)
+        for (int step = 1; step < world; ++step) block_stored_chunk(heap, counters, landed, (me + step) % world, c, chunks, epoch);
+    }
+  } else {
+    for (int step = 1; step < world; ++step) {
+      const int peer = (me + step) % world;
+      if (flags.freed != nullptr) {
+        if (threadIdx.x == 0) dev::wait_until(flags.freed + peer, dev::Compare::ge, epoch);
+        __syncthreads();  // the peer entered this epoch: its copy may be overwritten
       }
-    }
-  }
-  for (int step = 1; step < world && !flags.all_peers_at_once; ++step) {
-    const int peer = (me + step) % world;
-    if (flags.freed != nullptr) {
-      if (threadIdx.x == 0) dev::wait_until(flags.freed + peer, dev::Compare::ge, epoch);
-      __syncthreads();  // the peer entered this epoch: its copy may be overwritten
-    }
-    uint4* remote = dev::translate(heap, dst, peer);
-    for (int c = 0; c < chunks; ++c) {
-      const std::size_t base = static_cast<std::size_t>(c) * chunk_vectors;
-      dev::grid_copy16(src + base, remote + base, chunk_vectors, blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x,
-                       stride);
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence_system();
-        cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> count(counters[peer * chunks + c]);
-        if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
-          count.store(0, cuda::memory_order_relaxed);  // for the next call (stream-ordered after this one)
-          __threadfence_system();
-          dev::notify(heap, landed + me * chunks + c, epoch, peer);
-        }
+      uint4* remote = dev::translate(heap, dst, peer);
+      for (int c = 0; c < chunks; ++c) {
+        const std::size_t base = static_cast<std::size_t>(c) * chunk_vectors;
+        dev::grid_copy16(src + base, remote + base, chunk_vectors, blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x,
+                         stride);
+        __syncthreads();
+        if (threadIdx.x == 0) block_stored_chunk(heap, counters, landed, peer, c, chunks, epoch);
       }
     }
   }

@@ -289,7 +289,9 @@ int main(int argc, char** argv) {
     }
   const int picks[][3] = {{0, 1, 2}, {0, 4, 8}};
   for (const auto& pick : picks) {
-    auto run = [&] {
+    const std::string name = "ce pool streams " + std::to_string(pick[0]) + " " + std::to_string(pick[1]) + " " +
+                             std::to_string(pick[2]);
+    timed(name.c_str(), [&] {
       for (int d = 0; d < gpus; ++d) {
         CK(cudaSetDevice(d));
         Targets t = targets(d);
@@ -297,17 +299,7 @@ int main(int argc, char** argv) {
           CK(cudaMemcpyPeerAsync(t.dst[t.peers[k]], t.peers[k], src[d], d, bytes, pool[d][pick[k]]));
       }
       sync_all();
-    };
-    run();
-    std::vector<double> gbps;
-    for (int r = 0; r < 5; ++r) {
-      auto start = std::chrono::steady_clock::now();
-      run();
-      gbps.push_back(double(bytes) * (gpus - 1) / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 1e9);
-    }
-    std::sort(gbps.begin(), gbps.end());
-    std::printf("ce pool streams %2d %2d %2d  %8.1f GB/s sent per GPU (min %.1f, max %.1f)\n", pick[0], pick[1], pick[2], gbps[2],
-                gbps[0], gbps[4]);
+    });
   }
   return ok ? 0 : 1;
 }
