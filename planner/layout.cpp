@@ -9,6 +9,7 @@
 #include <charconv>
 #include <limits>
 #include <set>
+#include <stdexcept>
 
 namespace caravan {
 namespace {
@@ -100,18 +101,21 @@ std::string Rect::to_string() const {
 
 // ---------------------------------------------------------------- FieldSpace
 
-FieldSpace::FieldSpace(std::vector<Field> fields) : fields_(std::move(fields)) {
-  if (fields_.empty()) invalid("field space: at least one field is needed");
+FieldSpace::FieldSpace(std::vector<Field> fields) {
+  if (fields.empty()) invalid("field space: at least one field is needed");
+  auto data = std::make_shared<Data>();
   std::set<std::string> names;
   min_ = std::numeric_limits<std::uint32_t>::max();
-  for (const auto& f : fields_) {
+  for (const auto& f : fields) {
     if (f.size == 0) invalid(fmt::format("field space: field '{}' has size 0", f.name));
     if (!names.insert(f.name).second) invalid(fmt::format("field space: field '{}' appears twice", f.name));
-    offsets_.push_back(total_);
+    data->offsets.push_back(total_);
     total_ += f.size;
     min_ = std::min(min_, f.size);
     max_ = std::max(max_, f.size);
   }
+  data->fields = std::move(fields);
+  data_ = std::move(data);
 }
 
 FieldSpace FieldSpace::uniform(int count, std::uint32_t size) {
@@ -120,16 +124,29 @@ FieldSpace FieldSpace::uniform(int count, std::uint32_t size) {
   return FieldSpace(std::move(fields));
 }
 
+const std::vector<Field>& FieldSpace::fields() const noexcept {
+  static const std::vector<Field> kNone;
+  return data_ ? data_->fields : kNone;
+}
+
+void FieldSpace::throw_no_field(std::size_t field) const {
+  throw std::out_of_range(fmt::format("field space: field index {} past its {} fields", field, count()));
+}
+
 std::size_t FieldSpace::index_of(std::string_view name) const {
-  for (std::size_t i = 0; i < fields_.size(); ++i)
-    if (fields_[i].name == name) return i;
+  const std::vector<Field>& all = fields();
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i].name == name) return i;
   throw Error(Errc::not_found, fmt::format("field space: no field named '{}'", name));
 }
 
 bool FieldSpace::operator==(const FieldSpace& other) const noexcept {
-  if (fields_.size() != other.fields_.size()) return false;
-  for (std::size_t i = 0; i < fields_.size(); ++i)
-    if (fields_[i].name != other.fields_[i].name || fields_[i].size != other.fields_[i].size) return false;
+  if (data_ == other.data_) return true;
+  const std::vector<Field>& a = fields();
+  const std::vector<Field>& b = other.fields();
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].name != b[i].name || a[i].size != b[i].size) return false;
   return true;
 }
 

@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,7 +67,9 @@ struct Field {
 };
 
 // The values stored for every point. Fields are packed in declaration order wherever the
-// layout keeps them together.
+// layout keeps them together. Immutable once made, so copies share the field list: a copy is a
+// reference count, not an allocation (every copy() call copies the field space of its
+// instances).
 class FieldSpace {
  public:
   FieldSpace() = default;
@@ -75,18 +78,25 @@ class FieldSpace {
   // n unnamed fields ("f0", "f1"...) of `size` bytes each.
   static FieldSpace uniform(int count, std::uint32_t size);
 
-  const std::vector<Field>& fields() const noexcept { return fields_; }
-  std::size_t count() const noexcept { return fields_.size(); }
+  const std::vector<Field>& fields() const noexcept;
+  std::size_t count() const noexcept { return fields().size(); }
   std::uint64_t total_size() const noexcept { return total_; }        // |F| in bytes
   std::uint32_t min_size() const noexcept { return min_; }
   std::uint32_t max_size() const noexcept { return max_; }
-  std::uint64_t offset(std::size_t field) const { return offsets_.at(field); }  // within F
+  std::uint64_t offset(std::size_t field) const {  // within F; throws std::out_of_range past count()
+    if (!data_ || field >= data_->offsets.size()) throw_no_field(field);
+    return data_->offsets[field];
+  }
   std::size_t index_of(std::string_view name) const;  // throws Error(not_found)
   bool operator==(const FieldSpace& other) const noexcept;
 
  private:
-  std::vector<Field> fields_;
-  std::vector<std::uint64_t> offsets_;
+  struct Data {
+    std::vector<Field> fields;
+    std::vector<std::uint64_t> offsets;
+  };
+  [[noreturn]] void throw_no_field(std::size_t field) const;
+  std::shared_ptr<const Data> data_;  // null: the empty field space
   std::uint64_t total_ = 0;
   std::uint32_t min_ = 0, max_ = 0;
 };

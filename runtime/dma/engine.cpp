@@ -85,6 +85,20 @@ void CopyOperation::fail(const FailureCause& cause) {
     if (xd->worker) xd->worker->wake();
 }
 
+std::string CopyOperation::route() const {
+  if (!route_text.empty() || route_steps.empty()) return route_text;
+  std::string out = route_src.to_string();
+  for (const auto& [kind, to] : route_steps) out += fmt::format(" -[{}]-> {}", to_string(kind), to.to_string());
+  return out;
+}
+
+void CopyOperation::set_route(const std::vector<planner::Hop>& hops) {
+  route_steps.clear();
+  if (hops.empty()) return;
+  route_src = hops.front().src;
+  for (const planner::Hop& hop : hops) route_steps.emplace_back(hop.kind, hop.dst);
+}
+
 void CopyOperation::touch() { last_progress_ns.store(now_ns(), std::memory_order_relaxed); }
 
 // ------------------------------------------------------------------------------------ DmaWorker
@@ -324,7 +338,7 @@ void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, std::size_t span, con
     // Tiles finish in order: pop finished ones from the front.
     while (!xd->active.empty() && xd->active.front().outstanding == 0 &&
            xd->active.front().next_op == xd->active.front().ops.size()) {
-      xd->active.pop_front();
+      xd->active.erase(xd->active.begin());
       if (xd->record) xd->tile_done_us.push_back(us_since(op.started_ns));
       xd->tiles_done.fetch_add(1, std::memory_order_acq_rel);
       finished_tile = true;
@@ -416,6 +430,7 @@ void PreconditionWaiter::event_triggered(const FailureCause& failure) {
 Engine::Engine(RuntimeImpl& runtime)
     : runtime_(runtime), buffer_cache_(settings::get_bytes("CARAVAN_DMA_IDLE_BUFFER_BYTES")) {
   request_floor_bytes_ = settings::get_bytes("CARAVAN_DMA_REQUEST_BYTES");
+  gpu_request_us_ = settings::get_int("CARAVAN_GPU_REQUEST_US");
   tile_bytes_ = settings::get_bytes("CARAVAN_DMA_TILE_BYTES");
   pool_bytes_ = settings::get_bytes("CARAVAN_DMA_POOL_BYTES");
   slots_ = static_cast<int>(settings::get_int("CARAVAN_DMA_SLOTS"));
@@ -562,11 +577,11 @@ std::shared_ptr<const planner::Plan> Engine::plan(const Instance& src, const Ins
 // 4 MiB requests and a host link at 96%; at 250 us a request both are at 99% (docs/dma.md, GPU
 // channels). Host channels peak by 4 MiB, so nothing changes for them.
 namespace {
-std::uint64_t full_speed_request_bytes(const planner::Channel& channel) {
+std::uint64_t full_speed_request_bytes(const planner::Channel& channel, std::int64_t gpu_request_us) {
   constexpr std::uint64_t kMiB = 1u << 20;
   double r = channel.tp.inverse(0.99 * channel.tp.peak());
   if (channel.kind == ChannelKind::sdma || channel.kind == ChannelKind::xgmi || channel.kind == ChannelKind::gpu_convert)
-    r = std::max(r, channel.tp.peak() * 1e3 * static_cast<double>(settings::get_int("CARAVAN_GPU_REQUEST_US")));
+    r = std::max(r, channel.tp.peak() * 1e3 * static_cast<double>(gpu_request_us));
   if (!(r > static_cast<double>(4 * kMiB))) return 4 * kMiB;
   auto bytes = static_cast<std::uint64_t>(std::min(r, 256.0 * kMiB));
   return (bytes + kMiB - 1) / kMiB * kMiB;
@@ -582,7 +597,7 @@ std::uint64_t Engine::choose_tile_points(const Rect& space, const FieldSpace& fi
   std::uint64_t tile_bytes = tile_bytes_;
   if (hops.size() > 1) tile_bytes = std::min(tile_bytes, planner_->options().buffer_threshold / slots);
   // One hop has no intermediate buffer: its tiles may hold a full-speed request of its channel.
-  else if (hops.size() == 1) tile_bytes = std::max(tile_bytes, full_speed_request_bytes(graph_->channel(hops[0].channel)));
+  else if (hops.size() == 1) tile_bytes = std::max(tile_bytes, full_speed_request_bytes(graph_->channel(hops[0].channel), gpu_request_us_));
   std::uint64_t tile_points = 1;
   for (;;) {
     tile_points = std::max<std::uint64_t>(tile_bytes / point_bytes, 1);
@@ -617,7 +632,7 @@ void Engine::prepare_pipeline(CopyOperation& op, const std::vector<planner::Hop>
     const double efficient = channel.tp.inverse(0.9 * channel.tp.peak());
     const std::uint64_t wanted = std::max<std::uint64_t>(hop.request_bytes, std::isfinite(efficient) ? static_cast<std::uint64_t>(efficient) : 0);
     request_bytes.push_back(std::clamp<std::uint64_t>(wanted, request_floor_bytes_,
-                                                      std::max(request_floor_bytes_, full_speed_request_bytes(channel))));
+                                                      std::max(request_floor_bytes_, full_speed_request_bytes(channel, gpu_request_us_))));
   }
   const auto me = static_cast<std::uint32_t>(runtime_.rank());
   build_pipeline(op, hops, tile_points, slot_bytes, request_bytes, [&](std::size_t i) { return hops[i].src.rank == me; });
@@ -778,7 +793,7 @@ std::shared_ptr<CopyOperation> Engine::prepare_copy(const Instance& src, const I
   op->engine = this;
   op->priority = options.priority;
   op->report = options.report;
-  op->route = plan.route();
+  op->set_route(plan.hops);
   op->predicted_gbps = plan.predicted_gbps;
   op->src_instance = src;
   op->dst_instance = dst;
@@ -851,7 +866,7 @@ Event Engine::copy_multipath(const Instance& src, const Instance& dst, const pla
     part_options.report = options.report ? &multi->part_reports[i] : nullptr;
     auto part = prepare_copy(src, dst, share.plan, share.piece, part_options, called_ns);
     if (part->dist)
-      throw Error(Errc::internal, fmt::format("copy: path {} of a multi-path copy crosses ranks ({})", i, part->route));
+      throw Error(Errc::internal, fmt::format("copy: path {} of a multi-path copy crosses ranks ({})", i, part->route()));
     multi->parts.push_back(std::move(part));
   }
   if (options.signal.flags) {
@@ -1030,7 +1045,7 @@ void Engine::check_signal(CopyOperation& op, const TileSignal& signal) const {
   if (op.grid.count() != signal.tiles)
     throw Error(Errc::invalid_argument,
                 fmt::format("copy: CopyOptions::signal.tiles is {}, but this copy ({}) is cut into {} tile(s) of up to "
-                            "{} points; size the flags by copy_tiling(src, dst)", signal.tiles, op.route,
+                            "{} points; size the flags by copy_tiling(src, dst)", signal.tiles, op.route(),
                             op.grid.count(), op.grid.largest().volume()));
   const Xd& last = *op.xds.back();
   const Channel& channel = last.worker->channel();
@@ -1039,18 +1054,18 @@ void Engine::check_signal(CopyOperation& op, const TileSignal& signal) const {
     throw Error(Errc::invalid_argument,
                 fmt::format("copy: CopyOptions::signal: the copy's last hop runs on the {} channel ('{}', route {}), "
                             "which cannot write landing flags (memcpy, sdma and xgmi can)",
-                            to_string(channel.kind()), last.worker->name(), op.route));
+                            to_string(channel.kind()), last.worker->name(), op.route()));
   const gpu::PointerKind where = gpu::pointer_kind(signal.flags);
   if (writer == FlagWriter::cpu && where == gpu::PointerKind::device)
     throw Error(Errc::invalid_argument,
                 fmt::format("copy: CopyOptions::signal.flags is GPU memory, but the copy's last hop runs on the {} "
                             "channel (route {}), whose flags the CPU stores: use host memory (zcm for a GPU to "
-                            "watch them)", to_string(channel.kind()), op.route));
+                            "watch them)", to_string(channel.kind()), op.route()));
   if (writer == FlagWriter::gpu && where == gpu::PointerKind::pageable)
     throw Error(Errc::invalid_argument,
                 fmt::format("copy: CopyOptions::signal.flags is pageable host memory, but the copy's last hop runs on "
                             "the {} channel (route {}), whose flags a GPU stream writes: use GPU memory or pinned "
-                            "host memory mapped into the GPUs (zcm)", to_string(channel.kind()), op.route));
+                            "host memory mapped into the GPUs (zcm)", to_string(channel.kind()), op.route()));
   op.signal_flags = signal.flags;
   op.signal_value = signal.value;
 }
@@ -1110,7 +1125,7 @@ Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const 
   op->engine = this;
   op->priority = options.priority;
   op->report = options.report;
-  op->route = fmt::format("fill -[{}]-> {}", to_string(graph_->channel(*channel).kind), dst.memory().to_string());
+  op->route_text = fmt::format("fill -[{}]-> {}", to_string(graph_->channel(*channel).kind), dst.memory().to_string());
   op->dst_instance = dst;
   op->dst_storage = dst.impl()->storage;
   op->pattern = Storage::allocate_host(host, value.size());
@@ -1225,7 +1240,9 @@ void Engine::tile_finished(Xd* xd) {
   if (xd->hop + 1 < op.xds.size() && op.xds[xd->hop + 1]->worker) op.xds[xd->hop + 1]->worker->wake();
   if (xd->hop > 0 && op.xds[xd->hop - 1]->worker) op.xds[xd->hop - 1]->worker->wake();
   if (op.dist) dist_tile_progress(xd);  // neighbours on other ranks hear of it by message
-  xd->worker->wake();
+  // Not xd's own worker: complete() signals it once the request is no longer in flight, when it
+  // can act (retire the XD or issue the next tile). Waking it here too made it take the lock
+  // while the completing thread still needed it, for nothing.
 }
 
 void Engine::xd_retired(CopyOperation* raw) {
@@ -1273,7 +1290,7 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
   }
   if (op->report) {
     CopyReport& r = *op->report;
-    r.route = op->route;
+    r.route = op->route();
     r.predicted_gbps = op->predicted_gbps;
     r.tiles = op->grid.count();
     r.buffer_bytes.clear();
@@ -1484,7 +1501,7 @@ void Engine::watchdog_main() {
                              xd->tiles_done.load(), op->grid.count(), xd->worker->describe(*xd));
       }
       log::get("dma")->warn("copy {} ({}{}{}) made no progress for {:.1f} s{}", event.to_string(), op->part_of,
-                            op->part_of.empty() ? "" : ": ", op->route, static_cast<double>(idle) / 1e9, where);
+                            op->part_of.empty() ? "" : ": ", op->route(), static_cast<double>(idle) / 1e9, where);
     }
   }
 }

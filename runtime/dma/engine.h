@@ -74,7 +74,9 @@ struct Xd {
   };
   std::uint64_t next_tile = 0;
   bool generating = false;  // the worker is cutting next_tile into ops, outside its lock
-  std::deque<ActiveTile> active;
+  // In order; few at a time (at most the slots). A vector, not a deque: libstdc++'s deque
+  // allocates two blocks as it is made, on every copy's setup path.
+  std::vector<ActiveTile> active;
   int in_flight = 0;
   bool retired = false;
   std::uint64_t requests = 0, first_seq = 0, last_seq = 0;
@@ -185,7 +187,13 @@ struct CopyOperation {
   // signal_value to signal_flags[t].
   std::uint64_t* signal_flags = nullptr;
   std::uint64_t signal_value = 0;
-  std::string route;
+  // The path, for reports and messages. Kept as its steps and rendered only when asked for:
+  // building the text on every copy was a measurable part of a small copy's setup.
+  MemoryId route_src;
+  std::vector<std::pair<ChannelKind, MemoryId>> route_steps;  // each hop's channel and destination
+  std::string route_text;  // used instead when set (fills)
+  std::string route() const;
+  void set_route(const std::vector<planner::Hop>& hops);
   double predicted_gbps = 0;
 
   Instance src_instance, dst_instance;     // kept alive while the copy runs
@@ -436,6 +444,7 @@ class Engine final : public RuntimeService {
   std::condition_variable watchdog_cv_;
   std::uint64_t request_floor_bytes_, tile_bytes_, pool_bytes_, multipath_min_bytes_;
   std::int64_t stall_ns_;
+  std::int64_t gpu_request_us_;  // read once: a settings lookup costs about 0.4 us on the GPU hosts
   int slots_;
 
   // Cross-rank copies (remote_copy.cpp).

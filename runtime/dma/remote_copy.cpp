@@ -98,13 +98,6 @@ FieldSpace get_fields(net::WireReader& in) {
   return FieldSpace(std::move(fields));
 }
 
-std::string route_of(const std::vector<planner::Hop>& hops) {
-  if (hops.empty()) return "";
-  std::string out = hops[0].src.to_string();
-  for (const auto& hop : hops) out += fmt::format(" -[{}]-> {}", to_string(hop.kind), hop.dst.to_string());
-  return out;
-}
-
 std::vector<std::byte> id_body(std::uint64_t id) {
   net::WireWriter out;
   out.put(id);
@@ -432,7 +425,7 @@ void Engine::dist_prepare(CopyOperation& op) {
     if (r != src_owner && r != dst_owner && r != me)
       throw Error(Errc::invalid_argument,
                   fmt::format("copy: the planned path ({}) runs a hop on rank {}, which owns neither instance; copy in two "
-                              "steps through an instance on that rank", op.route, r));
+                              "steps through an instance on that rank", op.route(), r));
     ranks.insert(r);
   }
   d.participants.assign(ranks.begin(), ranks.end());
@@ -695,7 +688,7 @@ void Engine::on_setup(int source, const std::vector<std::byte>& body) {
     for (std::uint32_t i = 0; i < participants; ++i) d.participants.push_back(in.get<std::int32_t>());
     in.expect_end();
     if (hop_count == 0 || op->slots < 1) throw Error(Errc::internal, "a copy setup without hops or slots");
-    op->route = route_of(d.hops);
+    op->set_route(d.hops);
     // The instances this rank owns are the real ones; the others only describe the far ends.
     op->src_view = View::of_layout(instances[0]->layout, op->space, op->fields, 0);
     op->dst_view = View::of_layout(instances[1]->layout, op->space, op->fields, 0);

@@ -112,6 +112,10 @@ TEST(CopyMultiHop, FileToFileThroughBoundedBuffersWithALayoutChange) {
   ASSERT_FALSE(report.buffer_bytes.empty()) << report.route;
   for (std::uint64_t b : report.buffer_bytes) EXPECT_LE(b, instance_bytes / 16) << report.route;
   EXPECT_GE(report.tiles, 16u) << "the copy must be pipelined in pieces";
+  // The engine keeps the path as its steps and renders the text only for the report: the same
+  // text as the plan's.
+  EXPECT_EQ(report.route, plan_copy(src, dst)->route());
+  EXPECT_EQ(report.hop_requests.size(), plan_copy(src, dst)->hops.size());
   expect_consistent_timeline(report);
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <stdexcept>
 
 namespace caravan {
 namespace {
@@ -72,6 +73,29 @@ TEST(MemoryModel, RectAndFieldSpace) {
   EXPECT_EQ(f.index_of("im"), 1u);
   EXPECT_THROW(FieldSpace({{"a", 4}, {"a", 4}}), Error);
   EXPECT_THROW(FieldSpace({{"a", 0}}), Error);
+}
+
+// Field spaces are immutable and copies share their field list: a copy, and one made apart
+// from the same fields, are equal; the empty one has no fields and no offsets.
+TEST(MemoryModel, FieldSpaceCopiesAndEquality) {
+  FieldSpace f({{"re", 8}, {"im", 8}});
+  FieldSpace copy = f;
+  EXPECT_EQ(copy, f);
+  EXPECT_EQ(copy.fields().size(), 2u);
+  EXPECT_EQ(copy.fields()[1].name, "im");
+  EXPECT_EQ(copy.offset(1), 8u);
+  EXPECT_EQ(FieldSpace({{"re", 8}, {"im", 8}}), f);
+  EXPECT_FALSE(FieldSpace({{"re", 8}, {"im", 4}}) == f);
+  EXPECT_FALSE(FieldSpace({{"re", 8}, {"IM", 8}}) == f);
+  FieldSpace none;
+  EXPECT_EQ(none.count(), 0u);
+  EXPECT_EQ(none.total_size(), 0u);
+  EXPECT_THROW(none.offset(0), std::out_of_range);
+  EXPECT_THROW(f.offset(2), std::out_of_range);
+  EXPECT_FALSE(none == f);
+  copy = none;
+  EXPECT_EQ(copy.count(), 0u);
+  EXPECT_EQ(f.count(), 2u) << "assigning to a copy leaves the original";
 }
 
 // Offsets straight from the definition: the layout is a mixed-radix number, densest first, in
