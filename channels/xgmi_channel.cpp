@@ -10,14 +10,32 @@
 
 namespace caravan::channels {
 
+namespace {
+// xgmi requests in flight per source GPU, over all its xgmi channels (this process).
+constexpr int kMaxGpus = 64;
+std::atomic<int>& gpu_in_flight(int device) {
+  static std::atomic<int> counts[kMaxGpus];
+  return counts[device % kMaxGpus];
+}
+}  // namespace
+
 XgmiChannel::XgmiChannel(MemoryId src, MemoryId dst, int streams, int window)
     : GpuChannel(static_cast<int>(src.index), streams, window, fmt::format("xgmi {}->{}", src.to_string(), dst.to_string())),
       src_(src),
       dst_(dst),
-      peer_(gpu::topology().can_peer(static_cast<int>(src.index), static_cast<int>(dst.index))),
-      sm_(settings::get_string("CARAVAN_GPU_XGMI_ENGINE") == "sm") {
+      peer_(gpu::topology().can_peer(static_cast<int>(src.index), static_cast<int>(dst.index))) {
+  const std::string engine = settings::get_string("CARAVAN_GPU_XGMI_ENGINE");
+  engine_ = engine == "sm" ? Engine::sm : engine == "auto" ? Engine::automatic : Engine::copy;
+  sm_blocks_ = static_cast<unsigned>(settings::get_int("CARAVAN_GPU_XGMI_SM_BLOCKS"));
+  if (sm_blocks_ == 0) {
+    // One block per SM: a GPU's kernels to three peers then run side by side (each a third of the
+    // GPU's blocks resident at once) rather than one after another in launch order.
+    const auto& devices = gpu::topology().devices;
+    const auto index = static_cast<std::size_t>(src.index);
+    sm_blocks_ = index < devices.size() && devices[index].multiprocessors > 0 ? static_cast<unsigned>(devices[index].multiprocessors) : 0;
+  }
   // Loaded now, not at the first request (a module load while other work waits can stall).
-  if (sm_) gpu::preload_op_kernel(static_cast<int>(src.index));
+  if (engine_ != Engine::copy) gpu::preload_op_kernel(static_cast<int>(src.index));
 }
 
 XgmiChannel::~XgmiChannel() = default;
@@ -37,9 +55,37 @@ void XgmiChannel::submit(const dma::Request& request, Completion done) {
     done(make_failure(Errc::internal, fmt::format("xgmi {}->{} given a request on host storage", src_.to_string(), dst_.to_string())));
     return;
   }
+  bool sm = engine_ == Engine::sm;
+  if (engine_ == Engine::automatic) {
+    // The copy engines serve a GPU's peer copies about in issue order, so several at once go to
+    // their receivers in whatever order the channels' workers issued them (docs/gpu.md,
+    // "All-to-all"); kernels of a bounded grid share the GPU instead. One request alone keeps the
+    // copy engines, which reach the link's rate with no SM.
+    // The counts drop when the completion runs, or when the queue drops it unrun (a queue being
+    // destroyed with requests in flight): the guard goes with the last copy of the callback.
+    struct InFlight {
+      InFlight(std::atomic<int>* g, std::shared_ptr<std::atomic<int>> c) : gpu(g), channel(std::move(c)) {}
+      InFlight(const InFlight&) = delete;
+      InFlight& operator=(const InFlight&) = delete;
+      std::atomic<int>* gpu;
+      std::shared_ptr<std::atomic<int>> channel;
+      ~InFlight() {
+        channel->fetch_sub(1, std::memory_order_acq_rel);
+        gpu->fetch_sub(1, std::memory_order_acq_rel);
+      }
+    };
+    std::atomic<int>& on_gpu = gpu_in_flight(static_cast<int>(src_.index));
+    const int others = on_gpu.fetch_add(1, std::memory_order_acq_rel) - in_flight_->fetch_add(1, std::memory_order_acq_rel);
+    sm = others > 0;
+    done = [guard = std::make_shared<InFlight>(&on_gpu, in_flight_), inner = std::move(done)](
+               const FailureCause& failure) mutable {
+      guard.reset();
+      inner(failure);
+    };
+  }
   queue().submit(
       [&](hipStream_t stream) {
-        if (sm_) gpu::enqueue_transfer_kernel(request.ops, ends, stream);
+        if (sm) gpu::enqueue_transfer_kernel(request.ops, ends, stream, sm_blocks_);
         else gpu::enqueue_transfer_ops(request.ops, ends, stream);
       },
       std::move(done), request.signal_flag, request.signal_value);

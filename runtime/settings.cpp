@@ -148,9 +148,16 @@ const Definition kTable[] = {
    "How long the DMA worker of a GPU channel polls for its next event (a completion, a new copy) before it sleeps "
    "(microseconds; 0: sleep at once, as host channels do)", 0, 1000000},
   {"CARAVAN_GPU_XGMI_ENGINE", Kind::choice, "copy",
-   "What moves the bytes of xgmi (GPU to peer GPU) requests: copy (the source GPU's copy engines) or sm (a kernel on "
-   "the source GPU's SMs storing into the peer: holds more when every GPU sends to every other at once, and takes SMs)",
-   -kInf, kInf, "copy|sm"},
+   "What moves the bytes of xgmi (GPU to peer GPU) requests: copy (the source GPU's copy engines), sm (a kernel on "
+   "the source GPU's SMs storing into the peer: holds more when every GPU sends to every other at once, and takes SMs), "
+   "or auto (each request: the copy engines when no other xgmi request of the source GPU is in flight, else sm)",
+   -kInf, kInf, "copy|sm|auto"},
+  {"CARAVAN_GPU_XGMI_SM_BLOCKS", Kind::integer, "0",
+   "With CARAVAN_GPU_XGMI_ENGINE=sm or auto: the most blocks (of 256 threads) one xgmi request's kernel takes; 0: one "
+   "per SM of the source GPU (132 on an H200), so that the kernels of its requests to several peers run side by side "
+   "instead of one after another in launch order (a grid that fills the GPU made every GPU sending to every other at "
+   "once 227 GB/s per GPU on 4 x H200; one block per SM, 310-320)",
+   0, 65535},
   {"CARAVAN_GPU_WINDOW", Kind::integer, "2",
    "Requests a GPU channel keeps in flight (2: one running, one queued behind it); at most CARAVAN_DMA_SLOTS lets one "
    "copy fill it alone, so that a high-priority copy waits behind no more than this many requests", 1, 256},

@@ -152,17 +152,18 @@ void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& 
   }
 }
 
-void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnds& e, hipStream_t stream) {
+void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnds& e, hipStream_t stream,
+                             unsigned max_blocks) {
   KernelOpBatch batch;
   for (const dma::TransferOp& op : ops) {
     if (op.count == 0 || op.elem == 0) continue;
     batch.ops[batch.count++] = KernelOp{at(e.src, op.src), at(e.dst, op.dst), op.elem, op.count, op.src_stride, op.dst_stride};
     if (batch.count == kMaxKernelOps) {
-      launch_op_batch(batch, stream);
+      launch_op_batch(batch, stream, max_blocks);
       batch.count = 0;
     }
   }
-  if (batch.count > 0) launch_op_batch(batch, stream);
+  if (batch.count > 0) launch_op_batch(batch, stream, max_blocks);
 }
 
 // ------------------------------------------------------------------------------------ CopyQueue

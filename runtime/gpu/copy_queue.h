@@ -95,7 +95,9 @@ void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& 
 
 // Enqueues `ops` on `stream` as kernels on the stream's device (runtime/gpu/op_kernel.h), one per
 // kMaxKernelOps ops: the GPU's threads move the bytes. Both ends must be reachable from that
-// device (its own memory, a peer's with peer access, or mapped host memory).
-void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnds& ends, hipStream_t stream);
+// device (its own memory, a peer's with peer access, or mapped host memory). `max_blocks`: as
+// launch_op_batch's.
+void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnds& ends, hipStream_t stream,
+                             unsigned max_blocks = 0);
 
 }  // namespace caravan::gpu

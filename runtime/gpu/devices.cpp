@@ -64,7 +64,8 @@ Topology discover() {
     CARAVAN_HIP_CHECK(hipGetDeviceProperties(&prop, d));
     char bus[32] = {};
     CARAVAN_HIP_CHECK(hipDeviceGetPCIBusId(bus, sizeof(bus), d));
-    t.devices.push_back({d, prop.name, bus, static_cast<std::uint64_t>(prop.totalGlobalMem), prop.asyncEngineCount});
+    t.devices.push_back(
+        {d, prop.name, bus, static_cast<std::uint64_t>(prop.totalGlobalMem), prop.asyncEngineCount, prop.multiProcessorCount});
   }
   t.peer.assign(static_cast<std::size_t>(n), std::vector<bool>(static_cast<std::size_t>(n), false));
   for (int i = 0; i < n; ++i) {

@@ -20,6 +20,7 @@ struct DeviceInfo {
   std::string pci_bus_id;     // e.g. "0000:19:00.0"
   std::uint64_t memory_bytes = 0;
   int copy_engines = 0;       // asyncEngineCount
+  int multiprocessors = 0;    // multiProcessorCount (SMs on NVIDIA, CUs on AMD)
 };
 
 struct Topology {

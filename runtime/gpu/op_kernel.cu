@@ -60,7 +60,7 @@ std::uint32_t widest_unit(const KernelOp& o) {
 
 }  // namespace
 
-void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream) {
+void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream, unsigned max_blocks) {
   if (batch.count < 0 || batch.count > kMaxKernelOps)
     throw Error(Errc::invalid_argument, "launch_op_batch: count must be in [0, " + std::to_string(kMaxKernelOps) + "], is " +
                                             std::to_string(batch.count));
@@ -69,7 +69,7 @@ void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream) {
     const std::uint64_t vectors = o.elem / 16;
     if (vectors == 0) return;
     const std::uint64_t per_block = static_cast<std::uint64_t>(kThreads) * dev::kGridCopyUnroll;
-    const std::uint64_t blocks = std::min<std::uint64_t>((vectors + per_block - 1) / per_block, 1024);
+    const std::uint64_t blocks = std::min<std::uint64_t>((vectors + per_block - 1) / per_block, max_blocks ? max_blocks : 1024);
     contiguous_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(reinterpret_cast<const uint4*>(o.src),
                                                                               reinterpret_cast<uint4*>(o.dst), vectors);
     CARAVAN_HIP_CHECK(hipGetLastError());
@@ -84,7 +84,7 @@ void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream) {
   const std::uint64_t units = plan.first[batch.count];
   if (units == 0) return;
   // Enough blocks to fill the GPU a few times over; the grid strides over the rest.
-  const std::uint64_t blocks = std::min<std::uint64_t>((units + kThreads - 1) / kThreads, 2048);
+  const std::uint64_t blocks = std::min<std::uint64_t>((units + kThreads - 1) / kThreads, max_blocks ? max_blocks : 2048);
   op_batch_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(batch, plan);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }

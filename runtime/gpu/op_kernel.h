@@ -32,7 +32,10 @@ struct KernelOpBatch {
 
 // Enqueues one kernel on `stream` (of the current device) that performs every op of `batch`.
 // Overlapping source and destination bytes give an unspecified result (as a copy engine's).
-void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream);
+// `max_blocks` (0: the kernels' own caps, 1024 or 2048 blocks of 256 threads) bounds the grid,
+// so that kernels of several requests on one GPU can run side by side instead of one after
+// another in launch order.
+void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream, unsigned max_blocks = 0);
 // Loads the kernels on `device` now (a first launch while peers wait on flags can stall); the
 // calling thread's current device is left as it was.
 void preload_op_kernel(int device);

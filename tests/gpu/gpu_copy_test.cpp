@@ -150,6 +150,51 @@ TEST_F(GpuCopyTest, EveryGpuAndEveryPeerPair) {
   }
 }
 
+// Every GPU sending to every peer at once (an all-to-all of copies), under each xgmi engine:
+// copy engines, SM kernels of a bounded grid, and `auto`, which picks per request by what else
+// the source GPU has in flight (so the copies of one GPU run on both engines at once: the first
+// alone on the copy engines, the others as kernels). Fresh random data, poisoned destinations,
+// every byte checked.
+TEST(GpuAllToAll, EveryGpuSendsToEveryPeerAtOnceUnderEachXgmiEngine) {
+  CARAVAN_REQUIRE_GPUS(2);
+  for (const char* engine : {"copy", "sm", "auto"}) {
+    settings::ScopedOverride use_engine("CARAVAN_GPU_XGMI_ENGINE", engine);
+    Runtime rt(RuntimeOptions{.cpu_workers = 2});
+    const auto n = static_cast<std::uint32_t>(gpu::topology().devices.size());
+    const Rect space = Rect::from_extents({static_cast<std::int64_t>((24u << 20) / kFields.total_size())});
+    struct Pair {
+      Instance dst;
+      std::uint64_t seed;
+      std::uint32_t from, to;
+    };
+    std::vector<Instance> sources;
+    std::vector<std::uint64_t> seeds;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      seeds.push_back(fresh_seed());
+      sources.push_back(Instance::create(fbm(i), space, kFields, Layout::parse("F,x")));
+      test::write_pattern(sources.back(), seeds.back());
+    }
+    std::vector<Pair> pairs;
+    std::vector<CopyReport> reports;
+    for (std::uint32_t i = 0; i < n; ++i)
+      for (std::uint32_t j = 0; j < n; ++j)
+        if (i != j && gpu::topology().can_peer(static_cast<int>(i), static_cast<int>(j))) {
+          pairs.push_back({Instance::create(fbm(j), space, kFields, Layout::parse("F,x")), seeds[i], i, j});
+          test::poison(pairs.back().dst);
+        }
+    reports.resize(pairs.size());
+    std::vector<Event> done;
+    for (std::size_t p = 0; p < pairs.size(); ++p)
+      done.push_back(copy(sources[pairs[p].from], pairs[p].dst, {.report = &reports[p]}));
+    ASSERT_TRUE(merge_events(done).wait_for(120s)) << "engine " << engine;
+    for (std::size_t p = 0; p < pairs.size(); ++p) {
+      EXPECT_TRUE(uses(reports[p].route, "xgmi")) << reports[p].route;
+      EXPECT_EQ(test::count_mismatches(pairs[p].dst, pairs[p].seed), 0u)
+          << "engine " << engine << ": GPU " << pairs[p].from << " -> " << pairs[p].to << " (seed " << pairs[p].seed << ")";
+    }
+  }
+}
+
 // Multi-path copies (PlannerChoice::multipath): host -> GPU 0 over every GPU's PCIe link, the
 // other GPUs relaying over NVLink, and the reverse; fresh random data, poisoned destinations.
 CopyReport multipath_copy_and_verify(const Rect& space, const char* a, const char* b, MemoryId from, MemoryId to) {
