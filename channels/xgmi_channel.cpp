@@ -61,24 +61,30 @@ void XgmiChannel::submit(const dma::Request& request, Completion done) {
     // their receivers in whatever order the channels' workers issued them (docs/gpu.md,
     // "All-to-all"); kernels of a bounded grid share the GPU instead. One request alone keeps the
     // copy engines, which reach the link's rate with no SM.
-    // The counts drop when the completion runs, or when the queue drops it unrun (a queue being
-    // destroyed with requests in flight): the guard goes with the last copy of the callback.
+    // The guard raises the counts as it is made and drops them when the completion runs, or when
+    // the queue drops it unrun (a queue destroyed with requests in flight): it goes with the last
+    // copy of the callback. This channel's count is read before the GPU's and dropped after it,
+    // so a completion racing with this call can only make `others` smaller: a wrong guess falls
+    // back to the copy engines.
     struct InFlight {
-      InFlight(std::atomic<int>* g, std::shared_ptr<std::atomic<int>> c) : gpu(g), channel(std::move(c)) {}
+      InFlight(std::atomic<int>& gpu_count, std::shared_ptr<std::atomic<int>> channel_count)
+          : gpu(gpu_count), channel(std::move(channel_count)) {
+        const int own = channel->fetch_add(1, std::memory_order_acq_rel);
+        others = gpu.fetch_add(1, std::memory_order_acq_rel) - own;
+      }
       InFlight(const InFlight&) = delete;
       InFlight& operator=(const InFlight&) = delete;
-      std::atomic<int>* gpu;
-      std::shared_ptr<std::atomic<int>> channel;
       ~InFlight() {
+        gpu.fetch_sub(1, std::memory_order_acq_rel);
         channel->fetch_sub(1, std::memory_order_acq_rel);
-        gpu->fetch_sub(1, std::memory_order_acq_rel);
       }
+      std::atomic<int>& gpu;
+      std::shared_ptr<std::atomic<int>> channel;
+      int others = 0;  // requests of the source GPU's other xgmi channels in flight at the call
     };
-    std::atomic<int>& on_gpu = gpu_in_flight(static_cast<int>(src_.index));
-    const int others = on_gpu.fetch_add(1, std::memory_order_acq_rel) - in_flight_->fetch_add(1, std::memory_order_acq_rel);
-    sm = others > 0;
-    done = [guard = std::make_shared<InFlight>(&on_gpu, in_flight_), inner = std::move(done)](
-               const FailureCause& failure) mutable {
+    auto guard = std::make_shared<InFlight>(gpu_in_flight(static_cast<int>(src_.index)), in_flight_);
+    sm = guard->others > 0;
+    done = [guard = std::move(guard), inner = std::move(done)](const FailureCause& failure) mutable {
       guard.reset();
       inner(failure);
     };

@@ -209,11 +209,12 @@ std::string machine_key() {
   // The version changes whenever what is measured changes, so old caches are not reused.
   // The GPU set (models, PCI addresses, peer matrix, driver) and the GPU channel settings are
   // part of the key: another GPU set or stream count is another machine.
-  constexpr int kCalibrationVersion = 6;
-  std::string key = fmt::format("v{}|{}|{}|{}|{}|gpus:{}|streams:{}|window:{}|xgmi:{}", kCalibrationVersion, host, cpu,
+  constexpr int kCalibrationVersion = 7;  // 7: the SM engine's grid bound
+  std::string key = fmt::format("v{}|{}|{}|{}|{}|gpus:{}|streams:{}|window:{}|xgmi:{}:{}", kCalibrationVersion, host, cpu,
                                 std::thread::hardware_concurrency(), settings::get_string("CARAVAN_DSK_DIR"),
                                 gpu::topology_key(), settings::get_int("CARAVAN_GPU_STREAMS"),
-                                settings::get_int("CARAVAN_GPU_WINDOW"), settings::get_string("CARAVAN_GPU_XGMI_ENGINE"));
+                                settings::get_int("CARAVAN_GPU_WINDOW"), settings::get_string("CARAVAN_GPU_XGMI_ENGINE"),
+                                settings::get_int("CARAVAN_GPU_XGMI_SM_BLOCKS"));
   return fmt::format("{}-{:016x}", host, std::hash<std::string>{}(key));
 }
 

@@ -36,6 +36,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -77,6 +78,9 @@ struct Xd {
   // In order; few at a time (at most the slots). A vector, not a deque: libstdc++'s deque
   // allocates two blocks as it is made, on every copy's setup path.
   std::vector<ActiveTile> active;
+  // A request in flight holds a span into its tile's ops after the worker unlocks: moving tiles
+  // (push_back, erase) must keep those buffers, which a noexcept move does.
+  static_assert(std::is_nothrow_move_constructible_v<ActiveTile> && std::is_nothrow_move_assignable_v<ActiveTile>);
   int in_flight = 0;
   bool retired = false;
   std::uint64_t requests = 0, first_seq = 0, last_seq = 0;

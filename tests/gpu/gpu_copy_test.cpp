@@ -153,8 +153,8 @@ TEST_F(GpuCopyTest, EveryGpuAndEveryPeerPair) {
 // Every GPU sending to every peer at once (an all-to-all of copies), under each xgmi engine:
 // copy engines, SM kernels of a bounded grid, and `auto`, which picks per request by what else
 // the source GPU has in flight (so the copies of one GPU run on both engines at once: the first
-// alone on the copy engines, the others as kernels). Fresh random data, poisoned destinations,
-// every byte checked.
+// alone on the copy engines, the others as kernels). It checks the bytes, not which engine moved
+// them (bench gpu measures the engines). Fresh random data, poisoned destinations.
 TEST(GpuAllToAll, EveryGpuSendsToEveryPeerAtOnceUnderEachXgmiEngine) {
   CARAVAN_REQUIRE_GPUS(2);
   for (const char* engine : {"copy", "sm", "auto"}) {
