@@ -411,6 +411,9 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     if (op.low_latency())
       runner.measure(ctx, "ll-bulk", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ll_bulk, ctx.stream); },
                      poison_out, check_out);
+    if (op.push())
+      runner.measure(ctx, "sm-push", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_push, ctx.stream); },
+                     poison_out, check_out);
     if (op.pull()) {
       runner.measure(ctx, "sm-pull", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_pull, ctx.stream); },
                      poison_out, check_out);

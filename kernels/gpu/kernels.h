@@ -187,5 +187,16 @@ std::size_t sm_push_counter_bytes(int world, int chunks);
 // in the stream (Hopper and later), so that its launch overlaps that kernel's end.
 void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,
                          std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream, bool early_launch = false);
+// The one-shot push ReduceScatter: `partial` (this GPU's memory, world x `elements`, row block q
+// for rank q) is stored into each peer q's `inbox` (symmetric, world slots of `elements`) at slot
+// `rank`; each block then adds one to the peer's counts[rank] (symmetric, world words, zero at
+// first), and once counts[q] >= calls x blocks for every peer q, out = the sum over ranks in rank
+// order and fp32 of slot q (its own rows from `partial`). `calls`: this op's push calls so far,
+// this one included, and `blocks` the same on every rank (all resident at once: at most one per
+// SM). `freed` (if given): the peers' freed[rank] set to `epoch`. The caller must not overwrite
+// an inbox slot a peer may still read (GemmReduceScatter alternates two by epoch parity).
+void push_reduce_scatter(const HeapView& heap, const bf16* partial, bf16* inbox, std::size_t elements, bf16* out,
+                         std::uint64_t* counts, std::uint64_t calls, int blocks, std::uint64_t* freed, std::uint64_t epoch,
+                         hipStream_t stream, bool early_launch = false);
 void preload_sm_copy();
 }  // namespace caravan::gpu

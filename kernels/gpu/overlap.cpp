@@ -685,6 +685,7 @@ std::string_view to_string(GemmRsVariant v) {
     case GemmRsVariant::ce_push: return "ce-push";
     case GemmRsVariant::ll_bulk: return "ll-bulk";
     case GemmRsVariant::sm_pull: return "sm-pull";
+    case GemmRsVariant::sm_push: return "sm-push";
     default: return "ce-bulk";
   }
 }
@@ -710,6 +711,13 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   // Every rank makes the same decision (same heap size, same allocations before this one).
   if (partial_bytes <= kPullMaxBytes && team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + (1u << 20))
     pull_partials_ = team.heap().allocate(2 * partial_bytes);
+  push_counts_ = team.heap().allocate(static_cast<std::uint64_t>(world) * sizeof(std::uint64_t));  // zero, as counts start
+  push_calls_.assign(static_cast<std::size_t>(world), 0);
+  // One block of 512 threads per SM at most, so that every block is resident at once (a block
+  // waits for the peers' blocks, which wait for theirs); enough for one 16-byte vector a thread.
+  push_blocks_ = static_cast<int>(std::min<std::uint64_t>(
+      std::max<std::uint64_t>((static_cast<std::uint64_t>(m / world) * n / 8 + 511) / 512, 1),
+      static_cast<std::uint64_t>(std::max(team.sm_count(team.driven_ranks().front()), 1))));
   try {
     partial_.resize(static_cast<std::size_t>(world), nullptr);
     for (int r : team.driven_ranks()) {
@@ -750,6 +758,10 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   require(variant != GemmRsVariant::ll_bulk || low_latency(),
           fmt::format("GemmReduceScatter: ll_bulk needs an output of at most {} bytes per rank, this one has {}", kLlMaxBytes,
                       chunk_elems * sizeof(bf16)));
+  require(variant != GemmRsVariant::sm_push || push(),
+          fmt::format("GemmReduceScatter: sm_push needs a partial of at most {} bytes and twice that free in the heap; this "
+                      "one has {}",
+                      kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16)));
   require(variant != GemmRsVariant::sm_pull || pull(),
           fmt::format("GemmReduceScatter: sm_pull needs a partial of at most {} bytes and twice that free in the heap; this "
                       "one has {}",
@@ -771,6 +783,17 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, shared, n_);
     pull_reduce_scatter(team_.heap().view(rank), shared + rank * chunk_elems, chunk_elems, out, my.at(rs_ready, 0),
                         my.at(rs_freed, 0), e, stream, early_launch_);
+    return;
+  }
+  if (variant == GemmRsVariant::sm_push) {
+    // Inboxes alternate by epoch parity, as sm_pull's partials: the slot a peer fills now was last
+    // read here in call e-2, and every variant's call e-1 on that peer waited for something this
+    // rank did after its call e-2 ended.
+    team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
+    bf16* inbox = team_.heap().at<bf16>(pull_partials_, rank) + (e & 1) * static_cast<std::size_t>(m_) * n_;
+    const std::uint64_t calls = ++push_calls_[static_cast<std::size_t>(rank)];
+    push_reduce_scatter(team_.heap().view(rank), partial, inbox, chunk_elems, out, team_.heap().at<std::uint64_t>(push_counts_, rank),
+                        calls, push_blocks_, my.at(rs_freed, 0), e, stream, early_launch_);
     return;
   }
   if (variant == GemmRsVariant::ll_bulk) {

@@ -182,6 +182,9 @@ enum class GemmRsVariant {
   sm_pull,  // one GEMM into symmetric memory, then one kernel on every SM that waits for every
             // peer's GEMM and sums this rank's rows of all partials, read over the peer links:
             // one flag exchange and no second copy of the data (partials of at most kPullMaxBytes)
+  sm_push,  // one GEMM, then one kernel that stores every peer's rows into the peer's inbox and
+            // counts itself there, then sums this rank's rows once every peer's count is in: a
+            // rank's data moves as soon as its own GEMM is done (same size limit as sm_pull)
 };
 std::string_view to_string(GemmRsVariant v);
 
@@ -198,6 +201,8 @@ class GemmReduceScatter {
   // Whether the sm_pull variant is available (a partial of at most kPullMaxBytes, and room in
   // the heap for two of them).
   bool pull() const { return pull_partials_.bytes > 0; }
+  // Whether the sm_push variant is available (it uses the same two buffers as inboxes).
+  bool push() const { return pull(); }
   static constexpr std::uint64_t kPullMaxBytes = std::uint64_t{32} << 20;
 
  private:
@@ -209,7 +214,11 @@ class GemmReduceScatter {
   bool early_launch_;  // CARAVAN_OVERLAP_GPU_EARLY_LAUNCH, read at construction (not per call)
   SymmetricRegion received_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when the output fits the low-latency protocol
-  SymmetricRegion pull_partials_;        // sm_pull: two m x n partials (by epoch parity), when they fit
+  SymmetricRegion pull_partials_;        // sm_pull: two m x n partials (by epoch parity), when they fit;
+                                         // sm_push: two inboxes of world slots (by epoch parity)
+  SymmetricRegion push_counts_;          // sm_push: per rank, world counts of the peers' blocks
+  std::vector<std::uint64_t> push_calls_;  // sm_push calls so far, per rank this process drives
+  int push_blocks_ = 0;                  // sm_push's grid, the same on every rank
   std::vector<bf16*> partial_;
   std::vector<std::unique_ptr<RankSync>> sync_;
 };

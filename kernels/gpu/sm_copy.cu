@@ -139,12 +139,99 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The one-shot push ReduceScatter (kernels.h: push_reduce_scatter). Each block stores its share
+// of every peer's rows of this rank's partial into that peer's inbox slot for this rank, fences
+// at system scope and adds one to the peer's count for this rank; so no block waits for another
+// block of its own grid, and a rank's pushes go as soon as its own GEMM is done, whatever its
+// peers are doing. Then every block waits until each peer's count shows all of that peer's
+// blocks of this call, and sums this rank's rows in rank order and fp32 (as reduce_sum), the
+// peers' from the inbox (L2 only: they are new in every call) and its own from the partial.
+__global__ void __launch_bounds__(kThreads)
+    push_reduce_scatter_kernel(HeapView heap, const uint4* partial, uint4* inbox, std::size_t vectors, uint4* out,
+                               std::uint64_t* counts, std::uint64_t target, std::uint64_t* freed, std::uint64_t epoch) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int world = heap.world, me = heap.rank;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kThreads;
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x;
+  uint4* remote[kMaxHeapRanks] = {};
+  for (int step = 1; step < world; ++step) remote[step] = dev::translate(heap, inbox + me * vectors, (me + step) % world);
+  for (std::size_t v = first; v < vectors; v += stride) {
+    uint4 rows[kMaxHeapRanks];
+#pragma unroll
+    for (int step = 1; step < kMaxHeapRanks; ++step)
+      if (step < world) rows[step] = partial[((me + step) % world) * vectors + v];  // every load before the first store
+#pragma unroll
+    for (int step = 1; step < kMaxHeapRanks; ++step)
+      if (step < world) remote[step][v] = rows[step];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int step = 1; step < world; ++step)
+      dev::atomic_add(heap, counts + me, std::uint64_t{1}, (me + step) % world, dev::Order::release);
+    // This rank keeps nothing of the peers' in their copy-engine slots: they may push again.
+    if (blockIdx.x == 0 && freed != nullptr)
+      for (int step = 1; step < world; ++step) dev::notify(heap, freed + me, epoch, (me + step) % world);
+    for (int q = 0; q < world; ++q)
+      if (q != me) dev::wait_until(counts + q, dev::Compare::ge, target);
+  }
+  __syncthreads();
+  for (std::size_t v = first; v < vectors; v += stride) {
+    uint4 raw[kMaxHeapRanks];
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (q < world) raw[q] = q == me ? partial[me * vectors + v] : __ldcg(inbox + q * vectors + v);
+    float acc[8] = {};
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (q < world) dev::accumulate_bf16x8(acc, raw[q]);
+    out[v] = dev::round_bf16x8(acc);
+  }
+}
+
 }  // namespace
 
 void preload_sm_copy() {
   hipFuncAttributes attributes;
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&sm_push_kernel)));
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&pull_reduce_scatter_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&push_reduce_scatter_kernel)));
+}
+
+void push_reduce_scatter(const HeapView& heap, const bf16* partial, bf16* inbox, std::size_t elements, bf16* out,
+                         std::uint64_t* counts, std::uint64_t calls, int blocks, std::uint64_t* freed, std::uint64_t epoch,
+                         hipStream_t stream, bool early_launch) {
+  const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
+  if (elements == 0 || elements % 8 != 0 || misaligned(partial) || misaligned(inbox) || misaligned(out) || counts == nullptr ||
+      blocks < 1 || calls == 0)
+    throw Error(Errc::invalid_argument, "push_reduce_scatter: elements (" + std::to_string(elements) +
+                                            ") must be a positive multiple of 8, partial, inbox and out 16-byte aligned, "
+                                            "counts given, blocks and calls positive");
+  if (heap.world < 1 || heap.world > kMaxHeapRanks)
+    throw Error(Errc::invalid_argument, "push_reduce_scatter: heap view has no valid world size");
+  const std::size_t vectors = elements / 8;
+  const auto grid = static_cast<unsigned>(blocks);
+  const std::uint64_t target = calls * grid;
+  const auto* in = reinterpret_cast<const uint4*>(partial);
+  auto* box = reinterpret_cast<uint4*>(inbox);
+  auto* sum = reinterpret_cast<uint4*>(out);
+  if (early_launch) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    CARAVAN_HIP_CHECK(cudaLaunchKernelEx(&config, push_reduce_scatter_kernel, heap, in, box, vectors, sum, counts, target, freed, epoch));
+  } else {
+    push_reduce_scatter_kernel<<<grid, kThreads, 0, stream>>>(heap, in, box, vectors, sum, counts, target, freed, epoch);
+  }
+  CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
 void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,

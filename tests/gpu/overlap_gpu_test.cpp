@@ -469,12 +469,16 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   GemmReduceScatter op(team, m, k, n, 2);
   ASSERT_TRUE(op.low_latency());
   ASSERT_TRUE(op.pull());
-  // Every variant after every other, sm_pull also twice in a row (both of its partials).
+  ASSERT_TRUE(op.push());
+  // Every variant after every other, sm_pull and sm_push also twice in a row (both of their
+  // buffers), and each after the other (they share the buffers).
   const std::vector<std::pair<GemmRsVariant, int>> runs = {
       {GemmRsVariant::ce_push, 1}, {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::ll_bulk, 1},
       {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_push, 2}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::sm_pull, 1},
       {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ce_push, 1}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ll_bulk, 1},
-      {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ce_bulk, 1}};
+      {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::sm_push, 1}, {GemmRsVariant::sm_push, 1},
+      {GemmRsVariant::ce_push, 1}, {GemmRsVariant::sm_push, 1}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::sm_push, 1},
+      {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::sm_push, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
     const long rows = m / world, kk = k * world;
