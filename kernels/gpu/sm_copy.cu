@@ -191,6 +191,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Launches `kernel` on `grid` blocks of kThreads. `early`: as a programmatic dependent of the
+// kernel before it in `stream` (Hopper and later), so that its launch and block scheduling overlap
+// that kernel's end; the kernel's first instruction (griddepcontrol.wait) waits for its results.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), unsigned grid, hipStream_t stream, bool early, Args... args) {
+  if (early) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    CARAVAN_HIP_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  } else {
+    kernel<<<grid, kThreads, 0, stream>>>(args...);
+  }
+}
+
 }  // namespace
 
 void preload_sm_copy() {
@@ -217,20 +238,7 @@ void push_reduce_scatter(const HeapView& heap, const bf16* partial, bf16* inbox,
   const auto* in = reinterpret_cast<const uint4*>(partial);
   auto* box = reinterpret_cast<uint4*>(inbox);
   auto* sum = reinterpret_cast<uint4*>(out);
-  if (early_launch) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    CARAVAN_HIP_CHECK(cudaLaunchKernelEx(&config, push_reduce_scatter_kernel, heap, in, box, vectors, sum, counts, target, freed, epoch));
-  } else {
-    push_reduce_scatter_kernel<<<grid, kThreads, 0, stream>>>(heap, in, box, vectors, sum, counts, target, freed, epoch);
-  }
+  launch(push_reduce_scatter_kernel, grid, stream, early_launch, heap, in, box, vectors, sum, counts, target, freed, epoch);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
@@ -247,23 +255,8 @@ void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t ele
   const std::size_t blocks = std::min<std::size_t>((vectors + kThreads - 1) / kThreads, 264);
   const auto* in = reinterpret_cast<const uint4*>(rows);
   auto* sum = reinterpret_cast<uint4*>(out);
-  if (early_launch) {
-    // The grid's launch (and its blocks' scheduling) overlaps the tail of the kernel before it;
-    // the kernel's first instruction waits for that kernel's results.
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(blocks));
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    CARAVAN_HIP_CHECK(cudaLaunchKernelEx(&config, pull_reduce_scatter_kernel, heap, in, vectors, sum, ready, freed, epoch));
-  } else {
-    pull_reduce_scatter_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(heap, in, vectors, sum, ready, freed,
-                                                                                        epoch);
-  }
+  launch(pull_reduce_scatter_kernel, static_cast<unsigned>(blocks), stream, early_launch, heap, in, vectors, sum, ready, freed,
+         epoch);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
