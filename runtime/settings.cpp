@@ -156,7 +156,7 @@ const Definition kTable[] = {
    "With CARAVAN_GPU_XGMI_ENGINE=sm or auto: the most blocks (of 256 threads) one xgmi request's kernel takes; 0: one "
    "per SM of the source GPU (132 on an H200), so that the kernels of its requests to several peers run side by side "
    "instead of one after another in launch order (a grid that fills the GPU made every GPU sending to every other at "
-   "once 227 GB/s per GPU on 4 x H200; one block per SM, 310-320)",
+   "once 227 GB/s per GPU on 4 x H200; one block per SM, 285-321)",
    0, 65535},
   {"CARAVAN_GPU_WINDOW", Kind::integer, "2",
    "Requests a GPU channel keeps in flight (2: one running, one queued behind it); at most CARAVAN_DMA_SLOTS lets one "
