@@ -21,11 +21,6 @@ namespace {
 
 constexpr int kThreads = 512;
 
-// Block b stores the vectors b * threads + t, stepping by the grid, of each chunk; the last block
-// to finish a chunk (a counter per peer and chunk, in this GPU's memory) raises the flag. Each
-// block fences its stores at system scope before it counts itself, and the last one fences again
-// before its release store: whoever acquires the flag sees every block's stores (the pattern of
-// a last-block reduction, at system scope).
 // Thread 0 of a block that has stored its share of chunk c for `peer`: fences those stores at
 // system scope and counts the block; the last block of the grid resets the counter (for the next
 // call, stream-ordered after this one), fences again and raises the peer's landed flag.
@@ -40,6 +35,11 @@ __device__ inline void block_stored_chunk(const HeapView& heap, std::uint32_t* c
   }
 }
 
+// Block b stores the vectors b * threads + t, stepping by the grid, of each chunk; the last block
+// to finish a chunk (a counter per peer and chunk, in this GPU's memory) raises the flag. Each
+// block fences its stores at system scope before it counts itself, and the last one fences again
+// before its release store: whoever acquires the flag sees every block's stores (the pattern of
+// a last-block reduction, at system scope).
 __global__ void __launch_bounds__(kThreads)
     sm_push_kernel(HeapView heap, const uint4* src, uint4* dst, std::size_t chunk_vectors, int chunks, SmPushFlags flags,
                    std::uint32_t* counters, std::uint64_t epoch) {

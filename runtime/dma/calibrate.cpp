@@ -355,11 +355,13 @@ void write_cache(const std::string& path, const Calibration& c) {
 Calibration load_or_calibrate(bool force, bool* from_cache) {
   const std::string path = calibration_path();
   if (from_cache) *from_cache = false;
-  if (!force)
-    if (auto cached = read_cache(path)) {
-      if (from_cache) *from_cache = true;
-      return *cached;
-    }
+  auto cached = [&]() -> std::optional<Calibration> {
+    if (force) return std::nullopt;
+    std::optional<Calibration> c = read_cache(path);
+    if (c && from_cache) *from_cache = true;
+    return c;
+  };
+  if (auto c = cached()) return *c;
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   std::filesystem::create_directories(dir, ec);
@@ -368,11 +370,7 @@ Calibration load_or_calibrate(bool force, bool* from_cache) {
   // directory shared by several hosts (a home on NFS, where flock reaches across hosts) must not
   // make the hosts wait for each other.
   CalibrationLock lock((dir / fmt::format("calibration-{}.lock", host_name())).string(), std::chrono::seconds(120));
-  if (!force)
-    if (auto cached = read_cache(path)) {  // written by the process that held the lock before us
-      if (from_cache) *from_cache = true;
-      return *cached;
-    }
+  if (auto c = cached()) return *c;  // written by the process that held the lock before us
   Calibration c = calibrate_channels();
   write_cache(path, c);
   log::get("dma")->info("calibrated channels in {:.2f} s ({})", c.seconds, path);

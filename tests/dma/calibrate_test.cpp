@@ -10,8 +10,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <future>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
