@@ -133,11 +133,11 @@ const Definition kTable[] = {
   {"CARAVAN_OVERLAP_GPU_PACE", Kind::choice, "pulls",
    "GPU overlapped operations: when a call waits on the host until the same object's previous call on that rank has "
    "finished before it is queued. pulls: when it or that previous call pulls with the copy engines (AllGather+GEMM "
-   "ce-pull, ce-pull runs, ce-bulk, tile-pull; tile-push and every GEMM+ReduceScatter and GEMM+All-Scatter call, "
-   "not measured unpaced yet): queuing such calls back to back hangs on 4 x H200 (docs/overlap.md, 'Run-ahead'); all: every "
+   "ce-pull, ce-pull runs, ce-bulk, tile-pull; tile-push, GEMM+ReduceScatter ce-push, ce-bulk and ll-bulk, and every "
+   "GEMM+All-Scatter call, not measured unpaced yet; GEMM+ReduceScatter sm-pull and sm-push run ahead unpaced): queuing such calls back to back hangs on 4 x H200 (docs/overlap.md, 'Run-ahead'); all: every "
    "call; none: no call (calls may then be captured in a graph, at the risk of that hang)", -kInf, kInf, "pulls|all|none"},
   {"CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", Kind::boolean, "true",
-   "GPU GEMM+ReduceScatter sm-pull: launch the exchange kernel as a programmatic dependent of the GEMM before it "
+   "GPU GEMM+ReduceScatter sm-pull and sm-push: launch the exchange kernel as a programmatic dependent of the GEMM before it "
    "(Hopper and later), so that its launch overlaps the GEMM's end; off: an ordinary launch after the GEMM (read when the operation is "
    "constructed)"},
   // --- GPU ---

@@ -437,6 +437,9 @@ void add_options(CLI::App& sub, BenchOverlapArgs& args, CpuOptions& cpu) {
   sub.add_option("--iterations", args.iterations, "Timed launches per variant")->capture_default_str();
   sub.add_option("--warmup", args.warmup, "Untimed launches per variant first")->capture_default_str();
   sub.add_flag("--no-check", [&args](std::int64_t) { args.check = false; }, "Skip the float32 reference check");
+  sub.add_flag("--stamps", args.stamps,
+               "GPU backend, gemm_rs: also time nccl-bulk, sm-pull and sm-push phase by phase on the GPU clock "
+               "(%globaltimer; a diagnostic: its marks add kernels of their own)");
   sub.add_option("--hidden", cpu.hidden, "CPU backend: K = N of the GEMMs (and the LL row width)")->capture_default_str();
 }
 

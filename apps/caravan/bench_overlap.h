@@ -17,6 +17,7 @@ struct BenchOverlapArgs {
   int iterations = 20;
   int warmup = 5;
   bool check = true;                    // verify every variant against a float32 reference
+  bool stamps = false;                  // GPU gemm_rs: also time the phases on the GPU clock (diagnostic)
   std::string json_path;                // write results as JSON here when not empty
 };
 

@@ -18,6 +18,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -58,6 +59,7 @@ struct CaseRecord {
   std::string op, name;
   long m = 0, k = 0, n = 0;
   std::vector<std::pair<std::string, VariantResult>> variants;  // in measuring order
+  std::vector<std::string> notes;  // diagnostics printed under the table
 };
 
 // Everything the rank threads share while running one case.
@@ -152,6 +154,7 @@ class CaseRunner {
   }
 
   CaseRecord& record() { return record_; }
+  RankBarrier& barrier() { return barrier_; }
   static constexpr double kTolerance = 1e-2;
 
  private:
@@ -351,6 +354,87 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
 }
 
 // ---- GEMM + ReduceScatter ---------------------------------------------------------------------
+// `--stamps`: GEMM+RS calls timed phase by phase on each GPU's %globaltimer. Per call and rank,
+// the words are: the call's start (a stamp kernel before it), the GEMM's end (a stamp kernel after
+// it), the exchange kernel's own stamps (kernels.h: stamp_word; zero for NCCL), and the end.
+struct StampedCalls {
+  static constexpr int kStart = 0, kAfterGemm = 1, kExchange = 2, kEnd = kExchange + gpu::stamp_word::count, kWords = kEnd + 1;
+  using Words = std::array<std::uint64_t, kWords>;
+  std::vector<std::vector<Words>> per_rank;  // [rank][iteration]
+};
+
+// Medians over the calls, in microseconds, of where each variant's time went; the cross-rank
+// figures assume the GPUs' timers agree, which "waited - latest peer signalled" tests (a
+// negative value would mean they do not).
+std::vector<std::string> describe_stamps(const std::string& variant, const StampedCalls& calls) {
+  using W = StampedCalls;
+  namespace sw = gpu::stamp_word;
+  const std::size_t world = calls.per_rank.size(), n = calls.per_rank.front().size();
+  auto us = [](std::uint64_t later, std::uint64_t earlier) { return (static_cast<double>(later) - static_cast<double>(earlier)) / 1e3; };
+  auto med = [](std::vector<double> v) { return summarize(v).median; };
+  const bool exchange = calls.per_rank.front().front()[W::kExchange + sw::entry_last] != 0;
+  std::vector<double> start_skew, gemm, gemm_end_skew, in_situ, total, launch, started, stored, signalled, waited, reduce,
+      after_last, sync_check;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t s_min = ~0ull, s_max = 0, g_min = ~0ull, g_max = 0;
+    double gemm_i = 0, situ_i = 0, total_i = 0, launch_i = 0, started_i = 0, stored_i = 0, sig_i = 0, wait_i = 0, reduce_i = 0;
+    for (std::size_t r = 0; r < world; ++r) {
+      const W::Words& w = calls.per_rank[r][i];
+      s_min = std::min(s_min, w[W::kStart]);
+      s_max = std::max(s_max, w[W::kStart]);
+      g_min = std::min(g_min, w[W::kAfterGemm]);
+      g_max = std::max(g_max, w[W::kAfterGemm]);
+      gemm_i = std::max(gemm_i, us(w[W::kAfterGemm], w[W::kStart]));
+      situ_i = std::max(situ_i, us(w[W::kEnd], w[W::kAfterGemm]));
+      total_i = std::max(total_i, us(w[W::kEnd], w[W::kStart]));
+      if (exchange) {
+        const std::uint64_t first = ~w[W::kExchange + sw::entry_first];
+        launch_i = std::max(launch_i, us(first, w[W::kAfterGemm]));
+        started_i = std::max(started_i, us(w[W::kExchange + sw::entry_last], first));
+        if (w[W::kExchange + sw::stored]) stored_i = std::max(stored_i, us(w[W::kExchange + sw::stored], first));
+        sig_i = std::max(sig_i, us(w[W::kExchange + sw::signalled], first));
+        wait_i = std::max(wait_i, us(w[W::kExchange + sw::waited], first));
+        reduce_i = std::max(reduce_i, us(w[W::kExchange + sw::done], w[W::kExchange + sw::waited]));
+      }
+    }
+    start_skew.push_back(us(s_max, s_min));
+    gemm.push_back(gemm_i);
+    gemm_end_skew.push_back(us(g_max, g_min));
+    in_situ.push_back(situ_i);
+    total.push_back(total_i);
+    if (exchange) {
+      double last_i = 0, check_i = 1e300;
+      for (std::size_t r = 0; r < world; ++r) {
+        const W::Words& w = calls.per_rank[r][i];
+        last_i = std::max(last_i, us(w[W::kExchange + sw::done], g_max));
+        std::uint64_t peers_signalled = 0;
+        for (std::size_t q = 0; q < world; ++q)
+          if (q != r) peers_signalled = std::max(peers_signalled, calls.per_rank[q][i][W::kExchange + sw::signalled]);
+        check_i = std::min(check_i, us(w[W::kExchange + sw::waited], peers_signalled));
+      }
+      launch.push_back(launch_i);
+      started.push_back(started_i);
+      stored.push_back(stored_i);
+      signalled.push_back(sig_i);
+      waited.push_back(wait_i);
+      reduce.push_back(reduce_i);
+      after_last.push_back(last_i);
+      sync_check.push_back(check_i);
+    }
+  }
+  std::vector<std::string> out;
+  out.push_back(fmt::format("stamps {}: total {:.1f} us = GEMM {:.1f} (start skew across ranks {:.1f}, GEMM-end skew {:.1f}) + "
+                            "after the GEMM {:.1f} (slowest rank each; medians of {} calls)",
+                            variant, med(total), med(gemm), med(start_skew), med(gemm_end_skew), med(in_situ), n));
+  if (exchange)
+    out.push_back(fmt::format("stamps {} exchange kernel: first block {:.1f} us after the GEMM mark; from it: last block started {:.1f}, "
+                              "stored {:.1f}, signalled {:.1f}, waited {:.1f}, then sums {:.1f}; done {:.1f} us after the last rank's GEMM "
+                              "mark; waited - latest peer signalled {:.1f} (clock check: >= 0 when the timers agree)",
+                              variant, med(launch), med(started), med(stored), med(signalled), med(waited), med(reduce), med(after_last),
+                              med(sync_check)));
+  return out;
+}
+
 CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
   const int world = bench.world();
   const std::uint64_t seed_a = bench.seed() ^ 0xC33C, seed_b = bench.seed() ^ 0xD44D;
@@ -364,7 +448,9 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     diag_partial = bench.team().heap().allocate(static_cast<std::uint64_t>(s.m) * s.n * sizeof(bf16));
     diag_flags = bench.team().heap().allocate(static_cast<std::uint64_t>(world) * sizeof(std::uint64_t));
   }
-  return bench.run_case("GEMM+RS", s, [&](RankContext& ctx, CaseRunner& runner) {
+  StampedCalls stamped_nccl, stamped_push, stamped_pull;
+  for (StampedCalls* c : {&stamped_nccl, &stamped_push, &stamped_pull}) c->per_rank.resize(static_cast<std::size_t>(world));
+  CaseRecord record = bench.run_case("GEMM+RS", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     const long rows = s.m / world;
     gpu::Blas& blas = bench.team().blas(r);
@@ -414,6 +500,37 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     if (op.push())
       runner.measure(ctx, "sm-push", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_push, ctx.stream); },
                      poison_out, check_out);
+    if (bench.args().stamps && op.pull()) {
+      // Each call with its marks, in the same order on every rank; the marks' kernels and the
+      // probe's stop of the early launch make these calls a little slower than the timed ones.
+      auto words = make_buffer<std::uint64_t>(StampedCalls::kWords);
+      std::uint64_t* w = words.get();
+      auto stamped = [&](StampedCalls& calls, const std::function<void()>& body) {
+        auto& mine = calls.per_rank[static_cast<std::size_t>(r)];
+        for (int i = 0; i < bench.args().warmup + bench.args().iterations; ++i) {
+          CARAVAN_HIP_CHECK(hipMemsetAsync(w, 0, StampedCalls::kWords * sizeof(std::uint64_t), ctx.stream));
+          CARAVAN_HIP_CHECK(hipStreamSynchronize(ctx.stream));
+          runner.barrier().arrive_and_wait();
+          gpu::stamp_time(w + StampedCalls::kStart, ctx.stream);
+          body();
+          gpu::stamp_time(w + StampedCalls::kEnd, ctx.stream);
+          StampedCalls::Words host{};
+          CARAVAN_HIP_CHECK(hipMemcpyAsync(host.data(), w, sizeof host, hipMemcpyDeviceToHost, ctx.stream));
+          CARAVAN_HIP_CHECK(hipEventRecord(ctx.end, ctx.stream));
+          wait_event(ctx.end, fmt::format("rank {}: stamped call", r));
+          if (i >= bench.args().warmup) mine.push_back(host);
+        }
+      };
+      stamped(stamped_nccl, [&] {
+        gemm_full();
+        gpu::stamp_time(w + StampedCalls::kAfterGemm, ctx.stream);
+        nccl_rs();
+      });
+      op.set_probe(r, w + StampedCalls::kAfterGemm, w + StampedCalls::kExchange);
+      stamped(stamped_push, [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_push, ctx.stream); });
+      stamped(stamped_pull, [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_pull, ctx.stream); });
+      op.set_probe(r, nullptr, nullptr);
+    }
     if (op.pull()) {
       runner.measure(ctx, "sm-pull", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_pull, ctx.stream); },
                      poison_out, check_out);
@@ -428,6 +545,11 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
       }, {}, {});
     }
   });
+  if (bench.args().stamps && op.pull()) {
+    for (auto [name, calls] : {std::pair{"nccl-bulk", &stamped_nccl}, {"sm-push", &stamped_push}, {"sm-pull", &stamped_pull}})
+      for (std::string& line : describe_stamps(name, *calls)) record.notes.push_back(std::move(line));
+  }
+  return record;
 }
 
 // ---- GEMM + All-Scatter -----------------------------------------------------------------------
@@ -633,6 +755,8 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
                                                t / alone));
       }
     }
+    for (const std::string& line : rec.notes) report.notes.push_back(fmt::format("{} {} M={}: {}", rec.op, rec.name, rec.m, line));
+    if (!rec.notes.empty()) jcase["diagnostics"] = rec.notes;
     cases.push_back(std::move(jcase));
   }
   report.tables.push_back(std::move(table));

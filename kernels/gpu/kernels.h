@@ -67,8 +67,8 @@ void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void*
 // partial sums of every rank's rows, rank p's at p * bytes); each peer's part travels to it as
 // lines, and out (`bytes`) = the sum over ranks of their part for this rank, accumulated in fp32
 // in rank order. `lines`: ll_buffer_bytes(world, bytes) of symmetric memory; `state` as above.
-void ll_reduce_scatter(const HeapView& heap, const bf16* partial, std::size_t bytes, void* lines, bf16* out, LlState* state,
-                       hipStream_t stream);
+void ll_reduce_scatter(const HeapView& heap, const bf16* partial, std::size_t bytes, void* lines, bf16* out,
+                       LlState* state, hipStream_t stream);
 
 }  // namespace caravan::gpu
 
@@ -107,16 +107,16 @@ struct AttentionArguments {
   long tokens = 0;
   long q_heads = 0;
   long kv_heads = 0;
-  long head_dim = 0;  // 32, 64 or 128 (fused_attention_supports)
-  float scale = 0;    // usually 1 / sqrt(head_dim)
+  long head_dim = 0;    // 32, 64 or 128 (fused_attention_supports)
+  float scale = 0;      // usually 1 / sqrt(head_dim)
   bf16* out = nullptr;  // head h of row i at out[i * ld_out + h * head_dim]
   long ld_out = 0;      // even
 };
 // The arguments for Q, K and V packed per row as a QKV projection writes them: q_heads query
 // heads, then kv_heads key heads, then kv_heads value heads, each head_dim wide, in rows of ld;
 // the output heads packed the same way in rows of ld_out. Scale 1 / sqrt(head_dim).
-AttentionArguments packed_qkv_attention(const bf16* qkv, long ld, long tokens, long q_heads, long kv_heads, long head_dim,
-                                        bf16* out, long ld_out);
+AttentionArguments packed_qkv_attention(const bf16* qkv, long ld, long tokens, long q_heads, long kv_heads,
+                                        long head_dim, bf16* out, long ld_out);
 bool fused_attention_supports(long head_dim);
 // q, k, v 16-byte aligned, out 4-byte aligned.
 // Throws Error(invalid_argument) naming the argument and rule. `block_rows`: query rows per
@@ -141,7 +141,8 @@ namespace caravan::gpu {
 // 0, 1, ...) lists the row tiles in the order their blocks are launched (the arrival order of
 // the rows). k and n multiples of 8; pointers 16-byte aligned.
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
-               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, hipStream_t stream);
+               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
+               hipStream_t stream);
 long flag_gemm_row_tiles(long m);
 long flag_gemm_tile_rows();
 void preload_flag_gemm();
@@ -152,7 +153,8 @@ namespace caravan::gpu {
 // local `src`, into every peer's copy of `dst` (a local address in the symmetric heap), peers in
 // the order rank+1, rank+2, ... Flag words are local addresses in the symmetric heap (a peer's
 // word is the same offset in its heap); the kernel
-//   - first sets each non-null `entry` word at every peer to `epoch` (release),
+//   - first sets each non-null `entry` word at every peer to `epoch` (release; this rank's own
+//     copy of the word elects the block that does it, so epochs must grow from call to call),
 //   - before writing to a peer, waits (acquire) until this rank's freed[peer] >= epoch, unless
 //     `freed` is null,
 //   - once chunk c has landed at a peer, sets the peer's landed[rank * chunks + c] = epoch
@@ -172,8 +174,8 @@ struct SmPushFlags {
   bool wait_landed = false;
   bool all_peers_at_once = false;
 };
-void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk_bytes, int chunks, const SmPushFlags& flags,
-             std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream);
+void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk_bytes, int chunks,
+             const SmPushFlags& flags, std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream);
 std::size_t sm_push_counter_bytes(int world, int chunks);
 // One-shot pull ReduceScatter (sm_copy.cu), for outputs small enough that latency rules: every
 // rank's partial (the whole m x n) is in the symmetric heap, and `rows` is the local address of
@@ -181,22 +183,43 @@ std::size_t sm_push_counter_bytes(int world, int chunks);
 // ready[rank] to `epoch` (release) and, if `freed` is given, their freed[rank] too (this rank
 // keeps nothing of theirs); waits until ready[q] >= epoch for every peer q (acquire); then
 // writes out = the sum over ranks, in rank order and fp32, of their `elements` at `rows`, read
-// over the peer links. The caller must not overwrite a partial while a peer may still read it
-// (GemmReduceScatter alternates two by epoch parity). elements a multiple of 8, pointers
-// 16-byte aligned. `early_launch`: launch it as a programmatic dependent of the kernel before it
-// in the stream (Hopper and later), so that its launch overlaps that kernel's end.
+// over the peer links. This rank's own ready[rank] is its blocks' election word (the first to
+// start announces): epochs must grow from call to call. The caller must not overwrite a partial
+// while a peer may still read it (GemmReduceScatter alternates two by epoch parity). elements
+// a multiple of 8, pointers 16-byte aligned. `early_launch`: launch it as a programmatic
+// dependent of the kernel before it in the stream (Hopper and later), so that its launch
+// overlaps that kernel's end.
 void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,
-                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream, bool early_launch = false);
+                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream, bool early_launch = false,
+                         std::uint64_t* stamps = nullptr);
 // The one-shot push ReduceScatter: `partial` (this GPU's memory, world x `elements`, row block q
 // for rank q) is stored into each peer q's `inbox` (symmetric, world slots of `elements`) at slot
-// `rank`; each block then adds one to the peer's counts[rank] (symmetric, world words, zero at
-// first), and once counts[q] >= calls x blocks for every peer q, out = the sum over ranks in rank
-// order and fp32 of slot q (its own rows from `partial`). `calls`: this op's push calls so far,
-// this one included, and `blocks` the same on every rank (all resident at once: at most one per
-// SM). `freed` (if given): the peers' freed[rank] set to `epoch`. The caller must not overwrite
-// an inbox slot a peer may still read (GemmReduceScatter alternates two by epoch parity).
+// `rank`, by `blocks` blocks (the same on every rank, all resident at once: at most one per SM);
+// block b then sets the peer's arrived[rank * blocks + b] = `epoch` (symmetric, world x blocks
+// words, zero at first; epochs grow from call to call), waits until arrived[q * blocks + b] >=
+// epoch for every peer q, and writes its share of out = the sum over ranks in rank order and
+// fp32 of slot q (its own rows from `partial`). `freed` (if given): the peers' freed[rank] set to
+// `epoch`. The caller must not overwrite an inbox slot a peer may still read (GemmReduceScatter
+// alternates two by epoch parity).
 void push_reduce_scatter(const HeapView& heap, const bf16* partial, bf16* inbox, std::size_t elements, bf16* out,
-                         std::uint64_t* counts, std::uint64_t calls, int blocks, std::uint64_t* freed, std::uint64_t epoch,
-                         hipStream_t stream, bool early_launch = false);
+                         std::uint64_t* arrived, int blocks, std::uint64_t* freed, std::uint64_t epoch,
+                         hipStream_t stream, bool early_launch = false, std::uint64_t* stamps = nullptr);
+// The threads per block push_reduce_scatter runs `blocks` blocks of: enough for one 16-byte
+// vector a thread, a multiple of 32 in [128, 512]; so a small exchange spreads over many SMs.
+unsigned push_reduce_scatter_threads(std::size_t elements, int blocks);
 void preload_sm_copy();
+
+// Diagnostics of the one-shot exchanges: with `stamps` (stamp_word::count words of this GPU's
+// memory, zeroed before the call), pull_reduce_scatter and push_reduce_scatter record when their
+// phases ended, in %globaltimer nanoseconds, each word the latest over the grid's blocks:
+//   entry_first holds UINT64_MAX minus the earliest block's start (so that zero-filled words
+//   and one atomic max serve every word), entry_last the latest block's start, stored when the
+//   blocks had stored their rows into the peers (push only), signalled when they had told the
+//   peers, waited when the peers' words were seen, and done when the sums were written.
+// stamp_time writes the timer into *word from one thread, in stream order (marks between other
+// work; a kernel launch of its own).
+namespace stamp_word {
+enum : int { entry_first, entry_last, stored, signalled, waited, done, count };
+}
+void stamp_time(std::uint64_t* word, hipStream_t stream);
 }  // namespace caravan::gpu

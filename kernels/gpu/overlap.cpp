@@ -11,6 +11,7 @@
 #include <array>
 #include <exception>
 #include <thread>
+#include <type_traits>
 #include <chrono>
 
 namespace caravan::gpu {
@@ -21,24 +22,35 @@ constexpr std::uint64_t kFlagBytes = sizeof(std::uint64_t);
 void require(bool ok, const std::string& what) {
   if (!ok) throw Error(Errc::invalid_argument, what);
 }
+// The same with the message made only on failure: calls check their arguments on every call,
+// before their GEMM is queued, so the check must cost nothing when it passes.
+template <class Message>
+requires std::is_invocable_r_v<std::string, Message>
+void require(bool ok, Message&& what) {
+  if (!ok) throw Error(Errc::invalid_argument, what());
+}
 
 // The checks every operation makes of its shape: positive sizes, `splits` >= 1, and m divisible
 // into world x splits row blocks.
 void require_shape(const char* op, long m, long k, long n, int world, int splits) {
-  require(m > 0 && k > 0 && n > 0, fmt::format("{}: m, k, n must be positive, got {}, {}, {}", op, m, k, n));
-  require(k % 8 == 0 && n % 8 == 0,
-          fmt::format("{}: k = {} and n = {} must be multiples of 8 (16-byte rows, so chunks stay aligned)", op, k, n));
-  require(splits >= 1, fmt::format("{}: splits must be >= 1, got {}", op, splits));
-  require(m % (static_cast<long>(world) * splits) == 0,
-          fmt::format("{}: m = {} must be a multiple of world x splits = {} x {}", op, m, world, splits));
+  require(m > 0 && k > 0 && n > 0,
+          [&] { return fmt::format("{}: m, k, n must be positive, got {}, {}, {}", op, m, k, n); });
+  require(k % 8 == 0 && n % 8 == 0, [&] {
+    return fmt::format("{}: k = {} and n = {} must be multiples of 8 (16-byte rows, so chunks stay aligned)", op, k, n);
+  });
+  require(splits >= 1, [&] { return fmt::format("{}: splits must be >= 1, got {}", op, splits); });
+  require(m % (static_cast<long>(world) * splits) == 0, [&] {
+    return fmt::format("{}: m = {} must be a multiple of world x splits = {} x {}", op, m, world, splits);
+  });
 }
 
 // Checks a call's arguments before it takes an epoch (see overlap.h).
 void require_call(const GpuTeam& team, const char* op, int rank, int lanes) {
   const int world = team.world();
-  require(rank >= 0 && rank < world, fmt::format("{}::run: rank {} outside 0..{}", op, rank, world - 1));
-  require(team.drives(rank), fmt::format("{}::run: rank {} is driven by another process", op, rank));
-  require(lanes == 1 || lanes == 2, fmt::format("{}::run: lanes must be 1 or 2, got {}", op, lanes));
+  require(rank >= 0 && rank < world,
+          [&] { return fmt::format("{}::run: rank {} outside 0..{}", op, rank, world - 1); });
+  require(team.drives(rank), [&] { return fmt::format("{}::run: rank {} is driven by another process", op, rank); });
+  require(lanes == 1 || lanes == 2, [&] { return fmt::format("{}::run: lanes must be 1 or 2, got {}", op, lanes); });
 }
 
 // The flag words of an operation: `groups` arrays of `count` 64-bit flags per rank.
@@ -98,7 +110,8 @@ GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank)
 
 GpuTeam::GpuTeam(std::unique_ptr<GpuSymmetricHeap> cross_process_heap) : heap_(std::move(cross_process_heap)) {
   if (!heap_ || heap_->own_rank() < 0)
-    throw Error(Errc::invalid_argument, "GpuTeam: the cross-process form needs a heap from GpuSymmetricHeap::join_node");
+    throw Error(Errc::invalid_argument,
+                "GpuTeam: the cross-process form needs a heap from GpuSymmetricHeap::join_node");
   ranks_.resize(static_cast<std::size_t>(heap_->world()));
   add_rank(heap_->own_rank());
 }
@@ -201,9 +214,10 @@ std::uint64_t RankSync::enter(hipStream_t stream, bool copy_engine_pull) {
       if (status == hipSuccess) break;
       if (status != hipErrorNotReady) CARAVAN_HIP_CHECK(status);
       if (std::chrono::steady_clock::now() > deadline)
-        throw Error(Errc::timeout, fmt::format("overlapped GPU operation: call {} of this rank did not finish within {} s "
-                                               "(CARAVAN_OVERLAP_TIMEOUT_S; a peer missing or behind?)",
-                                               epoch, limit.count()));
+        throw Error(Errc::timeout,
+                    fmt::format("overlapped GPU operation: call {} of this rank did not finish within {} s "
+                                "(CARAVAN_OVERLAP_TIMEOUT_S; a peer missing or behind?)",
+                                epoch, limit.count()));
       std::this_thread::sleep_for(std::chrono::microseconds(10));
     }
   }
@@ -240,7 +254,8 @@ namespace {
 // then the call is broken anyway and pacing must not wait on a half-queued call).
 class CallScope {
  public:
-  CallScope(RankSync& sync, hipStream_t stream) : sync_(sync), stream_(stream), exceptions_(std::uncaught_exceptions()) {}
+  CallScope(RankSync& sync, hipStream_t stream)
+      : sync_(sync), stream_(stream), exceptions_(std::uncaught_exceptions()) {}
   ~CallScope() {
     if (std::uncaught_exceptions() == exceptions_) {
       try {
@@ -260,7 +275,10 @@ class CallScope {
 };
 
 Lanes::Lanes(GpuTeam& team, int rank, RankSync& sync, hipStream_t stream, int lanes)
-    : sync_(sync), count_(lanes), streams_{stream, team.lane_stream(rank)}, blas_{&team.blas(rank, 0), &team.blas(rank, 1)} {
+    : sync_(sync),
+      count_(lanes),
+      streams_{stream, team.lane_stream(rank)},
+      blas_{&team.blas(rank, 0), &team.blas(rank, 1)} {
   // Lane 1 starts with everything enqueued on the caller's stream so far (the caller records
   // sync.start first).
   if (count_ == 2) CARAVAN_HIP_CHECK(hipStreamWaitEvent(streams_[1], sync_.start, 0));
@@ -478,7 +496,8 @@ void AllGatherGemm::wait_shard_free(int rank, hipStream_t stream) {
   // This rank's own last call (its GEMM on the shard, its pushes of it) is done.
   s.order_after_last_call(stream);
   const FlagArrays my{team_.heap().at<std::uint64_t>(flags_, rank), static_cast<long>(team_.world()) * splits_};
-  for (int step = 1; step < team_.world(); ++step) wait_flag(stream, my.at(ag_done, (rank + step) % team_.world()), last);
+  for (int step = 1; step < team_.world(); ++step)
+    wait_flag(stream, my.at(ag_done, (rank + step) % team_.world()), last);
 }
 
 void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes) {
@@ -490,9 +509,10 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   require((variant != AgGemmVariant::tile_pull && variant != AgGemmVariant::tile_push) ||
               reinterpret_cast<std::uintptr_t>(b) % 16 == 0,
           "AllGatherGemm: the tile variants need b 16-byte aligned");
-  require(variant != AgGemmVariant::ll_bulk || low_latency(),
-          fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}", kLlMaxBytes,
-                      static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16)));
+  require(variant != AgGemmVariant::ll_bulk || low_latency(), [&] {
+    return fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}", kLlMaxBytes,
+                       static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16));
+  });
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   // Paced as pulls: the copy-engine pulls, and tile_push, which has not been measured unpaced.
   const bool copy_engine_pull = variant == AgGemmVariant::ce_pull || variant == AgGemmVariant::ce_pull_runs ||
@@ -579,8 +599,9 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
       const bf16* theirs = team_.heap().at<bf16>(gathered_, peer);
       for (int sp = 0; sp < splits_; ++sp) {
         const long offset = static_cast<long>(sp) * chunk_rows * k_;
-        CARAVAN_HIP_CHECK(hipMemcpyAsync(rows_of(peer, mine) + offset, rows_of(peer, const_cast<bf16*>(theirs)) + offset,
-                                         chunk_bytes, hipMemcpyDefault, comm));
+        CARAVAN_HIP_CHECK(hipMemcpyAsync(rows_of(peer, mine) + offset,
+                                         rows_of(peer, const_cast<bf16*>(theirs)) + offset, chunk_bytes,
+                                         hipMemcpyDefault, comm));
         write_flag(comm, my.at(ag_landed, static_cast<long>(peer) * splits_ + sp), e);
       }
       write_flag(comm, flags(peer).at(ag_done, rank), e);
@@ -591,7 +612,8 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   if (variant == AgGemmVariant::tile_pull || variant == AgGemmVariant::tile_push) {
     // This rank's own rows need no wait: mark them landed for this epoch, in stream order after
     // the shard was written; then one GEMM whose blocks wait for their own rows' flags.
-    for (int sp = 0; sp < splits_; ++sp) write_flag(stream, my.at(ag_landed, static_cast<long>(rank) * splits_ + sp), e);
+    for (int sp = 0; sp < splits_; ++sp)
+      write_flag(stream, my.at(ag_landed, static_cast<long>(rank) * splits_ + sp), e);
     const long tiles = flag_gemm_row_tiles(m_);
     const int* order = tile_orders_[static_cast<std::size_t>(rank)] + (push ? tiles : 0);
     flag_gemm(mine, k_, b, n_, c, n_, m_, n_, k_, my.at(ag_landed, 0), chunk_rows, e, order, stream);
@@ -667,8 +689,8 @@ std::string AllGatherGemm::describe_flags() const {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     if (status != hipSuccess) {
-      out += fmt::format(" flags unreadable ({})\n", status == hipErrorNotReady ? "the copy did not finish in 2 s"
-                                                                              : hipGetErrorName(status));
+      out += fmt::format(" flags unreadable ({})\n",
+                         status == hipErrorNotReady ? "the copy did not finish in 2 s" : hipGetErrorName(status));
       continue;
     }
     for (int g = 0; g < ag_groups; ++g)
@@ -695,7 +717,11 @@ std::string_view to_string(GemmRsVariant v) {
 enum RsFlags { rs_arrived, rs_freed, rs_ready, rs_groups };  // rs_ready[p]: p's sm_pull partial is complete
 
 GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int splits)
-    : team_(team), m_(m), k_(k), n_(n), splits_(splits),
+    : team_(team),
+      m_(m),
+      k_(k),
+      n_(n),
+      splits_(splits),
       early_launch_(settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH")) {
   const int world = team.world();
   require_shape("GemmReduceScatter", m, k, n, world, splits);
@@ -711,13 +737,17 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   // Every rank makes the same decision (same heap size, same allocations before this one).
   if (partial_bytes <= kPullMaxBytes && team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + (1u << 20))
     pull_partials_ = team.heap().allocate(2 * partial_bytes);
-  push_counts_ = team.heap().allocate(static_cast<std::uint64_t>(world) * sizeof(std::uint64_t));  // zero, as counts start
-  push_calls_.assign(static_cast<std::size_t>(world), 0);
-  // One block of 512 threads per SM at most, so that every block is resident at once (a block
-  // waits for the peers' blocks, which wait for theirs); enough for one 16-byte vector a thread.
-  push_blocks_ = static_cast<int>(std::min<std::uint64_t>(
-      std::max<std::uint64_t>((static_cast<std::uint64_t>(m / world) * n / 8 + 511) / 512, 1),
-      static_cast<std::uint64_t>(std::max(team.sm_count(team.driven_ranks().front()), 1))));
+  probes_.assign(static_cast<std::size_t>(world), Probe{});
+  // One block per SM at most, so that every block is resident at once (a block waits for the
+  // peers' blocks, which wait for theirs); as many as give each of at least 128 threads a 16-byte
+  // vector (push_reduce_scatter_threads then sizes the blocks), so that a small exchange's
+  // stores leave from many SMs.
+  push_blocks_ = static_cast<int>(
+      std::min<std::uint64_t>(std::max<std::uint64_t>((static_cast<std::uint64_t>(m / world) * n / 8 + 127) / 128, 1),
+                              static_cast<std::uint64_t>(std::max(team.sm_count(team.driven_ranks().front()), 1))));
+  // Zero, as the flags start.
+  push_arrived_ = team.heap().allocate(static_cast<std::uint64_t>(world) * static_cast<std::uint64_t>(push_blocks_) *
+                                       sizeof(std::uint64_t));
   try {
     partial_.resize(static_cast<std::size_t>(world), nullptr);
     for (int r : team.driven_ranks()) {
@@ -747,6 +777,11 @@ void GemmReduceScatter::free_partials() {
 
 GemmReduceScatter::~GemmReduceScatter() { free_partials(); }
 
+void GemmReduceScatter::set_probe(int rank, std::uint64_t* after_gemm, std::uint64_t* stamps) {
+  require_driven(team_, rank);
+  probes_[static_cast<std::size_t>(rank)] = Probe{after_gemm, stamps};
+}
+
 void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant,
                             hipStream_t stream, int lanes) {
   require(reinterpret_cast<std::uintptr_t>(out) % 16 == 0, "GemmReduceScatter::run: out must be 16-byte aligned");
@@ -755,25 +790,36 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   const std::size_t chunk_elems = static_cast<std::size_t>(rows) * n_;
   const std::size_t part_elems = static_cast<std::size_t>(part_rows) * n_;
   require_call(team_, "GemmReduceScatter", rank, lanes);
-  require(variant != GemmRsVariant::ll_bulk || low_latency(),
-          fmt::format("GemmReduceScatter: ll_bulk needs an output of at most {} bytes per rank, this one has {}", kLlMaxBytes,
-                      chunk_elems * sizeof(bf16)));
-  require(variant != GemmRsVariant::sm_push || push(),
-          fmt::format("GemmReduceScatter: sm_push needs a partial of at most {} bytes and twice that free in the heap; this "
-                      "one has {}",
-                      kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16)));
-  require(variant != GemmRsVariant::sm_pull || pull(),
-          fmt::format("GemmReduceScatter: sm_pull needs a partial of at most {} bytes and twice that free in the heap; this "
-                      "one has {}",
-                      kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16)));
+  require(variant != GemmRsVariant::ll_bulk || low_latency(), [&] {
+    return fmt::format("GemmReduceScatter: ll_bulk needs an output of at most {} bytes per rank, this one has {}",
+                       kLlMaxBytes, chunk_elems * sizeof(bf16));
+  });
+  require(variant != GemmRsVariant::sm_push || push(), [&] {
+    return fmt::format(
+        "GemmReduceScatter: sm_push needs a partial of at most {} bytes and twice that free in the heap; this "
+        "one has {}",
+        kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
+  });
+  require(variant != GemmRsVariant::sm_pull || pull(), [&] {
+    return fmt::format(
+        "GemmReduceScatter: sm_pull needs a partial of at most {} bytes and twice that free in the heap; this "
+        "one has {}",
+        kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
+  });
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
-  const std::uint64_t e = s.enter(stream);
+  // The one-kernel exchanges run ahead unpaced (their buffers alternate by epoch parity, and each
+  // kernel waits for words the peers raise only once their previous call has ended), which takes
+  // the host's event query out of the time before their GEMM; the copy-engine variants and
+  // ll_bulk have not been measured unpaced.
+  const bool one_kernel = variant == GemmRsVariant::sm_pull || variant == GemmRsVariant::sm_push;
+  const std::uint64_t e = s.enter(stream, /*copy_engine_pull=*/!one_kernel);
   CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
   bf16* partial = partial_[static_cast<std::size_t>(rank)];
   auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), world}; };
   auto slot = [&](int owner, int from) { return team_.heap().at<bf16>(received_, owner) + from * chunk_elems; };
   const FlagArrays my = flags(rank);
+  const Probe& probe = probes_[static_cast<std::size_t>(rank)];
 
   if (variant == GemmRsVariant::sm_pull) {
     // Partials alternate by epoch parity: the one written now was last read by the peers in
@@ -781,8 +827,9 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     // after its call e-2 ended (here: its ready flag of e-1), so those reads are over.
     bf16* shared = team_.heap().at<bf16>(pull_partials_, rank) + (e & 1) * static_cast<std::size_t>(m_) * n_;
     team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, shared, n_);
+    if (probe.after_gemm) stamp_time(probe.after_gemm, stream);
     pull_reduce_scatter(team_.heap().view(rank), shared + rank * chunk_elems, chunk_elems, out, my.at(rs_ready, 0),
-                        my.at(rs_freed, 0), e, stream, early_launch_);
+                        my.at(rs_freed, 0), e, stream, early_launch_ && !probe.after_gemm, probe.stamps);
     return;
   }
   if (variant == GemmRsVariant::sm_push) {
@@ -790,18 +837,19 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     // read here in call e-2, and every variant's call e-1 on that peer waited for something this
     // rank did after its call e-2 ended.
     team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
+    if (probe.after_gemm) stamp_time(probe.after_gemm, stream);
     bf16* inbox = team_.heap().at<bf16>(pull_partials_, rank) + (e & 1) * static_cast<std::size_t>(m_) * n_;
-    const std::uint64_t calls = ++push_calls_[static_cast<std::size_t>(rank)];
-    push_reduce_scatter(team_.heap().view(rank), partial, inbox, chunk_elems, out, team_.heap().at<std::uint64_t>(push_counts_, rank),
-                        calls, push_blocks_, my.at(rs_freed, 0), e, stream, early_launch_);
+    push_reduce_scatter(team_.heap().view(rank), partial, inbox, chunk_elems, out,
+                        team_.heap().at<std::uint64_t>(push_arrived_, rank), push_blocks_, my.at(rs_freed, 0), e,
+                        stream, early_launch_ && !probe.after_gemm, probe.stamps);
     return;
   }
   if (variant == GemmRsVariant::ll_bulk) {
     // The partials travel as lines into the peers' line buffers: no slot of received_ is used,
     // so this rank's slots stay free for the peers' next copy-engine call at once.
     team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
-    ll_reduce_scatter(team_.heap().view(rank), partial, chunk_elems * sizeof(bf16), team_.heap().at(ll_lines_, rank), out,
-                      team_.heap().at<LlState>(ll_state_, rank), stream);
+    ll_reduce_scatter(team_.heap().view(rank), partial, chunk_elems * sizeof(bf16), team_.heap().at(ll_lines_, rank),
+                      out, team_.heap().at<LlState>(ll_state_, rank), stream);
     for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
     return;
   }
@@ -814,7 +862,8 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     const int dst = (rank + step) % world;
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, computed, 0));
     if (first == 0) wait_flag(comm, my.at(rs_freed, dst), e - 1);
-    CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(dst, rank) + first * part_elems, partial + dst * chunk_elems + first * part_elems,
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(dst, rank) + first * part_elems,
+                                     partial + dst * chunk_elems + first * part_elems,
                                      (end - first) * part_elems * sizeof(bf16), hipMemcpyDefault, comm));
     if (end == splits_) write_flag(comm, flags(dst).at(rs_arrived, rank), e);
   };
@@ -863,12 +912,15 @@ std::string_view to_string(GemmAsVariant v) { return v == GemmAsVariant::ce_push
 GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks)
     : team_(team), m_(m), k_(k), n_(n), chunks_(chunks) {
   const int world = team.world();
-  require(m > 0 && k > 0 && n > 0, fmt::format("GemmAllScatter: m, k, n must be positive, got {}, {}, {}", m, k, n));
-  require(n % world == 0, fmt::format("GemmAllScatter: n = {} must be a multiple of world = {}", n, world));
-  require(k % 8 == 0 && (n / world) % 8 == 0,
-          fmt::format("GemmAllScatter: k = {} and n / world = {} must be multiples of 8 (16-byte rows)", k, n / world));
+  require(m > 0 && k > 0 && n > 0,
+          [&] { return fmt::format("GemmAllScatter: m, k, n must be positive, got {}, {}, {}", m, k, n); });
+  require(n % world == 0,
+          [&] { return fmt::format("GemmAllScatter: n = {} must be a multiple of world = {}", n, world); });
+  require(k % 8 == 0 && (n / world) % 8 == 0, [&] {
+    return fmt::format("GemmAllScatter: k = {} and n / world = {} must be multiples of 8 (16-byte rows)", k, n / world);
+  });
   require(chunks >= 1 && m % chunks == 0,
-          fmt::format("GemmAllScatter: chunks = {} must be >= 1 and divide m = {}", chunks, m));
+          [&] { return fmt::format("GemmAllScatter: chunks = {} must be >= 1 and divide m = {}", chunks, m); });
   c_ = team.heap().allocate(static_cast<std::uint64_t>(m) * n * sizeof(bf16));
   flags_ = team.heap().allocate((static_cast<std::uint64_t>(world) * chunks + world) * kFlagBytes);
   sync_ = make_sync(team, chunks);
@@ -914,7 +966,8 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
     lane.blas(g).gemm(on, gemm_rows, block, k_, a + static_cast<long>(g) * gemm_rows * k_, k_, b_shard, block, c0, n_);
     CARAVAN_HIP_CHECK(hipEventRecord(s.chunk[static_cast<std::size_t>(g)], on));
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.chunk[static_cast<std::size_t>(g)], 0));
-    const int first = variant == GemmAsVariant::ce_push ? g : 0, last = variant == GemmAsVariant::ce_push ? g + 1 : chunks_;
+    const int first = variant == GemmAsVariant::ce_push ? g : 0,
+              last = variant == GemmAsVariant::ce_push ? g + 1 : chunks_;
     for (int c = first; c < last; ++c) {
       for (int step = 1; step < world; ++step) {
         const int dst = (rank + step) % world;
@@ -933,10 +986,12 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
 }
 
 // ---------------------------------------------------------------------------------------------
-LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank) : team_(team), bytes_(bytes_per_rank) {
-  require(bytes_per_rank > 0 && bytes_per_rank % 8 == 0 && bytes_per_rank <= kLlMaxBytes,
-          fmt::format("LowLatencyAllGather: bytes per rank must be a positive multiple of 8 up to {}, got {}", kLlMaxBytes,
-                      bytes_per_rank));
+LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank)
+    : team_(team), bytes_(bytes_per_rank) {
+  require(bytes_per_rank > 0 && bytes_per_rank % 8 == 0 && bytes_per_rank <= kLlMaxBytes, [&] {
+    return fmt::format("LowLatencyAllGather: bytes per rank must be a positive multiple of 8 up to {}, got {}",
+                       kLlMaxBytes, bytes_per_rank);
+  });
   lines_ = team.heap().allocate(ll_buffer_bytes(team.world(), bytes_per_rank));
   state_ = team.heap().allocate(sizeof(LlState));  // zero: epoch 0, no block done
   for (int r : team.driven_ranks()) {

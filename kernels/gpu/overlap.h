@@ -109,9 +109,9 @@ class RankSync {
 };
 
 enum class AgGemmVariant {
-  ce_pull,  // each rank pulls peers' shards with its copy engine; GEMM per shard as it lands
-  ce_push,  // each rank pushes its shard to every peer; GEMM per shard as it lands
-  ce_bulk,  // copy-engine AllGather (pull), then one GEMM over all rows: Caravan without overlap
+  ce_pull,       // each rank pulls peers' shards with its copy engine; GEMM per shard as it lands
+  ce_push,       // each rank pushes its shard to every peer; GEMM per shard as it lands
+  ce_bulk,       // copy-engine AllGather (pull), then one GEMM over all rows: Caravan without overlap
   ce_pull_runs,  // as ce_pull, but the peers' shards in at most two GEMMs over contiguous rows
   ce_push_runs,  // as ce_push, likewise
   ll_bulk,       // low-latency AllGather (SM-driven, flags inside the data), then one GEMM: for
@@ -204,10 +204,20 @@ class GemmReduceScatter {
   // Whether the sm_push variant is available (it uses the same two buffers as inboxes).
   bool push() const { return pull(); }
   static constexpr std::uint64_t kPullMaxBytes = std::uint64_t{32} << 20;
+  // Diagnostics: with `after_gemm` (device memory of rank's GPU), the sm_pull and sm_push calls
+  // of `rank` write the %globaltimer into it between their GEMM and their exchange (a kernel of
+  // its own, which also stops the exchange's early launch), and with `stamps` (stamp_word::count
+  // words, zeroed by the caller) the exchange records its phases (kernels.h). Null: off.
+  void set_probe(int rank, std::uint64_t* after_gemm, std::uint64_t* stamps);
 
  private:
   GpuTeam& team_;
   void free_partials();
+  struct Probe {
+    std::uint64_t* after_gemm = nullptr;
+    std::uint64_t* stamps = nullptr;
+  };
+  std::vector<Probe> probes_;  // per rank
 
   long m_, k_, n_;
   int splits_;
@@ -216,8 +226,7 @@ class GemmReduceScatter {
   SymmetricRegion ll_lines_, ll_state_;  // only when the output fits the low-latency protocol
   SymmetricRegion pull_partials_;        // sm_pull: two m x n partials (by epoch parity), when they fit;
                                          // sm_push: two inboxes of world slots (by epoch parity)
-  SymmetricRegion push_counts_;          // sm_push: per rank, world counts of the peers' blocks
-  std::vector<std::uint64_t> push_calls_;  // sm_push calls so far, per rank this process drives
+  SymmetricRegion push_arrived_;         // sm_push: per rank, a flag per peer and block
   int push_blocks_ = 0;                  // sm_push's grid, the same on every rank
   std::vector<bf16*> partial_;
   std::vector<std::unique_ptr<RankSync>> sync_;

@@ -21,17 +21,45 @@ namespace {
 
 constexpr int kThreads = 512;
 
+__device__ inline std::uint64_t global_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// One thread of a block records that it reached `which` (kernels.h: stamp_word).
+__device__ inline void stamp(std::uint64_t* stamps, int which) {
+  if (stamps == nullptr) return;
+  const std::uint64_t now = global_ns();
+  atomicMax(reinterpret_cast<unsigned long long*>(stamps + which), static_cast<unsigned long long>(now));
+  if (which == stamp_word::entry_last)
+    atomicMax(reinterpret_cast<unsigned long long*>(stamps + stamp_word::entry_first),
+              ~static_cast<unsigned long long>(now));
+}
+
+__global__ void stamp_time_kernel(std::uint64_t* word) { *word = global_ns(); }
+
+// Sets every peer's copy of `flag` to `value` once this thread's earlier writes, and those that a
+// block barrier ordered before them, are visible to the peers: one system-scope fence, then
+// relaxed stores (the fence makes them a release). Why not a release store per peer: on
+// 4 x H200, an announcement of three or six release stores in a row took 10-14 us (eleventh
+// session's %globaltimer stamps), as if each waited for the one before it to land.
+__device__ inline void publish_to_peers(const HeapView& heap, std::uint64_t* flag, std::uint64_t value) {
+  for (int step = 1; step < heap.world; ++step)
+    dev::notify(heap, flag, value, (heap.rank + step) % heap.world, dev::SignalOp::set, dev::Order::relaxed);
+}
+
 // Thread 0 of a block that has stored its share of chunk c for `peer`: fences those stores at
 // system scope and counts the block; the last block of the grid resets the counter (for the next
 // call, stream-ordered after this one), fences again and raises the peer's landed flag.
-__device__ inline void block_stored_chunk(const HeapView& heap, std::uint32_t* counters, std::uint64_t* landed, int peer, int c,
-                                          int chunks, std::uint64_t epoch) {
+__device__ inline void block_stored_chunk(const HeapView& heap, std::uint32_t* counters, std::uint64_t* landed,
+                                          int peer, int c, int chunks, std::uint64_t epoch) {
   __threadfence_system();
   cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> count(counters[peer * chunks + c]);
   if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
     count.store(0, cuda::memory_order_relaxed);
-    __threadfence_system();
-    dev::notify(heap, landed + heap.rank * chunks + c, epoch, peer);
+    __threadfence_system();  // with the relaxed store below, a release
+    dev::notify(heap, landed + heap.rank * chunks + c, epoch, peer, dev::SignalOp::set, dev::Order::relaxed);
   }
 }
 
@@ -41,30 +69,41 @@ __device__ inline void block_stored_chunk(const HeapView& heap, std::uint32_t* c
 // before its release store: whoever acquires the flag sees every block's stores (the pattern of
 // a last-block reduction, at system scope).
 __global__ void __launch_bounds__(kThreads)
-    sm_push_kernel(HeapView heap, const uint4* src, uint4* dst, std::size_t chunk_vectors, int chunks, SmPushFlags flags,
-                   std::uint32_t* counters, std::uint64_t epoch) {
+    sm_push_kernel(HeapView heap, const uint4* src, uint4* dst, std::size_t chunk_vectors, int chunks,
+                   SmPushFlags flags, std::uint32_t* counters, std::uint64_t epoch) {
   const int world = heap.world, me = heap.rank;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kThreads;
   std::uint64_t* const landed = flags.landed;
-  // Every block announces the entry (the same value, so whichever block runs first does it):
-  // a peer's blocks may wait on it, and this GPU's other blocks need not be resident yet.
-  if (threadIdx.x == 0)
-    for (std::uint64_t* entry : flags.entry)
-      if (entry != nullptr)
-        for (int step = 1; step < world; ++step) dev::notify(heap, entry, epoch, (me + step) % world);
+  // The first block to start announces the entry: a peer's blocks may wait on it, and this GPU's
+  // other blocks need not be resident yet. This GPU's own copy of an entry word is its election
+  // word (the peers store into their copies, never into this one). One announcer, because every
+  // block storing the same remote words took 10-16 us in the pull ReduceScatter (eleventh session).
+  if (threadIdx.x == 0) {
+    bool fenced = false;
+    for (std::uint64_t* entry : flags.entry) {
+      if (entry == nullptr ||
+          atomicMax(reinterpret_cast<unsigned long long*>(entry), static_cast<unsigned long long>(epoch)) >= epoch)
+        continue;
+      if (!fenced) __threadfence_system();
+      fenced = true;
+      publish_to_peers(heap, entry, epoch);
+    }
+  }
   if (flags.all_peers_at_once) {
     // Every peer's slot first (they were announced at about the same time), then each vector
     // loaded once and stored to every peer, one fence per block and chunk for all of them: at
     // small shards the per-peer fences and the peer-by-peer order were most of the time.
     if (flags.freed != nullptr) {
-      if (threadIdx.x < world - 1) dev::wait_until(flags.freed + (me + 1 + threadIdx.x) % world, dev::Compare::ge, epoch);
+      if (threadIdx.x < world - 1)
+        dev::wait_until(flags.freed + (me + 1 + threadIdx.x) % world, dev::Compare::ge, epoch);
       __syncthreads();
     }
     uint4* remote[kMaxHeapRanks] = {};
     for (int step = 1; step < world; ++step) remote[step] = dev::translate(heap, dst, (me + step) % world);
     for (int c = 0; c < chunks; ++c) {
       const std::size_t base = static_cast<std::size_t>(c) * chunk_vectors;
-      for (std::size_t i = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x; i < chunk_vectors; i += stride) {
+      for (std::size_t i = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x; i < chunk_vectors;
+           i += stride) {
         const uint4 v = src[base + i];
 #pragma unroll
         for (int step = 1; step < kMaxHeapRanks; ++step)
@@ -72,7 +111,8 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
       if (threadIdx.x == 0)
-        for (int step = 1; step < world; ++step) block_stored_chunk(heap, counters, landed, (me + step) % world, c, chunks, epoch);
+        for (int step = 1; step < world; ++step)
+          block_stored_chunk(heap, counters, landed, (me + step) % world, c, chunks, epoch);
     }
   } else {
     for (int step = 1; step < world; ++step) {
@@ -84,8 +124,8 @@ __global__ void __launch_bounds__(kThreads)
       uint4* remote = dev::translate(heap, dst, peer);
       for (int c = 0; c < chunks; ++c) {
         const std::size_t base = static_cast<std::size_t>(c) * chunk_vectors;
-        dev::grid_copy16(src + base, remote + base, chunk_vectors, blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x,
-                         stride);
+        dev::grid_copy16(src + base, remote + base, chunk_vectors,
+                         blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x, stride);
         __syncthreads();
         if (threadIdx.x == 0) block_stored_chunk(heap, counters, landed, peer, c, chunks, epoch);
       }
@@ -99,15 +139,19 @@ __global__ void __launch_bounds__(kThreads)
         dev::wait_until(landed + ((me - step + world) % world) * chunks + c, dev::Compare::ge, epoch);
 }
 
-// The one-shot pull ReduceScatter (kernels.h: pull_reduce_scatter). Every block announces that
-// this rank's partial is complete (the GEMM that wrote it ended before this kernel began, in
-// stream order) and waits for the same word from every peer, so no block depends on another
-// block of this grid being resident. Then each thread sums, in rank order and in fp32 (the order
-// and rounding of reduce_sum), one 16-byte vector of this rank's rows from every rank's partial,
-// loading the peers' straight over the peer links (L2 only: their bytes are new in every call).
+// The one-shot pull ReduceScatter (kernels.h: pull_reduce_scatter). The first block to start
+// announces that this rank's partial is complete (the GEMM that wrote it ended before this kernel
+// began, in stream order), and every block waits for the same word from every peer, so no block
+// depends on another block of this grid being resident. Then each thread sums, in rank order and
+// in fp32 (the order and rounding of reduce_sum), one 16-byte vector of this rank's rows from
+// every rank's partial, loading the peers' straight over the peer links (L2 only: their bytes are
+// new in every call).
+// Why one announcer: when every block stored the peers' ready words itself (264 blocks, three
+// release stores each to the same three words), the announcements took 10-16 us on 4 x H200
+// (%globaltimer stamps, eleventh session), most of the exchange.
 __global__ void __launch_bounds__(kThreads)
     pull_reduce_scatter_kernel(HeapView heap, const uint4* rows, std::size_t vectors, uint4* out, std::uint64_t* ready,
-                               std::uint64_t* freed, std::uint64_t epoch) {
+                               std::uint64_t* freed, std::uint64_t epoch, std::uint64_t* stamps) {
   // Launched early (programmatic dependent launch), the grid may begin while the GEMM before it
   // in the stream is still finishing: wait here until that grid has completed and its writes
   // are visible. A no-op for a grid launched the ordinary way.
@@ -116,11 +160,18 @@ __global__ void __launch_bounds__(kThreads)
 #endif
   const int world = heap.world, me = heap.rank;
   if (threadIdx.x == 0) {
-    for (int step = 1; step < world; ++step) dev::notify(heap, ready + me, epoch, (me + step) % world);
-    if (blockIdx.x == 0 && freed != nullptr)
-      for (int step = 1; step < world; ++step) dev::notify(heap, freed + me, epoch, (me + step) % world);
+    stamp(stamps, stamp_word::entry_last);
+    // The election word is this GPU's own ready[me]: the peers store into their copies of it,
+    // never into this one.
+    if (atomicMax(reinterpret_cast<unsigned long long*>(ready + me), static_cast<unsigned long long>(epoch)) < epoch) {
+      __threadfence_system();
+      publish_to_peers(heap, ready + me, epoch);
+      if (freed != nullptr) publish_to_peers(heap, freed + me, epoch);
+    }
+    stamp(stamps, stamp_word::signalled);
     for (int q = 0; q < world; ++q)
       if (q != me) dev::wait_until(ready + q, dev::Compare::ge, epoch);
+    stamp(stamps, stamp_word::waited);
   }
   __syncthreads();
   const uint4* from[kMaxHeapRanks] = {};
@@ -137,26 +188,38 @@ __global__ void __launch_bounds__(kThreads)
       if (q < world) dev::accumulate_bf16x8(acc, raw[q]);
     out[v] = dev::round_bf16x8(acc);
   }
+  if (stamps != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0) stamp(stamps, stamp_word::done);
+  }
 }
 
-// The one-shot push ReduceScatter (kernels.h: push_reduce_scatter). Each block stores its share
-// of every peer's rows of this rank's partial into that peer's inbox slot for this rank, fences
-// at system scope and adds one to the peer's count for this rank; so no block waits for another
-// block of its own grid, and a rank's pushes go as soon as its own GEMM is done, whatever its
-// peers are doing. Then every block waits until each peer's count shows all of that peer's
-// blocks of this call, and sums this rank's rows in rank order and fp32 (as reduce_sum), the
-// peers' from the inbox (L2 only: they are new in every call) and its own from the partial.
+// The one-shot push ReduceScatter (kernels.h: push_reduce_scatter). Block b stores its share of
+// every peer's rows of this rank's partial (the vectors b * threads + t, stepping by the grid)
+// into that peer's inbox slot for this rank, fences at system scope and raises the peer's
+// arrived[rank][b]; then waits for arrived[q][b] from every peer q, whose block b stored exactly
+// the vectors this block sums (every rank runs the same grid), and sums this rank's rows in rank
+// order and fp32 (as reduce_sum), the peers' from the inbox (L2 only: they are new in every
+// call) and its own from the partial. So no block waits for another block of its own grid, a
+// rank's pushes go as soon as its own GEMM is done whatever its peers are doing, and a block
+// sums as soon as its three partners have stored.
+// Why a word per block: with one count per rank that every block of every peer added to (a
+// remote fetch-add each, all on the same word), the signalling took 8-9 us after the stores on
+// 4 x H200 (%globaltimer stamps, eleventh session), and each block waited for the slowest block.
 __global__ void __launch_bounds__(kThreads)
     push_reduce_scatter_kernel(HeapView heap, const uint4* partial, uint4* inbox, std::size_t vectors, uint4* out,
-                               std::uint64_t* counts, std::uint64_t target, std::uint64_t* freed, std::uint64_t epoch) {
+                               std::uint64_t* arrived, std::uint64_t* freed, std::uint64_t epoch,
+                               std::uint64_t* stamps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+  if (threadIdx.x == 0) stamp(stamps, stamp_word::entry_last);
   const int world = heap.world, me = heap.rank;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kThreads;
-  const std::size_t first = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   uint4* remote[kMaxHeapRanks] = {};
-  for (int step = 1; step < world; ++step) remote[step] = dev::translate(heap, inbox + me * vectors, (me + step) % world);
+  for (int step = 1; step < world; ++step)
+    remote[step] = dev::translate(heap, inbox + me * vectors, (me + step) % world);
   for (std::size_t v = first; v < vectors; v += stride) {
     uint4 rows[kMaxHeapRanks];
 #pragma unroll
@@ -168,14 +231,17 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (threadIdx.x == 0) {
+    stamp(stamps, stamp_word::stored);
+    // The barrier ordered the block's stores before this thread's fence, and the fence orders
+    // them before the relaxed flag stores (a release pattern): one fence for every flag.
     __threadfence_system();
-    for (int step = 1; step < world; ++step)
-      dev::atomic_add(heap, counts + me, std::uint64_t{1}, (me + step) % world, dev::Order::release);
+    publish_to_peers(heap, arrived + me * gridDim.x + blockIdx.x, epoch);
     // This rank keeps nothing of the peers' in their copy-engine slots: they may push again.
-    if (blockIdx.x == 0 && freed != nullptr)
-      for (int step = 1; step < world; ++step) dev::notify(heap, freed + me, epoch, (me + step) % world);
+    if (blockIdx.x == 0 && freed != nullptr) publish_to_peers(heap, freed + me, epoch);
+    stamp(stamps, stamp_word::signalled);
     for (int q = 0; q < world; ++q)
-      if (q != me) dev::wait_until(counts + q, dev::Compare::ge, target);
+      if (q != me) dev::wait_until(arrived + q * gridDim.x + blockIdx.x, dev::Compare::ge, epoch);
+    stamp(stamps, stamp_word::waited);
   }
   __syncthreads();
   for (std::size_t v = first; v < vectors; v += stride) {
@@ -189,17 +255,22 @@ __global__ void __launch_bounds__(kThreads)
       if (q < world) dev::accumulate_bf16x8(acc, raw[q]);
     out[v] = dev::round_bf16x8(acc);
   }
+  if (stamps != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0) stamp(stamps, stamp_word::done);
+  }
 }
 
-// Launches `kernel` on `grid` blocks of kThreads. `early`: as a programmatic dependent of the
-// kernel before it in `stream` (Hopper and later), so that its launch and block scheduling overlap
-// that kernel's end; the kernel's first instruction (griddepcontrol.wait) waits for its results.
+// Launches `kernel` on `grid` blocks of `threads` (at most kThreads). `early`: as a programmatic
+// dependent of the kernel before it in `stream` (Hopper and later), so that its launch and block
+// scheduling overlap that kernel's end; the kernel's first instruction (griddepcontrol.wait)
+// waits for its results.
 template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), unsigned grid, hipStream_t stream, bool early, Args... args) {
+void launch(void (*kernel)(Params...), unsigned grid, unsigned threads, hipStream_t stream, bool early, Args... args) {
   if (early) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(grid);
-    config.blockDim = dim3(kThreads);
+    config.blockDim = dim3(threads);
     config.stream = stream;
     cudaLaunchAttribute attribute[1];
     attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -208,7 +279,7 @@ void launch(void (*kernel)(Params...), unsigned grid, hipStream_t stream, bool e
     config.numAttrs = 1;
     CARAVAN_HIP_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
   } else {
-    kernel<<<grid, kThreads, 0, stream>>>(args...);
+    kernel<<<grid, threads, 0, stream>>>(args...);
   }
 }
 
@@ -219,35 +290,45 @@ void preload_sm_copy() {
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&sm_push_kernel)));
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&pull_reduce_scatter_kernel)));
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&push_reduce_scatter_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&stamp_time_kernel)));
+}
+
+unsigned push_reduce_scatter_threads(std::size_t elements, int blocks) {
+  const std::size_t vectors = elements / 8,
+                    per_block = (vectors + static_cast<std::size_t>(blocks) - 1) / static_cast<std::size_t>(blocks);
+  return static_cast<unsigned>(std::clamp<std::size_t>((per_block + 31) / 32 * 32, 128, kThreads));
 }
 
 void push_reduce_scatter(const HeapView& heap, const bf16* partial, bf16* inbox, std::size_t elements, bf16* out,
-                         std::uint64_t* counts, std::uint64_t calls, int blocks, std::uint64_t* freed, std::uint64_t epoch,
-                         hipStream_t stream, bool early_launch) {
+                         std::uint64_t* arrived, int blocks, std::uint64_t* freed, std::uint64_t epoch,
+                         hipStream_t stream, bool early_launch, std::uint64_t* stamps) {
   const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
-  if (elements == 0 || elements % 8 != 0 || misaligned(partial) || misaligned(inbox) || misaligned(out) || counts == nullptr ||
-      blocks < 1 || calls == 0)
-    throw Error(Errc::invalid_argument, "push_reduce_scatter: elements (" + std::to_string(elements) +
-                                            ") must be a positive multiple of 8, partial, inbox and out 16-byte aligned, "
-                                            "counts given, blocks and calls positive");
+  if (elements == 0 || elements % 8 != 0 || misaligned(partial) || misaligned(inbox) || misaligned(out) ||
+      arrived == nullptr || blocks < 1)
+    throw Error(Errc::invalid_argument,
+                "push_reduce_scatter: elements (" + std::to_string(elements) +
+                    ") must be a positive multiple of 8, partial, inbox and out 16-byte aligned, "
+                    "arrived given, blocks (" +
+                    std::to_string(blocks) + ") positive");
   if (heap.world < 1 || heap.world > kMaxHeapRanks)
     throw Error(Errc::invalid_argument, "push_reduce_scatter: heap view has no valid world size");
   const std::size_t vectors = elements / 8;
-  const auto grid = static_cast<unsigned>(blocks);
-  const std::uint64_t target = calls * grid;
   const auto* in = reinterpret_cast<const uint4*>(partial);
   auto* box = reinterpret_cast<uint4*>(inbox);
   auto* sum = reinterpret_cast<uint4*>(out);
-  launch(push_reduce_scatter_kernel, grid, stream, early_launch, heap, in, box, vectors, sum, counts, target, freed, epoch);
+  launch(push_reduce_scatter_kernel, static_cast<unsigned>(blocks), push_reduce_scatter_threads(elements, blocks),
+         stream, early_launch, heap, in, box, vectors, sum, arrived, freed, epoch, stamps);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
 void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,
-                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream, bool early_launch) {
+                         std::uint64_t* freed, std::uint64_t epoch, hipStream_t stream, bool early_launch,
+                         std::uint64_t* stamps) {
   const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
   if (elements == 0 || elements % 8 != 0 || misaligned(rows) || misaligned(out) || ready == nullptr)
-    throw Error(Errc::invalid_argument, "pull_reduce_scatter: elements (" + std::to_string(elements) +
-                                            ") must be a positive multiple of 8, rows and out 16-byte aligned, ready given");
+    throw Error(Errc::invalid_argument,
+                "pull_reduce_scatter: elements (" + std::to_string(elements) +
+                    ") must be a positive multiple of 8, rows and out 16-byte aligned, ready given");
   if (heap.world < 1 || heap.world > kMaxHeapRanks)
     throw Error(Errc::invalid_argument, "pull_reduce_scatter: heap view has no valid world size");
   const std::size_t vectors = elements / 8;
@@ -255,8 +336,13 @@ void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t ele
   const std::size_t blocks = std::min<std::size_t>((vectors + kThreads - 1) / kThreads, 264);
   const auto* in = reinterpret_cast<const uint4*>(rows);
   auto* sum = reinterpret_cast<uint4*>(out);
-  launch(pull_reduce_scatter_kernel, static_cast<unsigned>(blocks), stream, early_launch, heap, in, vectors, sum, ready, freed,
-         epoch);
+  launch(pull_reduce_scatter_kernel, static_cast<unsigned>(blocks), kThreads, stream, early_launch, heap, in, vectors,
+         sum, ready, freed, epoch, stamps);
+  CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void stamp_time(std::uint64_t* word, hipStream_t stream) {
+  stamp_time_kernel<<<1, 1, 0, stream>>>(word);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
@@ -264,15 +350,15 @@ std::size_t sm_push_counter_bytes(int world, int chunks) {
   return static_cast<std::size_t>(world) * static_cast<std::size_t>(chunks) * sizeof(std::uint32_t);
 }
 
-void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk_bytes, int chunks, const SmPushFlags& flags,
-             std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream) {
+void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk_bytes, int chunks,
+             const SmPushFlags& flags, std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream) {
   const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
   if (chunk_bytes == 0 || chunk_bytes % 16 != 0 || chunks < 1 || blocks < 1 || misaligned(src) || misaligned(dst) ||
       flags.landed == nullptr || counters == nullptr)
-    throw Error(Errc::invalid_argument,
-                "sm_push: chunk_bytes (" + std::to_string(chunk_bytes) + ") must be a positive multiple of 16, chunks (" +
-                    std::to_string(chunks) + ") and blocks (" + std::to_string(blocks) +
-                    ") positive, src and dst 16-byte aligned, landed and counters given");
+    throw Error(Errc::invalid_argument, "sm_push: chunk_bytes (" + std::to_string(chunk_bytes) +
+                                            ") must be a positive multiple of 16, chunks (" + std::to_string(chunks) +
+                                            ") and blocks (" + std::to_string(blocks) +
+                                            ") positive, src and dst 16-byte aligned, landed and counters given");
   sm_push_kernel<<<blocks, kThreads, 0, stream>>>(heap, static_cast<const uint4*>(src), static_cast<uint4*>(dst),
                                                   chunk_bytes / 16, chunks, flags, counters, epoch);
   CARAVAN_HIP_CHECK(hipGetLastError());

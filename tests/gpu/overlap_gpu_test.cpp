@@ -509,6 +509,63 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   });
 }
 
+// sm_pull and sm_push run unpaced: ranks queue sixteen calls each without waiting (sleeping at
+// random between them), the one-kernel variants mixed, both parities of their shared buffers
+// back to back, and with a paced copy-engine call among them. Every call has its own inputs and
+// output; all are checked at the end.
+TEST(Overlap, GemmReduceScatterOneKernelCallsRunAhead) {
+  CARAVAN_REQUIRE_GPUS(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 64 << 20);
+  const long m = 64L * world, k = 160, n = 256, rows = m / world, kk = k * world;
+  GemmReduceScatter op(team, m, k, n);
+  ASSERT_TRUE(op.pull());
+  const std::vector<GemmRsVariant> runs = {
+      GemmRsVariant::sm_push, GemmRsVariant::sm_push, GemmRsVariant::sm_pull, GemmRsVariant::sm_pull,
+      GemmRsVariant::sm_push, GemmRsVariant::sm_pull, GemmRsVariant::sm_push, GemmRsVariant::ce_push,
+      GemmRsVariant::sm_pull, GemmRsVariant::sm_push, GemmRsVariant::sm_push, GemmRsVariant::sm_push,
+      GemmRsVariant::sm_pull, GemmRsVariant::sm_pull, GemmRsVariant::sm_pull, GemmRsVariant::sm_push};
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+    // Everything allocated before any rank's first call (see run_ahead_through_mixed_variants).
+    std::vector<bf16*> a(runs.size()), b(runs.size()), out(runs.size());
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      a[call] = device_alloc<bf16>(static_cast<std::size_t>(m) * k);
+      b[call] = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
+      out[call] = device_alloc<bf16>(static_cast<std::size_t>(rows) * n);
+    }
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(rows) * kk),
+          *b32 = device_alloc<float>(static_cast<std::size_t>(kk) * n), *ref = device_alloc<float>(static_cast<std::size_t>(rows) * n);
+    barrier.arrive_and_wait();
+    std::mt19937 rng(static_cast<unsigned>(seed) + static_cast<unsigned>(r));
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 50;
+      fill_random(a[call], m, k, k, sa + r, 0, 0, 1.0f, stream);
+      fill_random(b[call], k, n, n, sb + r, 0, 0, 1.0f, stream);
+      poison(out[call], static_cast<std::size_t>(rows) * n, stream);
+      op.run(r, a[call], b[call], out[call], runs[call], stream);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    }
+    finish(stream);
+    barrier.arrive_and_wait();
+    for (std::size_t call = 0; call < runs.size(); ++call) {
+      const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 50;
+      for (int q = 0; q < world; ++q) {
+        fill_random(a32 + q * k, rows, k, kk, sa + q, r * rows, 0, 1.0f, stream);
+        fill_random(b32 + q * k * n, k, n, n, sb + q, 0, 0, 1.0f, stream);
+      }
+      team.blas(r).gemm_reference(stream, rows, n, kk, a32, kk, b32, n, ref, n);
+      const double err = relative_error(out[call], rows, n, ref, stream);
+      if (!(err < 1e-2))
+        throw Error(Errc::internal, std::string(to_string(runs[call])) + " call " + std::to_string(call) +
+                                        ": relative error " + std::to_string(err));
+    }
+    for (std::size_t call = 0; call < runs.size(); ++call)
+      for (bf16* p : {a[call], b[call], out[call]}) (void)hipFree(p);
+    for (float* p : {a32, b32, ref}) (void)hipFree(p);
+  });
+}
+
 TEST(Overlap, GemmAllScatterMatchesReferenceCallAfterCall) {
   CARAVAN_REQUIRE_GPUS(2);
   const int world = team_size();
