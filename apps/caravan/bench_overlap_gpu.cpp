@@ -371,7 +371,10 @@ std::vector<std::string> describe_stamps(const std::string& variant, const Stamp
   using W = StampedCalls;
   namespace sw = gpu::stamp_word;
   const std::size_t world = calls.per_rank.size(), n = calls.per_rank.front().size();
-  auto us = [](std::uint64_t later, std::uint64_t earlier) { return (static_cast<double>(later) - static_cast<double>(earlier)) / 1e3; };
+  // Subtracted as integers: the timer counts nanoseconds since 1970, where a double's step is 256 ns.
+  auto us = [](std::uint64_t later, std::uint64_t earlier) {
+    return static_cast<double>(static_cast<std::int64_t>(later - earlier)) / 1e3;
+  };
   auto med = [](std::vector<double> v) { return summarize(v).median; };
   const bool exchange = calls.per_rank.front().front()[W::kExchange + sw::entry_last] != 0;
   std::vector<double> gemm, in_situ, total, launch, started, stored, signalled, waited, reduce, timer_check;
@@ -415,10 +418,12 @@ std::vector<std::string> describe_stamps(const std::string& variant, const Stamp
                             variant, med(total), med(gemm), med(in_situ), n));
   if (exchange)
     out.push_back(fmt::format("stamps {} exchange kernel: first block {:.1f} us after the GEMM mark; from it: last block started "
-                              "{:.1f}, stored {:.1f}, signalled {:.1f}, waited {:.1f} (the peers included), then sums {:.1f}; "
-                              "timer check {:.1f} (negative: the GPUs' timers disagree, so no figure compares two GPUs)",
-                              variant, med(launch), med(started), med(stored), med(signalled), med(waited), med(reduce),
-                              med(timer_check)));
+                              "{:.1f}, {}signalled {:.1f} (stores landed, peers told), waited {:.1f} (the peers included), then "
+                              "sums {:.1f}; timer check {:.1f} (negative: the GPUs' timers disagree, so no figure compares two "
+                              "GPUs)",
+                              variant, med(launch), med(started),
+                              med(stored) > 0 ? fmt::format("stores issued {:.1f}, ", med(stored)) : std::string(),
+                              med(signalled), med(waited), med(reduce), med(timer_check)));
   return out;
 }
 

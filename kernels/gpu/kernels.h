@@ -194,7 +194,7 @@ void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t ele
                          std::uint64_t* stamps = nullptr);
 // The one-shot push ReduceScatter: `partial` (this GPU's memory, world x `elements`, row block q
 // for rank q) is stored into each peer q's `inbox` (symmetric, world slots of `elements`) at slot
-// `rank`, by `blocks` blocks (the same on every rank, all resident at once: at most one per SM);
+// `rank`, by `blocks` blocks (the same on every rank, and all resident at once);
 // block b then sets the peer's arrived[rank * blocks + b] = `epoch` (symmetric, world x blocks
 // words, zero at first; epochs grow from call to call), waits until arrived[q * blocks + b] >=
 // epoch for every peer q, and writes its share of out = the sum over ranks in rank order and

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <exception>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <chrono>
@@ -19,8 +20,8 @@ namespace {
 
 constexpr std::uint64_t kFlagBytes = sizeof(std::uint64_t);
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw Error(Errc::invalid_argument, what);
+void require(bool ok, std::string_view what) {
+  if (!ok) throw Error(Errc::invalid_argument, std::string(what));
 }
 // The same with the message made only on failure: calls check their arguments on every call,
 // before their GEMM is queued, so the check must cost nothing when it passes.
@@ -738,13 +739,15 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   if (partial_bytes <= kPullMaxBytes && team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + (1u << 20))
     pull_partials_ = team.heap().allocate(2 * partial_bytes);
   probes_.assign(static_cast<std::size_t>(world), Probe{});
-  // One block per SM at most, so that every block is resident at once (a block waits for the
-  // peers' blocks, which wait for theirs); as many as give each of at least 128 threads a 16-byte
-  // vector (push_reduce_scatter_threads then sizes the blocks), so that a small exchange's
-  // stores leave from many SMs.
-  push_blocks_ = static_cast<int>(
-      std::min<std::uint64_t>(std::max<std::uint64_t>((static_cast<std::uint64_t>(m / world) * n / 8 + 127) / 128, 1),
-                              static_cast<std::uint64_t>(std::max(team.sm_count(team.driven_ranks().front()), 1))));
+  // As many blocks as give each of at least 128 threads a 16-byte vector (push_reduce_scatter_
+  // threads then sizes the blocks), so that a small exchange's stores leave from many SMs, up to
+  // kPushMaxBlocks. A function of the shape alone: every rank, in every process, must run the same
+  // grid (block b sums what the peers' blocks b stored) and allocate the same flag array (the
+  // symmetric allocations after it keep their offsets). 128 blocks of at most 512 threads are all
+  // resident at once on a GPU of 32 SMs or more, so a block waiting for its partners never keeps
+  // another block from starting.
+  push_blocks_ = static_cast<int>(std::min<std::uint64_t>(
+      std::max<std::uint64_t>((static_cast<std::uint64_t>(m / world) * n / 8 + 127) / 128, 1), kPushMaxBlocks));
   // Zero, as the flags start.
   push_arrived_ = team.heap().allocate(static_cast<std::uint64_t>(world) * static_cast<std::uint64_t>(push_blocks_) *
                                        sizeof(std::uint64_t));

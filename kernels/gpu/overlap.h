@@ -204,6 +204,7 @@ class GemmReduceScatter {
   // Whether the sm_push variant is available (it uses the same two buffers as inboxes).
   bool push() const { return pull(); }
   static constexpr std::uint64_t kPullMaxBytes = std::uint64_t{32} << 20;
+  static constexpr std::uint64_t kPushMaxBlocks = 128;  // sm_push's grid at most
   // Diagnostics: with `after_gemm` (device memory of rank's GPU), the sm_pull and sm_push calls
   // of `rank` write the %globaltimer into it between their GEMM and their exchange (a kernel of
   // its own, which also stops the exchange's early launch), and with `stamps` (stamp_word::count
