@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
 // in fp32 (the order and rounding of reduce_sum), one 16-byte vector of this rank's rows from
 // every rank's partial, loading the peers' straight over the peer links (L2 only: their bytes are
 // new in every call).
-// Why one announcer: when every block stored the peers' ready words itself (264 blocks, three
+// Why one announcer: when every block stored the peers' ready words itself (64-264 blocks, three
 // release stores each to the same three words), the announcements took 10-16 us on 4 x H200
 // (%globaltimer stamps, eleventh session), most of the exchange.
 __global__ void __launch_bounds__(kThreads)
