@@ -145,10 +145,16 @@ void* allocate_device(int device, std::uint64_t bytes) {
   DeviceGuard guard(device);
   void* ptr = nullptr;
   CARAVAN_HIP_CHECK(hipMalloc(&ptr, std::max<std::uint64_t>(bytes, 1)));
-  hipError_t status = hipMemset(ptr, 0, std::max<std::uint64_t>(bytes, 1));
+  // Zeroed, and waited for: a memset of device memory returns before it has run, on the default
+  // stream, which the channels' non-blocking streams do not wait for. A copy queued into the new
+  // memory at once (a relay buffer's first tile) could otherwise be overwritten by the late
+  // zeros; on 4 x H200 that corrupted multi-path copies once their first request was issued
+  // within microseconds of the allocation (eleventh session).
+  hipError_t status = hipMemsetAsync(ptr, 0, std::max<std::uint64_t>(bytes, 1), nullptr);
+  if (status == hipSuccess) status = hipStreamSynchronize(nullptr);
   if (status != hipSuccess) {
     (void)hipFree(ptr);
-    throw_hip_error(status, "hipMemset(ptr, 0, bytes)", __FILE__, __LINE__);
+    throw_hip_error(status, "hipMemsetAsync(ptr, 0, bytes, nullptr) + hipStreamSynchronize(nullptr)", __FILE__, __LINE__);
   }
   return ptr;
 }
