@@ -21,6 +21,9 @@ class GpuChannel : public dma::Channel {
   ~GpuChannel() override;
   int window() const noexcept final { return window_; }
   dma::FlagWriter flag_writer() const noexcept final { return dma::FlagWriter::gpu; }
+  // submit() queues the request on the channel's streams (CopyQueue::submit is thread-safe and
+  // leaves the calling thread's current device as it found it).
+  bool submits_from_any_thread() const noexcept final { return true; }
 
  protected:
   // `streams` streams on `device`, up to `window` requests in flight (at least 1); `name` names

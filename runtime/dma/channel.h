@@ -59,6 +59,11 @@ class Channel {
   // channels run it inline before returning; asynchronous ones from their progress.
   using Completion = std::function<void(const FailureCause&)>;
   virtual void submit(const Request& request, Completion done) = 0;
+  // Whether submit() may be called from any thread, also while another thread is in it, and
+  // returns quickly (it only queues the work): then the engine's caller may submit a copy's first
+  // request itself when the channel is idle, instead of waking the DMA worker. No for channels
+  // that do the work inside submit() (it would run on the thread that called copy()).
+  virtual bool submits_from_any_thread() const noexcept { return false; }
 };
 
 // Executes ops between two host storages (the memcpy channel's inner loop; also used by file

@@ -112,6 +112,19 @@ class DmaWorker {
   void loop();
   bool can_issue(const Xd& xd) const;
   static constexpr std::size_t kNoSpan = ~std::size_t{0};
+  // A request taken from an XD, with what its completion needs.
+  struct Issue {
+    Request request;
+    std::uint64_t tile = 0;
+    std::size_t span = kNoSpan;
+  };
+  // Tile t of `xd` as ops of at most its request size (no lock: reads only what the copy fixed
+  // before it started).
+  Xd::ActiveTile cut_tile(const Xd& xd, std::uint64_t t) const;
+  // mutex_ held: the next request of xd's last active tile, counted in flight.
+  Issue take_request(Xd* xd);
+  // mutex_ not held: hands the request to the channel, completing through complete().
+  void submit(Xd* xd, const Issue& issue);
   void complete(Xd* xd, std::uint64_t tile, std::size_t span, const FailureCause& failure);
 
   Engine& engine_;
@@ -123,6 +136,7 @@ class DmaWorker {
   std::uint64_t executed_ = 0;  // requests started on this channel
   int in_flight_ = 0;
   bool stop_ = false;
+  const bool submit_here_;  // the channel's submits_from_any_thread(): add() may issue directly
   // Asynchronous channels: when it has nothing to issue, the worker polls `signals_` (bumped by
   // every add, wake, completion and stop before it notifies) for up to spin_ns_ before it
   // sleeps, because waking a sleeping thread costs tens of microseconds (far more on a virtual

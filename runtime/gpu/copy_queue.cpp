@@ -245,7 +245,20 @@ void CopyQueue::submit(const std::function<void(hipStream_t)>& enqueue, dma::Cha
   p.done = std::move(done);
   // Events belong to the device that is current when they are made, and must be recorded on a
   // stream of that device: set it first (the DMA worker issuing for this queue is usually already
-  // there; setting it again costs little and keeps calibration and other callers right).
+  // there; setting it again costs little and keeps calibration and other callers right). The
+  // caller's current device is put back on the way out: a thread that called copy() may submit
+  // a copy's first request itself (DmaWorker::add) and must not find its device changed.
+  struct RestoreDevice {
+    int device = -1;
+    ~RestoreDevice() {
+      int now = -1;
+      if (device >= 0 && hipGetDevice(&now) == hipSuccess && now != device) (void)hipSetDevice(device);
+    }
+  } restore;
+  if (hipGetDevice(&restore.device) != hipSuccess) {
+    (void)hipGetLastError();
+    restore.device = -1;
+  }
   if (hipError_t status = hipSetDevice(device_); status != hipSuccess) {
     try {
       throw_hip_error(status, "hipSetDevice(device_)", __FILE__, __LINE__);

@@ -1,0 +1,284 @@
+// Copies on an asynchronous channel that takes requests from any thread (as the GPU channels do):
+// the engine's caller then submits a copy's first request itself when the channel is idle
+// (DmaWorker::add), and the DMA worker the rest. Run under ThreadSanitizer in CI, where there is
+// no GPU: the channel here is host memory with its own completion thread.
+#include "runtime/dma/engine.h"
+#include "channels/file_channel.h"
+#include "tests/dma/dma_test_util.h"
+
+#include <caravan/settings.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace caravan {
+namespace {
+
+using namespace std::chrono_literals;
+using test::sys_memory;
+
+// Host-to-host requests queued by submit() (from any thread) and run in order on the channel's
+// own thread, which then completes them: a GPU channel's shape with memcpy inside. Records which
+// threads submitted.
+class AsyncHostChannel final : public dma::Channel {
+ public:
+  AsyncHostChannel() : thread_([this] { run(); }) {}
+  ~AsyncHostChannel() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  ChannelKind kind() const noexcept override { return ChannelKind::memcpy; }
+  bool serves(MemoryId src, MemoryId dst) const noexcept override { return is_host(src.kind) && is_host(dst.kind); }
+  int window() const noexcept override { return 4; }
+  bool submits_from_any_thread() const noexcept override { return true; }
+  void submit(const dma::Request& request, Completion done) override {
+    std::lock_guard lock(mutex_);
+    queue_.push_back({request, std::move(done)});
+    submitters_.insert(std::this_thread::get_id());
+    log_.push_back({std::this_thread::get_id(), request.bytes});
+    cv_.notify_all();
+  }
+  std::set<std::thread::id> submitters() {
+    std::lock_guard lock(mutex_);
+    return submitters_;
+  }
+  struct Submitted {
+    std::thread::id thread;
+    std::uint64_t bytes;
+  };
+  std::vector<Submitted> log() {
+    std::lock_guard lock(mutex_);
+    return log_;
+  }
+  // While held, requests queue up and none runs.
+  void hold(bool on) {
+    {
+      std::lock_guard lock(mutex_);
+      held_ = on;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  struct Queued {
+    dma::Request request;
+    Completion done;
+  };
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !held_); });
+      if (queue_.empty()) return;
+      Queued q = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      dma::copy_host_ops(q.request.ops, q.request.src->host(), q.request.dst->host());
+      q.done(nullptr);
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Queued> queue_;
+  std::set<std::thread::id> submitters_;
+  std::vector<Submitted> log_;
+  bool held_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+const FieldSpace kFields({{"a", 8}, {"b", 8}});
+const std::string kChannel = "memcpy node0/rank0/sys->node0/rank0/sys";
+
+// Four threads each make 60 copies of 1 to 16 tiles, at random priorities, three at a time in
+// flight: every destination holds its source, every copy's event triggers, and the calling
+// threads submitted some of the requests themselves.
+TEST(CopyOnAnAsynchronousChannel, ManyThreadsManyCopiesEveryByteLands) {
+  settings::ScopedOverride tiles("CARAVAN_DMA_TILE_BYTES", "16K");
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  dma::Engine& engine = dma::Engine::current();
+  auto channel = std::make_unique<AsyncHostChannel>();
+  AsyncHostChannel* async = channel.get();
+  engine.replace_channel_for_testing(kChannel, std::move(channel));
+
+  constexpr int kThreads = 4, kCopies = 60;
+  std::atomic<int> failures{0};
+  std::vector<std::thread::id> callers(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      callers[static_cast<std::size_t>(t)] = std::this_thread::get_id();
+      std::mt19937 rng(static_cast<unsigned>(1000 + t));
+      struct InFlight {
+        Instance src, dst;
+        std::uint64_t seed;
+        Event done;
+      };
+      std::deque<InFlight> flying;
+      auto land = [&] {
+        InFlight f = std::move(flying.front());
+        flying.pop_front();
+        if (!f.done.wait_for(20s) || test::count_mismatches(f.dst, f.seed) != 0) failures.fetch_add(1);
+      };
+      for (int c = 0; c < kCopies; ++c) {
+        const std::int64_t points = 1 + static_cast<std::int64_t>(rng() % (16 * 1024));  // 16 B each: up to 16 tiles
+        const Rect space = Rect::from_extents({points});
+        InFlight f{Instance::create(sys_memory(), space, kFields, Layout::parse("F,x")),
+                   Instance::create(sys_memory(), space, kFields, Layout::parse(rng() % 2 ? "F,x" : "x,F")),
+                   static_cast<std::uint64_t>(t) * 1000 + static_cast<std::uint64_t>(c), Event()};
+        test::write_pattern(f.src, f.seed);
+        test::poison(f.dst);
+        f.done = copy(f.src, f.dst, {.priority = static_cast<int>(rng() % 3) - 1});
+        flying.push_back(std::move(f));
+        if (flying.size() == 3) land();
+      }
+      while (!flying.empty()) land();
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0) << "copies that did not land intact within 20 s";
+  const std::set<std::thread::id> submitters = async->submitters();
+  int from_callers = 0;
+  for (const auto& id : callers) from_callers += submitters.count(id) ? 1 : 0;
+  EXPECT_GT(from_callers, 0) << "no calling thread submitted a first request itself";
+  EXPECT_GT(submitters.size(), static_cast<std::size_t>(from_callers)) << "the DMA worker submitted no request";
+  dma::EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.active_copies, 0u);
+}
+
+// A copy made while the channel has a request in flight is issued by the DMA worker, not by the
+// calling thread (only a copy alone on an idle channel is issued directly), and both land.
+TEST(CopyOnAnAsynchronousChannel, BusyChannelLeavesIssuingToTheWorker) {
+  settings::ScopedOverride tiles("CARAVAN_DMA_TILE_BYTES", "16K");
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  dma::Engine& engine = dma::Engine::current();
+  auto channel = std::make_unique<AsyncHostChannel>();
+  AsyncHostChannel* async = channel.get();
+  engine.replace_channel_for_testing(kChannel, std::move(channel));
+  const Rect big = Rect::from_extents({1 << 14}), small = Rect::from_extents({64});  // 256 KiB: 16 tiles; 1 KiB
+  Instance a = Instance::create(sys_memory(), big, kFields, Layout::parse("F,x"));
+  Instance b = Instance::create(sys_memory(), big, kFields, Layout::parse("F,x"));
+  Instance c = Instance::create(sys_memory(), small, kFields, Layout::parse("F,x"));
+  Instance d = Instance::create(sys_memory(), small, kFields, Layout::parse("x,F"));
+  test::write_pattern(a, 1);
+  test::write_pattern(c, 2);
+  test::poison(b);
+  test::poison(d);
+  async->hold(true);
+  Event low = copy(a, b, {.priority = -1});  // alone on the idle channel: issued here
+  Event high = copy(c, d, {.priority = 1});  // the low copy's request is in flight
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  auto small_submitted = [&] {
+    for (const auto& s : async->log())
+      if (s.bytes == 64 * kFields.total_size()) return true;
+    return false;
+  };
+  while (!small_submitted() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  async->hold(false);
+  ASSERT_TRUE(high.wait_for(20s));
+  ASSERT_TRUE(low.wait_for(20s));
+  EXPECT_EQ(test::count_mismatches(b, 1), 0u);
+  EXPECT_EQ(test::count_mismatches(d, 2), 0u);
+  const std::vector<AsyncHostChannel::Submitted> log = async->log();
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.front().thread, std::this_thread::get_id()) << "the first copy's first request, on an idle channel";
+  for (const auto& s : log) {
+    if (s.bytes == 64 * kFields.total_size()) {
+      EXPECT_NE(s.thread, std::this_thread::get_id()) << "the second copy was issued by its caller on a busy channel";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace caravan
+
+namespace caravan {
+namespace {
+
+// Any channel made asynchronous: requests queued by submit() (from any thread), run in order by
+// the wrapped channel on the wrapper's own thread.
+class AsyncWrapper final : public dma::Channel {
+ public:
+  explicit AsyncWrapper(std::unique_ptr<dma::Channel> inner) : inner_(std::move(inner)), thread_([this] { run(); }) {}
+  ~AsyncWrapper() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  ChannelKind kind() const noexcept override { return inner_->kind(); }
+  bool serves(MemoryId src, MemoryId dst) const noexcept override { return inner_->serves(src, dst); }
+  int window() const noexcept override { return 4; }
+  bool submits_from_any_thread() const noexcept override { return true; }
+  void submit(const dma::Request& request, Completion done) override {
+    std::lock_guard lock(mutex_);
+    queue_.push_back({request, std::move(done)});
+    cv_.notify_all();
+  }
+
+ private:
+  struct Queued {
+    dma::Request request;
+    Completion done;
+  };
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Queued q = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      inner_->submit(q.request, std::move(q.done));
+      lock.lock();
+    }
+  }
+  std::unique_ptr<dma::Channel> inner_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Queued> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// A copy through bounded buffers (dsk -> sys -> dsk, 16 tiles) with both file hops asynchronous:
+// the first hop's first request goes out from the calling thread, the rest from the workers,
+// and every byte lands, copy after copy (with and without a layout change).
+TEST(CopyOnAnAsynchronousChannel, MultiHopThroughBoundedBuffers) {
+  const Rect space = Rect::from_extents({1 << 16});
+  const std::uint64_t instance_bytes = space.volume() * kFields.total_size();
+  settings::ScopedOverride th("CARAVAN_PLANNER_BUFFER_THRESHOLD", std::to_string(instance_bytes / 16));
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  dma::Engine& engine = dma::Engine::current();
+  for (const char* name : {"file node0/rank0/dsk->node0/rank0/sys", "file node0/rank0/sys->node0/rank0/dsk"})
+    engine.replace_channel_for_testing(name, std::make_unique<AsyncWrapper>(std::make_unique<channels::FileChannel>()));
+  for (int epoch = 0; epoch < 6; ++epoch) {
+    Instance src = Instance::create(test::dsk_memory(), space, kFields, Layout::parse("F,x"));
+    Instance dst = Instance::create(test::dsk_memory(), space, kFields, Layout::parse(epoch % 2 ? "x,F" : "F,x"));
+    const std::uint64_t seed = 31 + static_cast<std::uint64_t>(epoch);
+    test::write_pattern(src, seed);
+    test::poison(dst);
+    CopyReport report;
+    Event e = copy(src, dst, {.report = &report});
+    ASSERT_TRUE(e.wait_for(60s));
+    EXPECT_EQ(test::count_mismatches(dst, seed), 0u) << report.route << ", copy " << epoch;
+    EXPECT_GE(report.hop_requests.size(), 2u) << report.route;
+  }
+}
+
+}  // namespace
+}  // namespace caravan
