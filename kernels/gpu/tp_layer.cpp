@@ -39,7 +39,11 @@ struct GpuTpLayer::Rank {
     void* p = nullptr;
     CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(std::max(count, 1L)) * sizeof(T)));
     allocations.push_back(p);
-    CARAVAN_HIP_CHECK(hipMemset(p, 0, static_cast<std::size_t>(std::max(count, 1L)) * sizeof(T)));
+    // Waited for: a memset of device memory returns before it has run, on the default stream,
+    // which non-blocking streams do not wait for, and the buffers are filled on the caller's
+    // stream afterwards (see gpu::allocate_device).
+    CARAVAN_HIP_CHECK(hipMemsetAsync(p, 0, static_cast<std::size_t>(std::max(count, 1L)) * sizeof(T), nullptr));
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(nullptr));
     return static_cast<T*>(p);
   }
   ~Rank() {
