@@ -141,6 +141,12 @@ void DmaWorker::add(Xd* xd) {
            (other->op->priority == xd->op->priority && other->op->sequence > xd->op->sequence);
   });
   pool_.insert(it, xd);
+  // Notifying under the lock, here and below: once it is released the worker may retire the XD,
+  // finish the copy, and the engine (with this worker) may be destroyed.
+  auto hand_to_worker = [&] {
+    signals_.fetch_add(1, std::memory_order_release);
+    cv_.notify_one();
+  };
   // Alone on an idle channel that takes requests from any thread: the calling thread cuts the
   // first tile and submits its first request itself, which saves the worker's wake-up and the
   // hand-over of the copy's cache lines (about 1.5 us of every GPU copy's start). The XD counts
@@ -148,26 +154,49 @@ void DmaWorker::add(Xd* xd) {
   // its later requests ahead of the first (a landing flag must follow them) nor retires it.
   const bool direct = submit_here_ && !stop_ && in_flight_ == 0 && pool_.size() == 1 && can_issue(*xd) && xd->active.empty();
   if (!direct) {
-    signals_.fetch_add(1, std::memory_order_release);
-    lock.unlock();
-    cv_.notify_one();
+    hand_to_worker();
     return;
   }
   const std::uint64_t t = xd->next_tile;
   xd->generating = true;
   lock.unlock();
-  Xd::ActiveTile tile = cut_tile(*xd, t);
+  FailureCause cut_failure;
+  Xd::ActiveTile tile;
+  try {
+    tile = cut_tile(*xd, t);
+  } catch (const std::exception& e) {
+    cut_failure = make_failure(Errc::internal, fmt::format("{}: cutting tile {} of a copy: {}", name_, t, e.what()));
+  }
+  if (cut_failure) {
+    // The copy fails and is cancelled; the XD, still counted as being cut, cannot retire (and
+    // the copy cannot finish) until the worker sees it below.
+    xd->op->fail(cut_failure);
+    lock.lock();
+    xd->generating = false;
+    hand_to_worker();
+    return;
+  }
   lock.lock();
   xd->next_tile = t + 1;
   xd->active.push_back(std::move(tile));
+  // Looked at again: while the tile was cut, the worker may have filled the channel's window
+  // with other copies, this copy may have been cancelled, or the worker stopped.
+  if (stop_ || in_flight_ >= channel_->window() || xd->op->cancelled.load(std::memory_order_acquire)) {
+    xd->generating = false;
+    hand_to_worker();
+    return;
+  }
   Issue issue = take_request(xd);
   lock.unlock();
-  submit(xd, issue);
+  try {
+    submit(xd, issue);
+  } catch (const std::exception& e) {
+    // The channel did not take it: the request ends failed, which fails the copy.
+    complete(xd, issue.tile, issue.span, make_failure(Errc::internal, fmt::format("{}: {}", name_, e.what())));
+  }
   lock.lock();
   xd->generating = false;
-  signals_.fetch_add(1, std::memory_order_release);
-  lock.unlock();
-  cv_.notify_one();
+  hand_to_worker();
 }
 
 void DmaWorker::wake() {

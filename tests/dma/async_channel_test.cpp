@@ -43,12 +43,17 @@ class AsyncHostChannel final : public dma::Channel {
   int window() const noexcept override { return 4; }
   bool submits_from_any_thread() const noexcept override { return true; }
   void submit(const dma::Request& request, Completion done) override {
+    if (fail_inline_.load()) {  // a channel that refuses at once, inside submit()
+      done(make_failure(Errc::device, "the test channel refused the request"));
+      return;
+    }
     std::lock_guard lock(mutex_);
     queue_.push_back({request, std::move(done)});
     submitters_.insert(std::this_thread::get_id());
     log_.push_back({std::this_thread::get_id(), request.bytes});
     cv_.notify_all();
   }
+  void fail_inline(bool on) { fail_inline_.store(on); }
   std::set<std::thread::id> submitters() {
     std::lock_guard lock(mutex_);
     return submitters_;
@@ -94,6 +99,7 @@ class AsyncHostChannel final : public dma::Channel {
   std::deque<Queued> queue_;
   std::set<std::thread::id> submitters_;
   std::vector<Submitted> log_;
+  std::atomic<bool> fail_inline_{false};
   bool held_ = false;
   bool stop_ = false;
   std::thread thread_;
@@ -186,7 +192,9 @@ TEST(CopyOnAnAsynchronousChannel, BusyChannelLeavesIssuingToTheWorker) {
     return false;
   };
   while (!small_submitted() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  const bool seen = small_submitted();
   async->hold(false);
+  ASSERT_TRUE(seen) << "the worker did not submit the second copy's request within 10 s";
   ASSERT_TRUE(high.wait_for(20s));
   ASSERT_TRUE(low.wait_for(20s));
   EXPECT_EQ(test::count_mismatches(b, 1), 0u);
@@ -199,6 +207,28 @@ TEST(CopyOnAnAsynchronousChannel, BusyChannelLeavesIssuingToTheWorker) {
       EXPECT_NE(s.thread, std::this_thread::get_id()) << "the second copy was issued by its caller on a busy channel";
     }
   }
+}
+
+// A channel that fails the first request inside submit(), on the calling thread: the copy's
+// event is poisoned with that failure, nothing hangs, and the engine is left idle.
+TEST(CopyOnAnAsynchronousChannel, AFailureInsideTheFirstSubmitPoisonsTheCopy) {
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  dma::Engine& engine = dma::Engine::current();
+  auto channel = std::make_unique<AsyncHostChannel>();
+  channel->fail_inline(true);
+  engine.replace_channel_for_testing(kChannel, std::move(channel));
+  Instance a = Instance::create(sys_memory(), Rect::from_extents({1024}), kFields, Layout::parse("F,x"));
+  Instance b = Instance::create(sys_memory(), Rect::from_extents({1024}), kFields, Layout::parse("F,x"));
+  for (int c = 0; c < 3; ++c) {
+    Event e = copy(a, b);
+    try {
+      ASSERT_TRUE(e.wait_for(20s)) << "the copy did not end within 20 s";
+      ADD_FAILURE() << "the copy succeeded on a channel that refuses every request";
+    } catch (const EventPoisoned& err) {
+      EXPECT_NE(std::string(err.what()).find("refused the request"), std::string::npos) << err.what();
+    }
+  }
+  EXPECT_EQ(engine.stats().active_copies, 0u);
 }
 
 }  // namespace
