@@ -1,9 +1,10 @@
 // Copies on an asynchronous channel that takes requests from any thread (as the GPU channels do):
 // the engine's caller then submits a copy's first request itself when the channel is idle
 // (DmaWorker::add), and the DMA worker the rest. Run under ThreadSanitizer in CI, where there is
-// no GPU: the channel here is host memory with its own completion thread.
+// no GPU: the channels here are the host ones, run on a thread of their own.
 #include "runtime/dma/engine.h"
 #include "channels/file_channel.h"
+#include "channels/memcpy_channel.h"
 #include "tests/dma/dma_test_util.h"
 
 #include <caravan/settings.h>
@@ -24,13 +25,14 @@ namespace {
 using namespace std::chrono_literals;
 using test::sys_memory;
 
-// Host-to-host requests queued by submit() (from any thread) and run in order on the channel's
-// own thread, which then completes them: a GPU channel's shape with memcpy inside. Records which
-// threads submitted.
-class AsyncHostChannel final : public dma::Channel {
+// Any synchronous channel made asynchronous, as the GPU channels are: submit() (from any thread)
+// queues the request, and the wrapper's own thread runs it through the wrapped channel, which
+// completes it there. Records which threads submitted; can hold requests back, or refuse them
+// inside submit().
+class AsyncChannel final : public dma::Channel {
  public:
-  AsyncHostChannel() : thread_([this] { run(); }) {}
-  ~AsyncHostChannel() override {
+  explicit AsyncChannel(std::unique_ptr<dma::Channel> inner) : inner_(std::move(inner)), thread_([this] { run(); }) {}
+  ~AsyncChannel() override {
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
@@ -38,8 +40,8 @@ class AsyncHostChannel final : public dma::Channel {
     cv_.notify_all();
     thread_.join();
   }
-  ChannelKind kind() const noexcept override { return ChannelKind::memcpy; }
-  bool serves(MemoryId src, MemoryId dst) const noexcept override { return is_host(src.kind) && is_host(dst.kind); }
+  ChannelKind kind() const noexcept override { return inner_->kind(); }
+  bool serves(MemoryId src, MemoryId dst) const noexcept override { return inner_->serves(src, dst); }
   int window() const noexcept override { return 4; }
   bool submits_from_any_thread() const noexcept override { return true; }
   void submit(const dma::Request& request, Completion done) override {
@@ -88,12 +90,12 @@ class AsyncHostChannel final : public dma::Channel {
       Queued q = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
-      dma::copy_host_ops(q.request.ops, q.request.src->host(), q.request.dst->host());
-      q.done(nullptr);
+      inner_->submit(q.request, std::move(q.done));
       lock.lock();
     }
   }
 
+  std::unique_ptr<dma::Channel> inner_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Queued> queue_;
@@ -108,16 +110,21 @@ class AsyncHostChannel final : public dma::Channel {
 const FieldSpace kFields({{"a", 8}, {"b", 8}});
 const std::string kChannel = "memcpy node0/rank0/sys->node0/rank0/sys";
 
+// Puts the sys -> sys memcpy channel, made asynchronous, in place of the runtime's own.
+AsyncChannel& use_async_memcpy() {
+  auto channel = std::make_unique<AsyncChannel>(std::make_unique<channels::MemcpyChannel>(1, 0));
+  AsyncChannel& async = *channel;
+  dma::Engine::current().replace_channel_for_testing(kChannel, std::move(channel));
+  return async;
+}
+
 // Four threads each make 60 copies of 1 to 16 tiles, at random priorities, three at a time in
 // flight: every destination holds its source, every copy's event triggers, and the calling
 // threads submitted some of the requests themselves.
 TEST(CopyOnAnAsynchronousChannel, ManyThreadsManyCopiesEveryByteLands) {
   settings::ScopedOverride tiles("CARAVAN_DMA_TILE_BYTES", "16K");
   Runtime rt(RuntimeOptions{.cpu_workers = 1});
-  dma::Engine& engine = dma::Engine::current();
-  auto channel = std::make_unique<AsyncHostChannel>();
-  AsyncHostChannel* async = channel.get();
-  engine.replace_channel_for_testing(kChannel, std::move(channel));
+  AsyncChannel* async = &use_async_memcpy();
 
   constexpr int kThreads = 4, kCopies = 60;
   std::atomic<int> failures{0};
@@ -160,8 +167,7 @@ TEST(CopyOnAnAsynchronousChannel, ManyThreadsManyCopiesEveryByteLands) {
   for (const auto& id : callers) from_callers += submitters.count(id) ? 1 : 0;
   EXPECT_GT(from_callers, 0) << "no calling thread submitted a first request itself";
   EXPECT_GT(submitters.size(), static_cast<std::size_t>(from_callers)) << "the DMA worker submitted no request";
-  dma::EngineStats stats = engine.stats();
-  EXPECT_EQ(stats.active_copies, 0u);
+  EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
 }
 
 // A copy made while the channel has a request in flight is issued by the DMA worker, not by the
@@ -169,10 +175,7 @@ TEST(CopyOnAnAsynchronousChannel, ManyThreadsManyCopiesEveryByteLands) {
 TEST(CopyOnAnAsynchronousChannel, BusyChannelLeavesIssuingToTheWorker) {
   settings::ScopedOverride tiles("CARAVAN_DMA_TILE_BYTES", "16K");
   Runtime rt(RuntimeOptions{.cpu_workers = 1});
-  dma::Engine& engine = dma::Engine::current();
-  auto channel = std::make_unique<AsyncHostChannel>();
-  AsyncHostChannel* async = channel.get();
-  engine.replace_channel_for_testing(kChannel, std::move(channel));
+  AsyncChannel* async = &use_async_memcpy();
   const Rect big = Rect::from_extents({1 << 14}), small = Rect::from_extents({64});  // 256 KiB: 16 tiles; 1 KiB
   Instance a = Instance::create(sys_memory(), big, kFields, Layout::parse("F,x"));
   Instance b = Instance::create(sys_memory(), big, kFields, Layout::parse("F,x"));
@@ -199,7 +202,7 @@ TEST(CopyOnAnAsynchronousChannel, BusyChannelLeavesIssuingToTheWorker) {
   ASSERT_TRUE(low.wait_for(20s));
   EXPECT_EQ(test::count_mismatches(b, 1), 0u);
   EXPECT_EQ(test::count_mismatches(d, 2), 0u);
-  const std::vector<AsyncHostChannel::Submitted> log = async->log();
+  const std::vector<AsyncChannel::Submitted> log = async->log();
   ASSERT_FALSE(log.empty());
   EXPECT_EQ(log.front().thread, std::this_thread::get_id()) << "the first copy's first request, on an idle channel";
   for (const auto& s : log) {
@@ -213,10 +216,7 @@ TEST(CopyOnAnAsynchronousChannel, BusyChannelLeavesIssuingToTheWorker) {
 // event is poisoned with that failure, nothing hangs, and the engine is left idle.
 TEST(CopyOnAnAsynchronousChannel, AFailureInsideTheFirstSubmitPoisonsTheCopy) {
   Runtime rt(RuntimeOptions{.cpu_workers = 1});
-  dma::Engine& engine = dma::Engine::current();
-  auto channel = std::make_unique<AsyncHostChannel>();
-  channel->fail_inline(true);
-  engine.replace_channel_for_testing(kChannel, std::move(channel));
+  use_async_memcpy().fail_inline(true);
   Instance a = Instance::create(sys_memory(), Rect::from_extents({1024}), kFields, Layout::parse("F,x"));
   Instance b = Instance::create(sys_memory(), Rect::from_extents({1024}), kFields, Layout::parse("F,x"));
   for (int c = 0; c < 3; ++c) {
@@ -228,62 +228,8 @@ TEST(CopyOnAnAsynchronousChannel, AFailureInsideTheFirstSubmitPoisonsTheCopy) {
       EXPECT_NE(std::string(err.what()).find("refused the request"), std::string::npos) << err.what();
     }
   }
-  EXPECT_EQ(engine.stats().active_copies, 0u);
+  EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
 }
-
-}  // namespace
-}  // namespace caravan
-
-namespace caravan {
-namespace {
-
-// Any channel made asynchronous: requests queued by submit() (from any thread), run in order by
-// the wrapped channel on the wrapper's own thread.
-class AsyncWrapper final : public dma::Channel {
- public:
-  explicit AsyncWrapper(std::unique_ptr<dma::Channel> inner) : inner_(std::move(inner)), thread_([this] { run(); }) {}
-  ~AsyncWrapper() override {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  ChannelKind kind() const noexcept override { return inner_->kind(); }
-  bool serves(MemoryId src, MemoryId dst) const noexcept override { return inner_->serves(src, dst); }
-  int window() const noexcept override { return 4; }
-  bool submits_from_any_thread() const noexcept override { return true; }
-  void submit(const dma::Request& request, Completion done) override {
-    std::lock_guard lock(mutex_);
-    queue_.push_back({request, std::move(done)});
-    cv_.notify_all();
-  }
-
- private:
-  struct Queued {
-    dma::Request request;
-    Completion done;
-  };
-  void run() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      Queued q = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      inner_->submit(q.request, std::move(q.done));
-      lock.lock();
-    }
-  }
-  std::unique_ptr<dma::Channel> inner_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Queued> queue_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 // A copy through bounded buffers (dsk -> sys -> dsk, 16 tiles) with both file hops asynchronous:
 // the first hop's first request goes out from the calling thread, the rest from the workers,
@@ -295,7 +241,7 @@ TEST(CopyOnAnAsynchronousChannel, MultiHopThroughBoundedBuffers) {
   Runtime rt(RuntimeOptions{.cpu_workers = 2});
   dma::Engine& engine = dma::Engine::current();
   for (const char* name : {"file node0/rank0/dsk->node0/rank0/sys", "file node0/rank0/sys->node0/rank0/dsk"})
-    engine.replace_channel_for_testing(name, std::make_unique<AsyncWrapper>(std::make_unique<channels::FileChannel>()));
+    engine.replace_channel_for_testing(name, std::make_unique<AsyncChannel>(std::make_unique<channels::FileChannel>()));
   for (int epoch = 0; epoch < 6; ++epoch) {
     Instance src = Instance::create(test::dsk_memory(), space, kFields, Layout::parse("F,x"));
     Instance dst = Instance::create(test::dsk_memory(), space, kFields, Layout::parse(epoch % 2 ? "x,F" : "F,x"));
