@@ -39,6 +39,32 @@ __device__ inline void stamp(std::uint64_t* stamps, int which) {
 
 __global__ void stamp_time_kernel(std::uint64_t* word) { *word = global_ns(); }
 
+// The block's share of a ReduceScatter's sums: out[v] = the sum over ranks q < world of
+// from[q][v], in rank order and fp32 (the order and rounding of reduce_sum), for the vectors
+// v = blockIdx.x * blockDim.x + threadIdx.x, stepping by the grid. Every rank's vector is loaded
+// (L2 only: the peers' bytes are new in every call) before the first is used.
+__device__ inline void sum_ranks(const uint4* const (&from)[kMaxHeapRanks], int world, std::size_t vectors, uint4* out) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t v = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; v < vectors; v += stride) {
+    uint4 raw[kMaxHeapRanks];
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (q < world) raw[q] = __ldcg(from[q] + v);
+    float acc[8] = {};
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (q < world) dev::accumulate_bf16x8(acc, raw[q]);
+    out[v] = dev::round_bf16x8(acc);
+  }
+}
+
+// The block's last stamp (kernels.h: stamp_word::done), once all its threads have written.
+__device__ inline void stamp_block_done(std::uint64_t* stamps) {
+  if (stamps == nullptr) return;
+  __syncthreads();
+  if (threadIdx.x == 0) stamp(stamps, stamp_word::done);
+}
+
 // Sets every peer's copy of `flag` to `value` once this thread's earlier writes, and those that a
 // block barrier ordered before them, are visible to the peers: one system-scope fence, then
 // relaxed stores (the fence makes them a release). Why not a release store per peer: on
@@ -176,22 +202,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const uint4* from[kMaxHeapRanks] = {};
   for (int q = 0; q < world; ++q) from[q] = q == me ? rows : dev::translate(heap, rows, q);
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kThreads;
-  for (std::size_t v = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x; v < vectors; v += stride) {
-    uint4 raw[kMaxHeapRanks];
-#pragma unroll
-    for (int q = 0; q < kMaxHeapRanks; ++q)
-      if (q < world) raw[q] = __ldcg(from[q] + v);  // every load issued before the first is used
-    float acc[8] = {};
-#pragma unroll
-    for (int q = 0; q < kMaxHeapRanks; ++q)
-      if (q < world) dev::accumulate_bf16x8(acc, raw[q]);
-    out[v] = dev::round_bf16x8(acc);
-  }
-  if (stamps != nullptr) {
-    __syncthreads();
-    if (threadIdx.x == 0) stamp(stamps, stamp_word::done);
-  }
+  sum_ranks(from, world, vectors, out);
+  stamp_block_done(stamps);
 }
 
 // The one-shot push ReduceScatter (kernels.h: push_reduce_scatter). Block b stores its share of
@@ -244,21 +256,10 @@ __global__ void __launch_bounds__(kThreads)
     stamp(stamps, stamp_word::waited);
   }
   __syncthreads();
-  for (std::size_t v = first; v < vectors; v += stride) {
-    uint4 raw[kMaxHeapRanks];
-#pragma unroll
-    for (int q = 0; q < kMaxHeapRanks; ++q)
-      if (q < world) raw[q] = q == me ? partial[me * vectors + v] : __ldcg(inbox + q * vectors + v);
-    float acc[8] = {};
-#pragma unroll
-    for (int q = 0; q < kMaxHeapRanks; ++q)
-      if (q < world) dev::accumulate_bf16x8(acc, raw[q]);
-    out[v] = dev::round_bf16x8(acc);
-  }
-  if (stamps != nullptr) {
-    __syncthreads();
-    if (threadIdx.x == 0) stamp(stamps, stamp_word::done);
-  }
+  const uint4* from[kMaxHeapRanks] = {};
+  for (int q = 0; q < world; ++q) from[q] = q == me ? partial + me * vectors : inbox + q * vectors;
+  sum_ranks(from, world, vectors, out);
+  stamp_block_done(stamps);
 }
 
 // Launches `kernel` on `grid` blocks of `threads` (at most kThreads). `early`: as a programmatic
