@@ -137,9 +137,9 @@ const Definition kTable[] = {
    "GEMM+All-Scatter call, not measured unpaced yet; GEMM+ReduceScatter sm-pull and sm-push run ahead unpaced): queuing such calls back to back hangs on 4 x H200 (docs/overlap.md, 'Run-ahead'); all: every "
    "call; none: no call (calls may then be captured in a graph, at the risk of that hang)", -kInf, kInf, "pulls|all|none"},
   {"CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", Kind::boolean, "true",
-   "GPU GEMM+ReduceScatter sm-pull and sm-push: launch the exchange kernel as a programmatic dependent of the GEMM before it "
-   "(Hopper and later), so that its launch overlaps the GEMM's end; off: an ordinary launch after the GEMM (read when the operation is "
-   "constructed)"},
+   "GPU GEMM+ReduceScatter sm-pull, sm-push and ll-bulk, and the LL AllGather: launch the exchange kernel as a programmatic "
+   "dependent of the kernel before it (Hopper and later), so that its launch overlaps that kernel's end; off: an ordinary launch "
+   "(read when the operation is constructed)"},
   // --- GPU ---
   {"CARAVAN_GPU_STREAMS", Kind::integer, "1",
    "Streams each GPU channel (sdma, xgmi) spreads its requests over; 1 queues them behind each other on one link, "

@@ -51,24 +51,27 @@ void reduce_sum(bf16* out, const ReduceInputs& inputs, std::size_t elements, hip
 // to the call's epoch, so a receiver knows a line has landed by reading the line itself, with no
 // separate signal. `lines` is this rank's copy of a symmetric region of ll_buffer_bytes(world,
 // bytes); `out` receives world x bytes (rank p's data at p * bytes). `state` (device memory of
-// this rank, zero at first) holds the epoch, advanced on the device by each call, so calls can
-// be captured in a graph and replayed. The line buffer alternates halves by epoch parity, so a
-// rank may run one call ahead of a peer.
-struct LlState {
-  std::uint32_t epoch = 0;
-  std::uint32_t blocks_done = 0;
-};
+// this rank, zero at first) holds the epochs, advanced on the device by each call, so calls can
+// be captured in a graph and replayed; every call on one state must pass the same `bytes`. The
+// line buffer alternates halves by epoch parity, so a rank may run one call ahead of a peer.
+// `early_launch`: launched as a programmatic dependent of the kernel before it in the stream
+// (Hopper and later), so that its launch overlaps that kernel's end.
 inline constexpr std::size_t kLlMaxBytes = std::size_t{1} << 20;
+inline constexpr unsigned kLlThreads = 128;  // one thread per 8-byte pair
+inline constexpr std::size_t kLlMaxBlocks = kLlMaxBytes / 8 / kLlThreads;
+struct LlState {
+  std::uint32_t block_epoch[kLlMaxBlocks] = {};  // the epoch of the last call, per block
+};
 std::size_t ll_buffer_bytes(int world, std::size_t bytes);
 void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out, LlState* state,
-                  hipStream_t stream);
+                  hipStream_t stream, bool early_launch = false);
 
 // The low-latency ReduceScatter, same protocol: `partial` holds world x `bytes` (this rank's
 // partial sums of every rank's rows, rank p's at p * bytes); each peer's part travels to it as
 // lines, and out (`bytes`) = the sum over ranks of their part for this rank, accumulated in fp32
 // in rank order. `lines`: ll_buffer_bytes(world, bytes) of symmetric memory; `state` as above.
 void ll_reduce_scatter(const HeapView& heap, const bf16* partial, std::size_t bytes, void* lines, bf16* out,
-                       LlState* state, hipStream_t stream);
+                       LlState* state, hipStream_t stream, bool early_launch = false);
 
 }  // namespace caravan::gpu
 

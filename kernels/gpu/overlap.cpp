@@ -852,7 +852,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     // so this rank's slots stay free for the peers' next copy-engine call at once.
     team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
     ll_reduce_scatter(team_.heap().view(rank), partial, chunk_elems * sizeof(bf16), team_.heap().at(ll_lines_, rank),
-                      out, team_.heap().at<LlState>(ll_state_, rank), stream);
+                      out, team_.heap().at<LlState>(ll_state_, rank), stream, early_launch_);
     for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
     return;
   }
@@ -990,13 +990,13 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
 
 // ---------------------------------------------------------------------------------------------
 LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank)
-    : team_(team), bytes_(bytes_per_rank) {
+    : team_(team), bytes_(bytes_per_rank), early_launch_(settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH")) {
   require(bytes_per_rank > 0 && bytes_per_rank % 8 == 0 && bytes_per_rank <= kLlMaxBytes, [&] {
     return fmt::format("LowLatencyAllGather: bytes per rank must be a positive multiple of 8 up to {}, got {}",
                        kLlMaxBytes, bytes_per_rank);
   });
   lines_ = team.heap().allocate(ll_buffer_bytes(team.world(), bytes_per_rank));
-  state_ = team.heap().allocate(sizeof(LlState));  // zero: epoch 0, no block done
+  state_ = team.heap().allocate(sizeof(LlState));  // zero: epoch 0
   for (int r : team.driven_ranks()) {
     team.use(r);
     preload_kernels();
@@ -1015,7 +1015,7 @@ void LowLatencyAllGather::run(int rank, const void* in, void* out, hipStream_t s
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   s.enter(stream);
   ll_allgather(team_.heap().view(rank), in, bytes_, team_.heap().at(lines_, rank), out,
-               team_.heap().at<LlState>(state_, rank), stream);
+               team_.heap().at<LlState>(state_, rank), stream, early_launch_);
 }
 
 }  // namespace caravan::gpu

@@ -259,7 +259,9 @@ class GemmAllScatter {
 };
 
 // The low-latency AllGather of small messages (kernels.h: ll_allgather) with its symmetric
-// line buffer and device-side epochs (graph-capturable).
+// line buffer and device-side epochs (graph-capturable). Its kernel is launched early (a
+// programmatic dependent of the kernel before it) when CARAVAN_OVERLAP_GPU_EARLY_LAUNCH is on,
+// read at construction.
 class LowLatencyAllGather {
  public:
   ~LowLatencyAllGather();
@@ -270,6 +272,7 @@ class LowLatencyAllGather {
  private:
   GpuTeam& team_;
   std::size_t bytes_;
+  bool early_launch_;
   SymmetricRegion lines_, state_;
   std::vector<std::unique_ptr<RankSync>> sync_;
 };

@@ -7,6 +7,7 @@
 // and a kernel's launch costs less than a copy-engine copy plus a stream write per chunk. The
 // price is the SMs it occupies, so the grid is small when a GEMM runs beside it.
 #include "kernels/gpu/bf16_vector.cuh"
+#include "kernels/gpu/early_launch.cuh"
 #include "kernels/gpu/kernels.h"
 #include "kernels/gpu/symmetric.cuh"
 #include "runtime/gpu/grid_copy.cuh"
@@ -181,9 +182,7 @@ __global__ void __launch_bounds__(kThreads)
   // Launched early (programmatic dependent launch), the grid may begin while the GEMM before it
   // in the stream is still finishing: wait here until that grid has completed and its writes
   // are visible. A no-op for a grid launched the ordinary way.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  wait_for_prior_grid();
   const int world = heap.world, me = heap.rank;
   if (threadIdx.x == 0) {
     stamp(stamps, stamp_word::entry_last);
@@ -222,9 +221,7 @@ __global__ void __launch_bounds__(kThreads)
     push_reduce_scatter_kernel(HeapView heap, const uint4* partial, uint4* inbox, std::size_t vectors, uint4* out,
                                std::uint64_t* arrived, std::uint64_t* freed, std::uint64_t epoch,
                                std::uint64_t* stamps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  wait_for_prior_grid();
   if (threadIdx.x == 0) stamp(stamps, stamp_word::entry_last);
   const int world = heap.world, me = heap.rank;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -262,28 +259,6 @@ __global__ void __launch_bounds__(kThreads)
   stamp_block_done(stamps);
 }
 
-// Launches `kernel` on `grid` blocks of `threads` (at most kThreads). `early`: as a programmatic
-// dependent of the kernel before it in `stream` (Hopper and later), so that its launch and block
-// scheduling overlap that kernel's end; the kernel's first instruction (griddepcontrol.wait)
-// waits for its results.
-template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), unsigned grid, unsigned threads, hipStream_t stream, bool early, Args... args) {
-  if (early) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(threads);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    CARAVAN_HIP_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
-  } else {
-    kernel<<<grid, threads, 0, stream>>>(args...);
-  }
-}
-
 }  // namespace
 
 void preload_sm_copy() {
@@ -317,9 +292,8 @@ void push_reduce_scatter(const HeapView& heap, const bf16* partial, bf16* inbox,
   const auto* in = reinterpret_cast<const uint4*>(partial);
   auto* box = reinterpret_cast<uint4*>(inbox);
   auto* sum = reinterpret_cast<uint4*>(out);
-  launch(push_reduce_scatter_kernel, static_cast<unsigned>(blocks), push_reduce_scatter_threads(elements, blocks),
-         stream, early_launch, heap, in, box, vectors, sum, arrived, freed, epoch, stamps);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_kernel(push_reduce_scatter_kernel, static_cast<unsigned>(blocks), push_reduce_scatter_threads(elements, blocks),
+                stream, early_launch, heap, in, box, vectors, sum, arrived, freed, epoch, stamps);
 }
 
 void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,
@@ -337,9 +311,8 @@ void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t ele
   const std::size_t blocks = std::min<std::size_t>((vectors + kThreads - 1) / kThreads, 264);
   const auto* in = reinterpret_cast<const uint4*>(rows);
   auto* sum = reinterpret_cast<uint4*>(out);
-  launch(pull_reduce_scatter_kernel, static_cast<unsigned>(blocks), kThreads, stream, early_launch, heap, in, vectors,
-         sum, ready, freed, epoch, stamps);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_kernel(pull_reduce_scatter_kernel, static_cast<unsigned>(blocks), kThreads, stream, early_launch, heap, in,
+                vectors, sum, ready, freed, epoch, stamps);
 }
 
 void stamp_time(std::uint64_t* word, hipStream_t stream) {

@@ -169,6 +169,15 @@ hipError_t hipStreamWaitValue64(hipStream_t stream, void* ptr, std::uint64_t val
 hipError_t hipStreamWriteValue64(hipStream_t stream, void* ptr, std::uint64_t value, unsigned flags);
 #endif
 
+// For a kernel parameter the kernel only reads and indexes at run time (a heap view's bases):
+// on NVIDIA it stays in the parameter space instead of being copied to a local-memory stack
+// frame first.
+#if defined(__HIP_PLATFORM_AMD__)
+#define CARAVAN_GRID_CONSTANT
+#else
+#define CARAVAN_GRID_CONSTANT __grid_constant__
+#endif
+
 #include <caravan/error.h>
 
 #include <string>
