@@ -146,8 +146,8 @@ __device__ inline void wait_lines(const uint4* lines, std::size_t pairs, std::si
 }
 
 // The kernels load their inputs before the epoch, so the two loads' latencies overlap.
-__global__ void ll_allgather_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint2* in, std::size_t pairs, uint4* lines, uint2* out,
-                                    LlState* state) {
+__global__ void ll_allgather_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint2* in, std::size_t pairs,
+                                    uint4* lines, uint2* out, LlState* state) {
   wait_for_prior_grid();
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   const uint2 mine = i < pairs ? in[i] : uint2{};
@@ -179,8 +179,8 @@ __device__ inline void add_pair(float (&acc)[4], std::uint32_t x, std::uint32_t 
 // line, then sums pair i of its own rows and of every peer's line for it, in rank order (the
 // order of reduce_sum), in fp32. Progress as in ll_allgather_kernel. (Ranks index the register
 // arrays through unrolled loops only, so they stay in registers.)
-__global__ void ll_reduce_scatter_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint2* partial, std::size_t pairs, uint4* lines, uint2* out,
-                                         LlState* state) {
+__global__ void ll_reduce_scatter_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint2* partial,
+                                         std::size_t pairs, uint4* lines, uint2* out, LlState* state) {
   wait_for_prior_grid();
   const int world = heap.world, me = heap.rank;
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;

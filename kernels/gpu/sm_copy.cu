@@ -96,8 +96,8 @@ __device__ inline void block_stored_chunk(const HeapView& heap, std::uint32_t* c
 // before its release store: whoever acquires the flag sees every block's stores (the pattern of
 // a last-block reduction, at system scope).
 __global__ void __launch_bounds__(kThreads)
-    sm_push_kernel(HeapView heap, const uint4* src, uint4* dst, std::size_t chunk_vectors, int chunks,
-                   SmPushFlags flags, std::uint32_t* counters, std::uint64_t epoch) {
+    sm_push_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint4* src, uint4* dst, std::size_t chunk_vectors,
+                   int chunks, SmPushFlags flags, std::uint32_t* counters, std::uint64_t epoch) {
   const int world = heap.world, me = heap.rank;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kThreads;
   std::uint64_t* const landed = flags.landed;
@@ -126,7 +126,9 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
     }
     uint4* remote[kMaxHeapRanks] = {};
-    for (int step = 1; step < world; ++step) remote[step] = dev::translate(heap, dst, (me + step) % world);
+#pragma unroll  // ranks index the array only through unrolled loops: it stays in registers
+    for (int step = 1; step < kMaxHeapRanks; ++step)
+      if (step < world) remote[step] = dev::translate(heap, dst, (me + step) % world);
     for (int c = 0; c < chunks; ++c) {
       const std::size_t base = static_cast<std::size_t>(c) * chunk_vectors;
       for (std::size_t i = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x; i < chunk_vectors;
@@ -177,8 +179,9 @@ __global__ void __launch_bounds__(kThreads)
 // release stores each to the same three words), the announcements took 10-16 us on 4 x H200
 // (%globaltimer stamps, eleventh session), most of the exchange.
 __global__ void __launch_bounds__(kThreads)
-    pull_reduce_scatter_kernel(HeapView heap, const uint4* rows, std::size_t vectors, uint4* out, std::uint64_t* ready,
-                               std::uint64_t* freed, std::uint64_t epoch, std::uint64_t* stamps) {
+    pull_reduce_scatter_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint4* rows, std::size_t vectors,
+                               uint4* out, std::uint64_t* ready, std::uint64_t* freed, std::uint64_t epoch,
+                               std::uint64_t* stamps) {
   // Launched early (programmatic dependent launch), the grid may begin while the GEMM before it
   // in the stream is still finishing: wait here until that grid has completed and its writes
   // are visible. A no-op for a grid launched the ordinary way.
@@ -200,7 +203,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const uint4* from[kMaxHeapRanks] = {};
-  for (int q = 0; q < world; ++q) from[q] = q == me ? rows : dev::translate(heap, rows, q);
+#pragma unroll  // ranks index the array only through unrolled loops: it stays in registers
+  for (int q = 0; q < kMaxHeapRanks; ++q)
+    if (q < world) from[q] = q == me ? rows : dev::translate(heap, rows, q);
   sum_ranks(from, world, vectors, out);
   stamp_block_done(stamps);
 }
@@ -218,17 +223,18 @@ __global__ void __launch_bounds__(kThreads)
 // remote fetch-add each, all on the same word), the signalling took 8-9 us after the stores on
 // 4 x H200 (%globaltimer stamps, eleventh session), and each block waited for the slowest block.
 __global__ void __launch_bounds__(kThreads)
-    push_reduce_scatter_kernel(HeapView heap, const uint4* partial, uint4* inbox, std::size_t vectors, uint4* out,
-                               std::uint64_t* arrived, std::uint64_t* freed, std::uint64_t epoch,
-                               std::uint64_t* stamps) {
+    push_reduce_scatter_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint4* partial, uint4* inbox,
+                               std::size_t vectors, uint4* out, std::uint64_t* arrived, std::uint64_t* freed,
+                               std::uint64_t epoch, std::uint64_t* stamps) {
   wait_for_prior_grid();
   if (threadIdx.x == 0) stamp(stamps, stamp_word::entry_last);
   const int world = heap.world, me = heap.rank;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   uint4* remote[kMaxHeapRanks] = {};
-  for (int step = 1; step < world; ++step)
-    remote[step] = dev::translate(heap, inbox + me * vectors, (me + step) % world);
+#pragma unroll  // ranks index the array only through unrolled loops: it stays in registers
+  for (int step = 1; step < kMaxHeapRanks; ++step)
+    if (step < world) remote[step] = dev::translate(heap, inbox + me * vectors, (me + step) % world);
   for (std::size_t v = first; v < vectors; v += stride) {
     uint4 rows[kMaxHeapRanks];
 #pragma unroll
@@ -254,7 +260,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const uint4* from[kMaxHeapRanks] = {};
-  for (int q = 0; q < world; ++q) from[q] = q == me ? partial + me * vectors : inbox + q * vectors;
+#pragma unroll  // ranks index the array only through unrolled loops: it stays in registers
+  for (int q = 0; q < kMaxHeapRanks; ++q)
+    if (q < world) from[q] = q == me ? partial + me * vectors : inbox + q * vectors;
   sum_ranks(from, world, vectors, out);
   stamp_block_done(stamps);
 }

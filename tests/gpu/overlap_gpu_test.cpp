@@ -656,7 +656,8 @@ TEST(Overlap, LowLatencyAllGatherBackToBackAndReplayedFromAGraph) {
         const double err = relative_error(out + call * out_elems, world, kElems, ref, stream);
         if (err != 0)
           throw Error(Errc::internal, std::string(how) + ", round " + std::to_string(round) + ", call " +
-                                          std::to_string(call) + ": gathered data differ, error " + std::to_string(err));
+                                          std::to_string(call) + ": gathered data differ, error " +
+                                          std::to_string(err));
       }
     };
     auto queue_calls = [&] {
