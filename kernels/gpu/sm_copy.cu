@@ -90,6 +90,21 @@ __device__ inline void block_stored_chunk(const HeapView& heap, std::uint32_t* c
   }
 }
 
+// The same for chunk c stored to every peer at once (SmPushFlags::all_peers_at_once): one fence
+// and one count per block, in this rank's own counter slot (otherwise unused: a rank never
+// pushes to itself), and the last block raises every peer's landed flag after one more fence.
+// A fence and a count per peer cost three system-scope fences in a row per block and chunk.
+__device__ inline void block_stored_chunk_everywhere(const HeapView& heap, std::uint32_t* counters,
+                                                     std::uint64_t* landed, int c, int chunks, std::uint64_t epoch) {
+  __threadfence_system();
+  cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> count(counters[heap.rank * chunks + c]);
+  if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
+    count.store(0, cuda::memory_order_relaxed);
+    __threadfence_system();  // with the relaxed stores of publish_to_peers, a release
+    publish_to_peers(heap, landed + heap.rank * chunks + c, epoch);
+  }
+}
+
 // Block b stores the vectors b * threads + t, stepping by the grid, of each chunk; the last block
 // to finish a chunk (a counter per peer and chunk, in this GPU's memory) raises the flag. Each
 // block fences its stores at system scope before it counts itself, and the last one fences again
@@ -139,9 +154,7 @@ __global__ void __launch_bounds__(kThreads)
           if (step < world) remote[step][base + i] = v;
       }
       __syncthreads();
-      if (threadIdx.x == 0)
-        for (int step = 1; step < world; ++step)
-          block_stored_chunk(heap, counters, landed, (me + step) % world, c, chunks, epoch);
+      if (threadIdx.x == 0) block_stored_chunk_everywhere(heap, counters, landed, c, chunks, epoch);
     }
   } else {
     for (int step = 1; step < world; ++step) {
