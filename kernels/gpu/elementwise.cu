@@ -103,7 +103,12 @@ __device__ inline uint4 load_line(const uint4* src) {
 
 // Progress: block i of one rank waits only for block i of each peer, so with blocks dispatched
 // in index order (what the hardware does, not a documented promise) the rank with the fewest
-// resident blocks always completes them; the grid is capped at kLlMaxBytes to stay small.
+// resident blocks always completes them; the grid is capped at kLlMaxBytes to stay small. At
+// that cap (1024 blocks) a whole grid is resident at once on 132 SMs (H100 SXM, H200): the
+// AllGather takes 56 registers a thread (9 blocks an SM), the ReduceScatter is bounded to 64
+// (8 blocks; it took 72 unbounded). A grid-stride loop over a smaller grid, which would lift
+// this, made an 8 KiB AllGather 0.4 us slower from graphs (twelfth session), as did bounding
+// the AllGather too (0.1-0.2 us).
 // Calls of one rank must run in order (LowLatencyAllGather::run keeps them so): they share
 // the device-side epochs.
 // The epoch of a low-latency call lives on the device, so that a captured graph replays with
@@ -122,8 +127,9 @@ __device__ inline std::uint32_t ll_epoch_begin(LlState* state) {
     shared_epoch = epoch;
   }
   __syncthreads();
-  // Every block of this grid is resident by now: the next call, if launched early, may take
-  // its SM slots and wait in wait_for_prior_grid until this grid is done.
+  // The next call, if launched early, is scheduled only once every block of this grid has got
+  // here (or exited), so it never takes the place of a block of this grid not yet resident;
+  // its blocks then wait in wait_for_prior_grid until this grid is done.
   allow_dependent_launch();
   return shared_epoch;
 }
@@ -179,8 +185,9 @@ __device__ inline void add_pair(float (&acc)[4], std::uint32_t x, std::uint32_t 
 // line, then sums pair i of its own rows and of every peer's line for it, in rank order (the
 // order of reduce_sum), in fp32. Progress as in ll_allgather_kernel. (Ranks index the register
 // arrays through unrolled loops only, so they stay in registers.)
-__global__ void ll_reduce_scatter_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint2* partial,
-                                         std::size_t pairs, uint4* lines, uint2* out, LlState* state) {
+__global__ void __launch_bounds__(kLlThreads, 8)
+    ll_reduce_scatter_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint2* partial, std::size_t pairs,
+                             uint4* lines, uint2* out, LlState* state) {
   wait_for_prior_grid();
   const int world = heap.world, me = heap.rank;
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;

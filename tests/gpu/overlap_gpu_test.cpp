@@ -627,63 +627,85 @@ TEST(Overlap, LowLatencyAllGatherIsExactOnEveryCall) {
 }
 
 // Calls queued back to back with no other kernel between them (with early launch, each call's
-// grid may be scheduled while the one before it ends), then the same calls captured into a graph
-// and replayed twice on new data: every call's output is exact.
+// grid may be scheduled while the one before it ends), then the same calls, a kernel between
+// every other pair, captured into a graph and replayed twice on new data: every call's output
+// is exact. With early launch on and off, at 40 KiB per rank and at the largest size (1024
+// blocks, which must all be resident at once).
 TEST(Overlap, LowLatencyAllGatherBackToBackAndReplayedFromAGraph) {
   CARAVAN_REQUIRE_GPUS(2);
   const int world = team_size();
-  GpuTeam team(first_devices(world), 16 << 20);
-  constexpr std::size_t kBytes = 40 << 10;  // 5120 pairs: 40 blocks
-  constexpr long kElems = kBytes / sizeof(bf16);
-  constexpr int kCalls = 32;
-  LowLatencyAllGather op(team, kBytes);
+  GpuTeam team(first_devices(world), 64 << 20);
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
-    const std::size_t out_elems = static_cast<std::size_t>(kElems) * world;
-    bf16* in = device_alloc<bf16>(static_cast<std::size_t>(kElems) * kCalls);
-    bf16* out = device_alloc<bf16>(out_elems * kCalls);
-    float* ref = device_alloc<float>(out_elems);
-    auto prepare = [&](std::uint64_t round) {
-      for (int call = 0; call < kCalls; ++call)
-        fill_random(in + call * kElems, 1, kElems, kElems, seed + round * 100000 + 1000 * call + r, 0, 0, 1.0f, stream);
-      poison(out, out_elems * kCalls, stream);
-      CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
-    };
-    auto check = [&](std::uint64_t round, const char* how) {
-      for (int call = 0; call < kCalls; ++call) {
-        for (int q = 0; q < world; ++q)
-          fill_random(ref + q * kElems, 1, kElems, kElems, seed + round * 100000 + 1000 * call + q, 0, 0, 1.0f, stream);
-        const double err = relative_error(out + call * out_elems, world, kElems, ref, stream);
-        if (err != 0)
-          throw Error(Errc::internal, std::string(how) + ", round " + std::to_string(round) + ", call " +
-                                          std::to_string(call) + ": gathered data differ, error " +
-                                          std::to_string(err));
-      }
-    };
-    auto queue_calls = [&] {
-      for (int call = 0; call < kCalls; ++call) op.run(r, in + call * kElems, out + call * out_elems, stream);
-    };
-    prepare(0);
-    queue_calls();
-    check(0, "launched back to back");
+  for (const char* early : {"true", "false"})
+    for (const std::size_t bytes : {std::size_t{40} << 10, kLlMaxBytes}) {
+      SCOPED_TRACE(std::string("early launch ") + early + ", " + std::to_string(bytes) + " bytes per rank");
+      settings::ScopedOverride early_launch("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", early);
+      const long elems = static_cast<long>(bytes / sizeof(bf16));
+      const int calls = bytes == kLlMaxBytes ? 6 : 32;
+      const std::uint64_t mark = team.heap().mark();
+      {
+        LowLatencyAllGather op(team, bytes);
+        run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+          const std::size_t out_elems = static_cast<std::size_t>(elems) * world;
+          bf16* in = device_alloc<bf16>(static_cast<std::size_t>(elems) * calls);
+          bf16* out = device_alloc<bf16>(out_elems * calls);
+          bf16* scratch = device_alloc<bf16>(1 << 16);
+          float* ref = device_alloc<float>(out_elems);
+          // No allocation, capture or instantiation while a peer's call may wait on this rank.
+          barrier.arrive_and_wait();
+          auto prepare = [&](std::uint64_t round) {
+            for (int call = 0; call < calls; ++call)
+              fill_random(in + call * elems, 1, elems, elems, seed + round * 100000 + 1000 * call + r, 0, 0, 1.0f,
+                          stream);
+            poison(out, out_elems * calls, stream);
+            CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+          };
+          auto check = [&](std::uint64_t round, const char* how) {
+            for (int call = 0; call < calls; ++call) {
+              for (int q = 0; q < world; ++q)
+                fill_random(ref + q * elems, 1, elems, elems, seed + round * 100000 + 1000 * call + q, 0, 0, 1.0f,
+                            stream);
+              const double err = relative_error(out + call * out_elems, world, elems, ref, stream);
+              if (err != 0)
+                throw Error(Errc::internal, std::string(how) + ", round " + std::to_string(round) + ", call " +
+                                                std::to_string(call) + ": gathered data differ, error " +
+                                                std::to_string(err));
+            }
+          };
+          auto queue_calls = [&](bool kernels_between) {
+            for (int call = 0; call < calls; ++call) {
+              if (kernels_between && call % 2 == 1) poison(scratch, 1 << 16, stream);
+              op.run(r, in + call * elems, out + call * out_elems, stream);
+            }
+          };
+          prepare(0);
+          queue_calls(false);
+          check(0, "launched back to back");
 
-    hipGraph_t graph = nullptr;
-    hipGraphExec_t exec = nullptr;
-    CARAVAN_HIP_CHECK(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal));
-    queue_calls();
-    CARAVAN_HIP_CHECK(hipStreamEndCapture(stream, &graph));
-    CARAVAN_HIP_CHECK(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0));
-    CARAVAN_HIP_CHECK(hipGraphDestroy(graph));
-    for (std::uint64_t round = 1; round <= 2; ++round) {
-      prepare(round);
-      CARAVAN_HIP_CHECK(hipGraphLaunch(exec, stream));
-      check(round, "replayed from a graph");
+          hipGraph_t graph = nullptr;
+          hipGraphExec_t exec = nullptr;
+          barrier.arrive_and_wait();  // every rank's calls done before any captures
+          CARAVAN_HIP_CHECK(hipStreamBeginCapture(stream, hipStreamCaptureModeThreadLocal));
+          queue_calls(true);
+          CARAVAN_HIP_CHECK(hipStreamEndCapture(stream, &graph));
+          CARAVAN_HIP_CHECK(hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0));
+          CARAVAN_HIP_CHECK(hipGraphDestroy(graph));
+          barrier.arrive_and_wait();  // every graph ready before any replays
+          for (std::uint64_t round = 1; round <= 2; ++round) {
+            prepare(round);
+            CARAVAN_HIP_CHECK(hipGraphLaunch(exec, stream));
+            check(round, "replayed from a graph");
+          }
+          finish(stream);
+          barrier.arrive_and_wait();  // no rank frees while a peer's replay may still wait on it
+          CARAVAN_HIP_CHECK(hipGraphExecDestroy(exec));
+          for (void* p :
+               {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(scratch), static_cast<void*>(ref)})
+            (void)hipFree(p);
+        });
+      }
+      team.heap().release_to(mark);
     }
-    CARAVAN_HIP_CHECK(hipGraphExecDestroy(exec));
-    (void)hipFree(in);
-    (void)hipFree(out);
-    (void)hipFree(ref);
-  });
 }
 
 TEST(Overlap, RejectsShapesThatDoNotDivide) {
