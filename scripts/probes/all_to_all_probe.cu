@@ -23,14 +23,7 @@
 #include <string>
 #include <thread>
 #include <vector>
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e = (x);                                                                        \
-    if (e != cudaSuccess) {                                                                     \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                     \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+#include "check.h"
 
 constexpr int kMaxGpus = 8;
 struct Targets {

@@ -11,7 +11,7 @@
 #include <chrono>
 #include <thread>
 #include <vector>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); std::exit(1);} } while (0)
+#include "check.h"
 #define DK(x) do { CUresult e = (x); if (e != CUDA_SUCCESS) { std::printf("%s:%d drv %d\n", __FILE__, __LINE__, (int)e); std::exit(1);} } while (0)
 
 static bool completes(cudaStream_t s, int ms) {
