@@ -797,24 +797,17 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     return fmt::format("GemmReduceScatter: ll_bulk needs an output of at most {} bytes per rank, this one has {}",
                        kLlMaxBytes, chunk_elems * sizeof(bf16));
   });
-  require(variant != GemmRsVariant::sm_push || push(), [&] {
-    return fmt::format(
-        "GemmReduceScatter: sm_push needs a partial of at most {} bytes and twice that free in the heap; this "
-        "one has {}",
-        kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
-  });
-  require(variant != GemmRsVariant::sm_pull || pull(), [&] {
-    return fmt::format(
-        "GemmReduceScatter: sm_pull needs a partial of at most {} bytes and twice that free in the heap; this "
-        "one has {}",
-        kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
+  const bool one_kernel = variant == GemmRsVariant::sm_pull || variant == GemmRsVariant::sm_push;
+  require(!one_kernel || (variant == GemmRsVariant::sm_pull ? pull() : push()), [&] {
+    return fmt::format("GemmReduceScatter: {} needs a partial of at most {} bytes and twice that free in the heap; "
+                       "this one has {}",
+                       to_string(variant), kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
   });
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   // The one-kernel exchanges run ahead unpaced (their buffers alternate by epoch parity, and each
   // kernel waits for words the peers raise only once their previous call has ended), which takes
   // the host's event query out of the time before their GEMM; the copy-engine variants and
   // ll_bulk have not been measured unpaced.
-  const bool one_kernel = variant == GemmRsVariant::sm_pull || variant == GemmRsVariant::sm_push;
   const std::uint64_t e = s.enter(stream, /*copy_engine_pull=*/!one_kernel);
   CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
