@@ -2,94 +2,18 @@
 // first, FIFO among equal priorities.
 #pragma once
 
-#include "runtime/event_table.h"
-#include "runtime/task_registry.h"
+#include "runtime/task_queue.h"
 
 #include <caravan/task.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <cstring>
-#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 namespace caravan::detail {
 
-class CpuProcessor;
-
-// Argument bytes, stored inline when small (the common case: a few ids and sizes).
-class ArgBuffer {
- public:
-  explicit ArgBuffer(std::span<const std::byte> bytes) : size_(bytes.size()) {
-    if (size_ > sizeof(inline_)) {
-      heap_ = std::make_unique<std::byte[]>(size_);
-      std::memcpy(heap_.get(), bytes.data(), size_);
-    } else if (size_) {
-      std::memcpy(inline_, bytes.data(), size_);
-    }
-  }
-  std::span<const std::byte> view() const { return {heap_ ? heap_.get() : inline_, size_}; }
-
- private:
-  std::size_t size_;
-  std::byte inline_[48];
-  std::unique_ptr<std::byte[]> heap_;
-};
-
-// One spawned task, from spawn until it has run (or been poisoned). It is the waiter on its
-// precondition, and then a node in its processor's ready queue.
-class TaskRecord final : public EventWaiter {
- public:
-  TaskRecord(const TaskEntry* entry, TaskId id, Event completion, int priority, CpuProcessor* processor,
-             std::span<const std::byte> args)
-      : entry_(entry), id_(id), completion_(completion), priority_(priority), processor_(processor), args_(args) {}
-  void event_triggered(const FailureCause& failure) override;
-
- private:
-  friend class CpuProcessor;
-  friend class ReadyQueue;
-  const TaskEntry* entry_;
-  TaskId id_;
-  Event completion_;
-  int priority_;
-  CpuProcessor* processor_;
-  ArgBuffer args_;
-  TaskRecord* next_ready_ = nullptr;
-};
-
-// Ready tasks by priority. One lock; buckets per distinct priority, highest first, each an
-// intrusive FIFO. The handful of priorities real programs use keeps the bucket scan short.
-class ReadyQueue {
- public:
-  enum class PushResult { queued, queued_wake_worker, stopped };
-  PushResult push(TaskRecord* task);
-  TaskRecord* try_pop();
-  // Blocks until a task is ready or stop() was called (then returns nullptr).
-  TaskRecord* pop_blocking();
-  void stop();
-  bool maybe_nonempty() const { return size_.load(std::memory_order_relaxed) > 0; }
-  std::vector<TaskRecord*> take_all();
-  void wake_one() { cv_.notify_one(); }
-
- private:
-  struct Bucket {
-    int priority;
-    TaskRecord* head;
-    TaskRecord* tail;
-  };
-  TaskRecord* pop_locked();
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<Bucket> buckets_;  // sorted by priority, highest first; never empty buckets
-  std::atomic<std::size_t> size_{0};
-  int sleepers_ = 0;
-  bool stopped_ = false;
-};
-
-class CpuProcessor {
+class CpuProcessor final : public TaskProcessor {
  public:
   CpuProcessor(EventTable& events, Processor id, int workers, int spin_us);
   ~CpuProcessor();
@@ -98,14 +22,14 @@ class CpuProcessor {
   int worker_count() const { return static_cast<int>(workers_.size()); }
 
   // Makes `task` ready to run (its precondition has triggered).
-  void make_ready(TaskRecord* task);
+  void make_ready(TaskRecord* task) override;
 
   // Stops the workers once the tasks they are running return, then poisons every task still
   // queued with `failure`. Idempotent.
   void stop(const FailureCause& failure);
 
   // Triggers `task`'s completion poisoned with `failure` and frees it.
-  void fail(TaskRecord* task, const FailureCause& failure);
+  void fail(TaskRecord* task, const FailureCause& failure) override;
 
  private:
   void worker_main();

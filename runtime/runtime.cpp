@@ -5,6 +5,7 @@
 #include "runtime/net/network.h"
 #include "runtime/net/remote_events.h"
 
+#include <caravan/platform.h>
 #include <caravan/settings.h>
 
 #include <fmt/format.h>
@@ -94,6 +95,16 @@ void RuntimeImpl::shutdown() {
     for (auto it = services.rbegin(); it != services.rend(); ++it) (*it)->shutdown();
   }
   if (cpu_) cpu_->stop(failure);
+  // After the CPU: a CPU task that waits for a GPU task still sees it finish.
+  {
+    std::vector<detail::GpuProcessor*> gpus;
+    {
+      std::lock_guard lock(gpus_mutex_);  // stopping_ is set: no processor starts after this
+      for (auto& g : gpus_)
+        if (g) gpus.push_back(g.get());
+    }
+    for (detail::GpuProcessor* g : gpus) g->stop(failure);
+  }
   // Everything still pending (tasks waiting on preconditions, user events) fails now, so that
   // no thread waits forever on work that can no longer happen.
   events_->poison_all_pending(failure);
@@ -142,6 +153,61 @@ RuntimeImpl::LocalEvent RuntimeImpl::local_view(const Event& e) {
   return {&table_for(e), e};
 }
 
+int RuntimeImpl::gpu_count() {
+  std::lock_guard lock(gpus_mutex_);
+  if (gpu_count_ < 0) {
+    GpuProbe probe = probe_gpus();
+    gpu_count_ = probe.device_count;
+    no_gpu_reason_ = probe.built ? probe.reason : "this build has no GPU support (no GPU toolchain was found)";
+    gpus_.resize(static_cast<std::size_t>(gpu_count_));
+  }
+  return gpu_count_;
+}
+
+std::string RuntimeImpl::no_gpu_reason() {
+  gpu_count();
+  std::lock_guard lock(gpus_mutex_);
+  return no_gpu_reason_;
+}
+
+void RuntimeImpl::use_gpu_streams(int count, GpuStreamsFactory make) {
+  std::lock_guard lock(gpus_mutex_);
+  for (auto& g : gpus_)
+    if (g) throw Error(Errc::already_done, "use_gpu_streams: a GPU processor has already started");
+  gpu_count_ = count;
+  no_gpu_reason_ = count > 0 ? "" : "use_gpu_streams(0)";
+  make_gpu_streams_ = std::move(make);
+  gpus_.clear();
+  gpus_.resize(static_cast<std::size_t>(count));
+}
+
+detail::GpuProcessor& RuntimeImpl::gpu(int index) {
+  gpu_count();
+  std::lock_guard lock(gpus_mutex_);
+  if (index < 0 || index >= gpu_count_)
+    throw Error(Errc::internal, fmt::format("gpu({}): this rank has {} GPU(s)", index, gpu_count_));
+  auto& slot = gpus_[static_cast<std::size_t>(index)];
+  if (!slot) {
+    if (!accepting_work()) throw Error(Errc::shut_down, "the runtime is shutting down (no GPU processor starts now)");
+    const int per_class = static_cast<int>(settings::get_int("CARAVAN_GPU_TASK_STREAMS"));
+    std::unique_ptr<detail::GpuStreams> streams;
+    if (make_gpu_streams_) {
+      streams = make_gpu_streams_(index);
+    } else {
+#if defined(CARAVAN_HAVE_GPU)
+      streams = detail::make_device_streams(index, per_class);
+#else
+      throw Error(Errc::internal, "gpu(): this build has no GPU support");
+#endif
+    }
+    slot = std::make_unique<detail::GpuProcessor>(
+        *events_, Processor{ProcessorKind::gpu, static_cast<std::uint16_t>(rank_), static_cast<std::uint16_t>(index)},
+        std::move(streams));
+    log::get("runtime")->info("GPU processor {} started ({} streams)", slot->id().to_string(), 2 * per_class);
+  }
+  return *slot;
+}
+
 Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options) {
   const detail::TaskEntry* entry = detail::lookup_task(task);
   if (!entry) throw Error(Errc::not_found, fmt::format("spawn: no task has id {}", task.value));
@@ -151,11 +217,12 @@ Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const Spa
   Processor processor = options.processor;
   if (processor.rank == Processor::kThisRank) processor.rank = static_cast<std::uint16_t>(rank_);
   if (processor.rank != rank_ && processor.rank < world_size_) {
-    // Every rank of a job runs this build and has the same processors, so the processor's
-    // kind and index are checked here, before anything is sent.
-    if (processor.kind != ProcessorKind::cpu || processor.index != 0)
-      throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): processor {} does not exist (each rank has cpu0)",
-                                                      entry->name, processor.to_string()));
+    // Every rank has one CPU processor, checked here before anything is sent. How many GPUs a
+    // rank sees is its own business: the target checks a GPU processor, and a missing one
+    // poisons the completion with its error.
+    if (processor.kind == ProcessorKind::cpu && processor.index != 0)
+      throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): processor {} does not exist (each rank has one CPU "
+                                                      "processor, cpu0)", entry->name, processor.to_string()));
     if (!accepting_work())
       throw Error(Errc::shut_down, fmt::format("spawn('{}'): the runtime is shutting down", entry->name));
     if (!options.precondition.is_none() && options.precondition.owner_rank() == rank_) table_for(options.precondition);
@@ -163,19 +230,32 @@ Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const Spa
     remote.processor = processor;
     return net_->events().spawn(processor.rank, entry->name, args, remote);
   }
-  if (!(processor == cpu_->id()))
+  if (processor.rank >= world_size_)
+    throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): processor {} does not exist (this job has {} rank(s))",
+                                                    entry->name, processor.to_string(), world_size_));
+  detail::TaskProcessor* target = nullptr;
+  if (processor == cpu_->id()) {
+    target = cpu_.get();
+  } else if (processor.kind == ProcessorKind::gpu && processor.index < gpu_count()) {
+    if (!accepting_work())
+      throw Error(Errc::shut_down, fmt::format("spawn('{}'): the runtime is shutting down", entry->name));
+    target = &gpu(processor.index);
+  } else {
+    const int gpus = gpu_count();
     throw Error(Errc::invalid_argument,
-                fmt::format("spawn('{}'): processor {} does not exist {}", entry->name, processor.to_string(),
-                            processor.rank < world_size_ ? fmt::format("on this rank (it has {})", cpu_->id().to_string())
-                                                         : fmt::format("(this job has {} rank(s))", world_size_)));
+                fmt::format("spawn('{}'): processor {} does not exist on this rank (it has {}{})", entry->name,
+                            processor.to_string(), cpu_->id().to_string(),
+                            gpus == 0 ? fmt::format(" and no GPU processor: {}", no_gpu_reason())
+                                      : fmt::format(" and GPU processors gpu0..gpu{}", gpus - 1)));
+  }
   if (!accepting_work())
     throw Error(Errc::shut_down, fmt::format("spawn('{}'): the runtime is shutting down", entry->name));
   // Validate the precondition before creating anything, so a bad one leaves nothing behind.
   LocalEvent pre = options.precondition.is_none() ? LocalEvent{nullptr, {}} : local_view(options.precondition);
   Event completion = events_->create();
-  auto* record = new detail::TaskRecord(entry, task, completion, options.priority, cpu_.get(), args);
+  auto* record = new detail::TaskRecord(entry, task, completion, options.priority, target, args);
   if (pre.table) pre.table->add_waiter(pre.event, record);
-  else cpu_->make_ready(record);
+  else target->make_ready(record);
   return completion;
 }
 
@@ -217,7 +297,12 @@ std::vector<int> Runtime::ranks_on_node(int node) const {
 void Runtime::barrier(std::optional<std::chrono::nanoseconds> timeout) {
   if (net::Network* network = impl_->network()) network->barrier(timeout);
 }
-std::vector<Processor> Runtime::processors() const { return {impl_->cpu().id()}; }
+std::vector<Processor> Runtime::processors() const {
+  std::vector<Processor> out{impl_->cpu().id()};
+  for (int i = 0, n = impl_->gpu_count(); i < n; ++i)
+    out.push_back(Processor{ProcessorKind::gpu, static_cast<std::uint16_t>(impl_->rank()), static_cast<std::uint16_t>(i)});
+  return out;
+}
 int Runtime::cpu_worker_count() const { return impl_->cpu().worker_count(); }
 
 Event Runtime::spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options) {

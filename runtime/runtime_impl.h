@@ -4,6 +4,7 @@
 
 #include "runtime/cpu_processor.h"
 #include "runtime/event_table.h"
+#include "runtime/gpu_processor.h"
 
 #include <caravan/runtime.h>
 
@@ -36,6 +37,16 @@ class RuntimeImpl {
 
   detail::EventTable& events() { return *events_; }
   detail::CpuProcessor& cpu() { return *cpu_; }
+  // GPUs this rank sees (probed on first use), and the reason when it sees none.
+  int gpu_count();
+  std::string no_gpu_reason();
+  // The processor of GPU `index` (< gpu_count()), started on first use. Throws Error(device)
+  // when its streams cannot be made, Error(shut_down) once the runtime is shutting down.
+  detail::GpuProcessor& gpu(int index);
+  // For tests of the GPU processors' scheduling without a GPU: `count` GPUs whose streams
+  // `make` provides. Before any GPU processor has started.
+  using GpuStreamsFactory = std::function<std::unique_ptr<detail::GpuStreams>(int device)>;
+  void use_gpu_streams(int count, GpuStreamsFactory make);
   Runtime* owner() const { return owner_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -75,6 +86,11 @@ class RuntimeImpl {
   std::vector<RankInfo> ranks_;
   std::unique_ptr<detail::EventTable> events_;
   std::unique_ptr<detail::CpuProcessor> cpu_;
+  std::mutex gpus_mutex_;
+  int gpu_count_ = -1;  // gpus_mutex_; -1 until probed
+  std::string no_gpu_reason_;
+  GpuStreamsFactory make_gpu_streams_;
+  std::vector<std::unique_ptr<detail::GpuProcessor>> gpus_;  // gpus_mutex_; index = device
   std::mutex services_mutex_;
   std::map<std::string, RuntimeService*> services_by_name_;
   std::vector<std::unique_ptr<RuntimeService>> services_;  // in creation order

@@ -106,6 +106,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_tasks(*bench);
   add_bench_copy(*bench);
   add_bench_gpu(*bench);
+  add_bench_gpu_tasks(*bench);
   add_bench_plan(*bench);
   add_bench_nic(*bench);
   add_bench_ipc(*bench);

@@ -13,6 +13,7 @@ void add_bench_command(CLI::App& app);
 void add_bench_tasks(CLI::App& bench);
 void add_bench_copy(CLI::App& bench);  // also adds `bench priority`
 void add_bench_gpu(CLI::App& bench);   // bench_gpu.cpp: sdma/xgmi vs raw HIP copies
+void add_bench_gpu_tasks(CLI::App& bench);  // bench_gpu_tasks.cpp: GPU processors vs raw HIP calls
 void add_calibrate_command(CLI::App& app);
 // `caravan plan` and `caravan machine generate` (plan_command.cpp); `caravan bench plan` (bench_plan.cpp).
 void add_plan_command(CLI::App& app);

@@ -69,6 +69,8 @@ class Runtime {
   // Throws Error(invalid_argument) for a rank outside [0, world_size()).
   const RankInfo& rank_info(int rank) const;
   std::vector<int> ranks_on_node(int node) const;
+  // This rank's processors: cpu0, then gpu0..gpuN-1, one per GPU the rank sees (the first call
+  // asks the GPU runtime). A GPU processor starts (its streams and threads) at its first task.
   std::vector<Processor> processors() const;
   int cpu_worker_count() const;
 

@@ -44,7 +44,15 @@ struct TaskContext {
   std::string_view task_name;
   std::span<const std::byte> args;
   Processor processor;
-  Event completion;  // the event that triggers when this task returns
+  Event completion;  // the event that triggers when this task is done (see below for GPU tasks)
+
+  // On a GPU processor: the GPU (its HIP/CUDA ordinal, current on the calling thread) and the
+  // stream to enqueue the task's work on (a hipStream_t / cudaStream_t). The task is done when
+  // the work on that stream, as of the body's return, has finished; a GPU error poisons the
+  // completion. The body should enqueue and return: the processor launches its tasks from one
+  // thread. On a CPU processor: -1 and nullptr.
+  int gpu_device = -1;
+  void* gpu_stream = nullptr;
 
   // The arguments as a trivially copyable T; throws Error(invalid_argument) if sizes differ.
   template <class T>

@@ -1,0 +1,94 @@
+// GpuStreams on HIP: the streams a GPU processor runs task bodies on, and events as markers.
+#include "runtime/gpu/platform.h"
+#include "runtime/gpu_processor.h"
+
+#include <fmt/format.h>
+
+#include <mutex>
+#include <vector>
+
+namespace caravan::detail {
+namespace {
+
+FailureCause failure_of(const Error& e) { return std::make_shared<const Error>(e); }
+
+class DeviceStreams final : public GpuStreams {
+ public:
+  DeviceStreams(int device, int per_class) : device_(device) {
+    CARAVAN_HIP_CHECK(hipSetDevice(device_));
+    int least = 0, greatest = 0;
+    CARAVAN_HIP_CHECK(hipDeviceGetStreamPriorityRange(&least, &greatest));
+    try {
+      for (int i = 0; i < 2 * per_class; ++i) {
+        hipStream_t stream = nullptr;
+        CARAVAN_HIP_CHECK(hipStreamCreateWithPriority(&stream, hipStreamNonBlocking, i < per_class ? least : greatest));
+        streams_.push_back(stream);
+      }
+    } catch (...) {
+      for (hipStream_t s : streams_) (void)hipStreamDestroy(s);
+      throw;
+    }
+  }
+
+  ~DeviceStreams() override {
+    for (hipStream_t s : streams_) {
+      if (hipStreamSynchronize(s) != hipSuccess) (void)hipGetLastError();
+      (void)hipStreamDestroy(s);
+    }
+    for (hipEvent_t e : free_events_) (void)hipEventDestroy(e);
+  }
+
+  int device() const override { return device_; }
+  int lane_count() const override { return static_cast<int>(streams_.size()); }
+  void bind_thread() override { CARAVAN_HIP_CHECK(hipSetDevice(device_)); }
+  void* stream(int lane) override { return streams_[static_cast<std::size_t>(lane)]; }
+
+  void* record(int lane) override {
+    // The body may have made another GPU current; an event belongs to the current device and
+    // must be recorded on a stream of it.
+    CARAVAN_HIP_CHECK(hipSetDevice(device_));
+    hipEvent_t event = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_events_.empty()) {
+        event = free_events_.back();
+        free_events_.pop_back();
+      }
+    }
+    if (!event) CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&event, hipEventDisableTiming));
+    if (hipError_t status = hipEventRecord(event, streams_[static_cast<std::size_t>(lane)]); status != hipSuccess) {
+      (void)hipEventDestroy(event);
+      gpu::throw_hip_error(status, "hipEventRecord(event, stream)", __FILE__, __LINE__);
+    }
+    return event;
+  }
+
+  FailureCause wait(void* marker) override {
+    auto event = static_cast<hipEvent_t>(marker);
+    FailureCause failure;
+    if (hipError_t status = hipEventSynchronize(event); status != hipSuccess) {
+      try {
+        gpu::throw_hip_error(status, "hipEventSynchronize(event)", __FILE__, __LINE__);
+      } catch (const Error& e) {
+        failure = failure_of(e);
+      }
+    }
+    std::lock_guard lock(mutex_);
+    free_events_.push_back(event);
+    return failure;
+  }
+
+ private:
+  int device_;
+  std::vector<hipStream_t> streams_;
+  std::mutex mutex_;
+  std::vector<hipEvent_t> free_events_;
+};
+
+}  // namespace
+
+std::unique_ptr<GpuStreams> make_device_streams(int device, int per_class) {
+  return std::make_unique<DeviceStreams>(device, per_class);
+}
+
+}  // namespace caravan::detail
