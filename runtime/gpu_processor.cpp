@@ -4,10 +4,75 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 namespace caravan::detail {
 
-GpuProcessor::GpuProcessor(EventTable& events, Processor id, std::unique_ptr<GpuStreams> streams)
-    : events_(events), id_(id), streams_(std::move(streams)) {
+// ------------------------------------------------------------------------------------ GpuFollowTable
+
+void GpuFollowTable::add(Event completion) {
+  std::lock_guard lock(mutex_);
+  tasks_.try_emplace(completion);
+}
+
+GpuFollowTable::Follow GpuFollowTable::follow(Event precondition, TaskRecord* follower) {
+  std::lock_guard lock(mutex_);
+  auto it = tasks_.find(precondition);
+  if (it == tasks_.end()) return Follow::not_followable;
+  if (it->second.marker) {
+    follower->set_run_after(it->second.marker, precondition);
+    return Follow::ready;
+  }
+  it->second.followers.push_back(follower);
+  return Follow::waiting;
+}
+
+std::vector<TaskRecord*> GpuFollowTable::launched(Event completion, const std::shared_ptr<void>& marker) {
+  std::lock_guard lock(mutex_);
+  auto it = tasks_.find(completion);
+  if (it == tasks_.end()) return {};
+  it->second.marker = marker;
+  std::vector<TaskRecord*> ready = std::move(it->second.followers);
+  it->second.followers.clear();
+  for (TaskRecord* f : ready) f->set_run_after(marker, completion);
+  return ready;
+}
+
+std::vector<TaskRecord*> GpuFollowTable::forget(Event completion) {
+  std::lock_guard lock(mutex_);
+  auto it = tasks_.find(completion);
+  if (it == tasks_.end()) return {};
+  std::vector<TaskRecord*> waiting = std::move(it->second.followers);
+  tasks_.erase(it);
+  return waiting;
+}
+
+// ------------------------------------------------------------------------------------ GpuProcessor
+
+namespace {
+
+// Triggers a task's completion once its precondition's has triggered, with the task's own
+// failure or else the precondition's.
+class CompleteAfter final : public EventWaiter {
+ public:
+  CompleteAfter(EventTable& events, Event completion, FailureCause failure)
+      : events_(events), completion_(completion), failure_(std::move(failure)) {}
+  void event_triggered(const FailureCause& precondition_failure) override {
+    events_.trigger(completion_, failure_ ? failure_ : precondition_failure);
+    delete this;
+  }
+
+ private:
+  EventTable& events_;
+  Event completion_;
+  FailureCause failure_;
+};
+
+}  // namespace
+
+GpuProcessor::GpuProcessor(EventTable& events, GpuFollowTable& follows, Processor id, std::unique_ptr<GpuStreams> streams,
+                           int spin_us)
+    : events_(events), follows_(follows), id_(id), streams_(std::move(streams)), spin_us_(spin_us) {
   const int lanes = streams_->lane_count();
   if (lanes < 2 || lanes % 2 != 0)
     throw Error(Errc::internal, fmt::format("{}: {} streams (needs an even number, at least 2)", id_.to_string(), lanes));
@@ -32,7 +97,13 @@ void GpuProcessor::make_ready(TaskRecord* task) {
 void GpuProcessor::fail(TaskRecord* task, const FailureCause& failure) {
   Event completion = task->completion();
   delete task;
+  fail_followers(completion, failure);
   events_.trigger(completion, failure);
+}
+
+void GpuProcessor::fail_followers(Event completion, const FailureCause& failure) {
+  // Each follower fails through its own processor, which hands the failure on to its followers.
+  for (TaskRecord* follower : follows_.forget(completion)) follower->event_triggered(failure);
 }
 
 void GpuProcessor::stop(const FailureCause& failure) {
@@ -40,6 +111,7 @@ void GpuProcessor::stop(const FailureCause& failure) {
   if (stopped_) return;
   stopped_ = true;
   stop_failure_ = failure;
+  stopping_.store(true, std::memory_order_relaxed);
   queue_.stop();
   if (launcher_.joinable()) launcher_.join();
   for (TaskRecord* task : queue_.take_all()) fail(task, failure);
@@ -56,7 +128,23 @@ void GpuProcessor::stop(const FailureCause& failure) {
 }
 
 void GpuProcessor::launcher_main() {
-  while (TaskRecord* task = queue_.pop_blocking()) launch(task);
+  using Clock = std::chrono::steady_clock;
+  for (;;) {
+    TaskRecord* task = queue_.try_pop();
+    if (!task && spin_us_ > 0) {
+      // As the CPU workers do: a task made ready soon after (the next link of a chain, whose
+      // precondition a lane is about to trigger) is picked up without a futex wake-up.
+      const auto until = Clock::now() + std::chrono::microseconds(spin_us_);
+      while (!task && !stopping_.load(std::memory_order_relaxed)) {
+        if (queue_.maybe_nonempty()) task = queue_.try_pop();
+        else if (Clock::now() >= until) break;
+        else std::this_thread::yield();
+      }
+    }
+    if (!task) task = queue_.pop_blocking();
+    if (!task) return;
+    launch(task);
+  }
 }
 
 void GpuProcessor::launch(TaskRecord* task) {
@@ -73,50 +161,91 @@ void GpuProcessor::launch(TaskRecord* task) {
                                                   task->entry().name, e.what())));
     return;
   }
+  // Ordered on the GPU after another task (SpawnOptions::order_on_gpu): wait for its work there.
+  if (task->run_after()) {
+    try {
+      streams_->order_after(lane, task->run_after().get());
+    } catch (const Error& e) {
+      fail(task, make_failure(e.code(), fmt::format("{}: task '{}' could not be ordered after its precondition: {}",
+                                                    id_.to_string(), task->entry().name, e.what())));
+      return;
+    }
+  }
   TaskContext context = context_for(*task, id_);
   context.gpu_device = streams_->device();
   context.gpu_stream = streams_->stream(lane);
   Launched launched;
   launched.completion = task->completion();
+  launched.after = task->completes_after();
+  task->set_run_after(nullptr, Event{});
   launched.task_name = task->entry().name;
   launched.failure = run_task_body(*task, context);
   delete task;
   // Recorded after a failed body too: its completion must not be reported before the work it
   // did enqueue has finished (the caller may free buffers that work still uses).
   try {
-    launched.marker = streams_->record(lane);
+    GpuStreams* streams = streams_.get();
+    launched.marker = std::shared_ptr<void>(streams->record(lane), [streams](void* m) { streams->release(m); });
   } catch (const Error& e) {
     if (!launched.failure)
       launched.failure = make_failure(e.code(), fmt::format("{}: task '{}': {}", id_.to_string(), launched.task_name,
                                                             e.what()));
   }
+  // Tasks ordered after this one: they run now, behind its work on the GPU, unless it failed.
+  if (launched.failure) {
+    fail_followers(launched.completion, launched.failure);
+  } else {
+    for (TaskRecord* follower : follows_.launched(launched.completion, launched.marker)) follower->event_triggered(nullptr);
+  }
   Lane& target = *lanes_[static_cast<std::size_t>(lane)];
   {
     std::lock_guard lock(target.mutex);
     target.launched.push_back(std::move(launched));
+    target.size.fetch_add(1, std::memory_order_release);
   }
   target.cv.notify_one();
 }
 
 void GpuProcessor::lane_main(int index) {
   // Waiting on a marker needs no current device, so lanes do not bind one.
+  using Clock = std::chrono::steady_clock;
   Lane& lane = *lanes_[static_cast<std::size_t>(index)];
   std::unique_lock lock(lane.mutex);
   for (;;) {
+    if (lane.launched.empty() && spin_us_ > 0) {
+      // Poll a little before sleeping: the launcher often hands over the next task at once.
+      lock.unlock();
+      const auto until = Clock::now() + std::chrono::microseconds(spin_us_);
+      while (lane.size.load(std::memory_order_acquire) == 0 && !stopping_.load(std::memory_order_relaxed) &&
+             Clock::now() < until)
+        std::this_thread::yield();
+      lock.lock();
+    }
     lane.cv.wait(lock, [&] { return lane.stopping || !lane.launched.empty(); });
     if (lane.launched.empty()) return;  // stopping, and everything reported
     Launched launched = std::move(lane.launched.front());
     lane.launched.pop_front();
+    lane.size.fetch_sub(1, std::memory_order_relaxed);
     lock.unlock();
     FailureCause failure = std::move(launched.failure);
     if (launched.marker) {
-      if (FailureCause device_failure = streams_->wait(launched.marker); device_failure && !failure) {
+      if (FailureCause device_failure = streams_->wait(launched.marker.get()); device_failure && !failure) {
         failure = make_failure(device_failure->code(), fmt::format("{}: task '{}' failed on the GPU: {}", id_.to_string(),
                                                                    launched.task_name, device_failure->what()));
         log::get("task")->debug("{}", failure->what());
       }
     }
-    events_.trigger(launched.completion, std::move(failure));
+    launched.marker.reset();  // followers may still hold it until their wait is enqueued
+    // Forgotten: a follower spawned from now on takes the usual path (the completion is about to
+    // trigger). None is waiting here: they were handed on at launch.
+    fail_followers(launched.completion, failure);
+    if (launched.after) {
+      // Its work ran after its precondition's, but that task's lane may not have reported yet:
+      // completions keep the order of their tasks.
+      events_.add_waiter(launched.after, new CompleteAfter(events_, launched.completion, std::move(failure)));
+    } else {
+      events_.trigger(launched.completion, std::move(failure));
+    }
     lock.lock();
   }
 }

@@ -17,12 +17,14 @@
 
 #include "runtime/task_queue.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace caravan::detail {
@@ -41,13 +43,48 @@ class GpuStreams {
   // A marker behind the work enqueued on `lane` so far. Throws Error(device).
   virtual void* record(int lane) = 0;
   // Blocks until the marker's work has finished; returns the GPU's error, if it reported one.
-  // The marker may be reused afterwards.
   virtual FailureCause wait(void* marker) = 0;
+  // Makes later work on `lane` wait for `marker`'s work (a marker of any GPU's streams), on the
+  // GPU. Throws Error(device).
+  virtual void order_after(int lane, void* marker) = 0;
+  // The marker will not be used again (by anyone): back to the pool.
+  virtual void release(void* marker) = 0;
+};
+
+// GPU tasks of this rank that others may be ordered after on the GPU (SpawnOptions::
+// order_on_gpu), from spawn until their completion triggers. A follower spawned before its
+// precondition task is launched waits here; once that task's work is enqueued, followers get
+// the marker behind it and become ready. Thread-safe.
+class GpuFollowTable {
+ public:
+  // A GPU task was spawned (before it can run).
+  void add(Event completion);
+  enum class Follow { not_followable, waiting, ready };
+  // `follower` asks to be ordered after the task completing `precondition`. ready: it has the
+  // marker now (the caller makes it ready); waiting: it is held until that task is launched or
+  // fails; not_followable: not a GPU task of this rank still running (the usual path applies).
+  Follow follow(Event precondition, TaskRecord* follower);
+  // The task completing `completion` enqueued its work behind `marker`: its waiting followers
+  // (each given the marker), to be made ready; later followers get the marker at once.
+  std::vector<TaskRecord*> launched(Event completion, const std::shared_ptr<void>& marker);
+  // The task completing `completion` fails without its work being enqueued, or its completion
+  // is about to trigger: forgets it, returning the followers still waiting (to fail with it).
+  std::vector<TaskRecord*> forget(Event completion);
+
+ private:
+  struct Entry {
+    std::shared_ptr<void> marker;  // set once launched
+    std::vector<TaskRecord*> followers;
+  };
+  std::mutex mutex_;
+  std::unordered_map<Event, Entry> tasks_;
 };
 
 class GpuProcessor final : public TaskProcessor {
  public:
-  GpuProcessor(EventTable& events, Processor id, std::unique_ptr<GpuStreams> streams);
+  // `spin_us`: how long the launcher and the lanes poll for work before they sleep.
+  GpuProcessor(EventTable& events, GpuFollowTable& follows, Processor id, std::unique_ptr<GpuStreams> streams,
+               int spin_us);
   ~GpuProcessor();
 
   Processor id() const { return id_; }
@@ -63,8 +100,9 @@ class GpuProcessor final : public TaskProcessor {
 
  private:
   struct Launched {
-    void* marker = nullptr;  // null: nothing to wait for (recording failed)
+    std::shared_ptr<void> marker;  // null: nothing to wait for (recording failed)
     Event completion;
+    Event after;  // ordered on the GPU after this task: complete after its completion
     std::string_view task_name;  // the registry's, which outlives every task
     FailureCause failure;  // the body's, or recording's
   };
@@ -72,6 +110,7 @@ class GpuProcessor final : public TaskProcessor {
     std::mutex mutex;
     std::condition_variable cv;
     std::deque<Launched> launched;
+    std::atomic<std::size_t> size{0};  // launched.size(), for polling without the lock
     bool stopping = false;
     std::thread thread;
   };
@@ -79,10 +118,15 @@ class GpuProcessor final : public TaskProcessor {
   void launch(TaskRecord* task);
   void lane_main(int lane);
 
+  void fail_followers(Event completion, const FailureCause& failure);
+
   EventTable& events_;
+  GpuFollowTable& follows_;
   Processor id_;
   std::unique_ptr<GpuStreams> streams_;
+  int spin_us_;
   ReadyQueue queue_;
+  std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<Lane>> lanes_;
   unsigned next_low_ = 0, next_high_ = 0;  // launcher thread only
   std::thread launcher_;

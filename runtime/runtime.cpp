@@ -201,8 +201,8 @@ detail::GpuProcessor& RuntimeImpl::gpu(int index) {
 #endif
     }
     slot = std::make_unique<detail::GpuProcessor>(
-        *events_, Processor{ProcessorKind::gpu, static_cast<std::uint16_t>(rank_), static_cast<std::uint16_t>(index)},
-        std::move(streams));
+        *events_, gpu_follows_, Processor{ProcessorKind::gpu, static_cast<std::uint16_t>(rank_), static_cast<std::uint16_t>(index)},
+        std::move(streams), static_cast<int>(settings::get_int("CARAVAN_WORKER_SPIN_US")));
     log::get("runtime")->info("GPU processor {} started ({} streams)", slot->id().to_string(), 2 * per_class);
   }
   return *slot;
@@ -254,6 +254,16 @@ Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const Spa
   LocalEvent pre = options.precondition.is_none() ? LocalEvent{nullptr, {}} : local_view(options.precondition);
   Event completion = events_->create();
   auto* record = new detail::TaskRecord(entry, task, completion, options.priority, target, args);
+  if (processor.kind == ProcessorKind::gpu) {
+    gpu_follows_.add(completion);
+    if (options.order_on_gpu && pre.table) {
+      switch (gpu_follows_.follow(pre.event, record)) {
+        case detail::GpuFollowTable::Follow::ready: target->make_ready(record); return completion;
+        case detail::GpuFollowTable::Follow::waiting: return completion;
+        case detail::GpuFollowTable::Follow::not_followable: break;
+      }
+    }
+  }
   if (pre.table) pre.table->add_waiter(pre.event, record);
   else target->make_ready(record);
   return completion;

@@ -90,6 +90,7 @@ class RuntimeImpl {
   int gpu_count_ = -1;  // gpus_mutex_; -1 until probed
   std::string no_gpu_reason_;
   GpuStreamsFactory make_gpu_streams_;
+  detail::GpuFollowTable gpu_follows_;  // before gpus_: the processors use it until they are destroyed
   std::vector<std::unique_ptr<detail::GpuProcessor>> gpus_;  // gpus_mutex_; index = device
   std::mutex services_mutex_;
   std::map<std::string, RuntimeService*> services_by_name_;

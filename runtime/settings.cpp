@@ -41,7 +41,7 @@ const Definition kTable[] = {
   {"CARAVAN_CPU_WORKERS", Kind::integer, "0",
    "Worker threads of each rank's CPU processor; 0 means one per core", 0, 4096},
   {"CARAVAN_WORKER_SPIN_US", Kind::integer, "50",
-   "How long an idle CPU worker polls for new tasks before it sleeps (microseconds)", 0, 1000000},
+   "How long an idle CPU worker, GPU task launcher or GPU stream thread polls for work before it sleeps (microseconds)", 0, 1000000},
   {"CARAVAN_GPU_TASK_STREAMS", Kind::integer, "2",
    "Streams of each GPU processor per priority class (tasks of priority > 0 use high-priority streams)", 1, 64},
   {"CARAVAN_WAIT_SPIN_US", Kind::integer, "20",

@@ -62,6 +62,15 @@ class TaskRecord final : public EventWaiter {
   Event completion() const { return completion_; }
   int priority() const { return priority_; }
   std::span<const std::byte> args() const { return args_.view(); }
+  // GPU tasks ordered on the GPU after another one (SpawnOptions::order_on_gpu): the marker
+  // behind that task's work, which this task's stream waits on before its own work, and that
+  // task's completion, which this task's completion follows.
+  const std::shared_ptr<void>& run_after() const { return run_after_; }
+  Event completes_after() const { return completes_after_; }
+  void set_run_after(std::shared_ptr<void> marker, Event precondition) {
+    run_after_ = std::move(marker);
+    completes_after_ = precondition;
+  }
 
  private:
   friend class ReadyQueue;
@@ -71,6 +80,8 @@ class TaskRecord final : public EventWaiter {
   int priority_;
   TaskProcessor* processor_;
   ArgBuffer args_;
+  std::shared_ptr<void> run_after_;
+  Event completes_after_;
   TaskRecord* next_ready_ = nullptr;
 };
 

@@ -89,6 +89,16 @@ struct SpawnOptions {
   Event precondition;   // the task runs after this triggers; if it is poisoned, the task never runs
   int priority = 0;     // in [kMinPriority, kMaxPriority]
   Processor processor;  // default: this rank's CPU processor
+  // For a task on a GPU processor whose precondition is the completion of another GPU task of
+  // this rank: launch it as soon as that task has been launched, with its stream waiting on the
+  // GPU for that task's work, instead of waiting on the host for that work to finish. This
+  // saves a host round trip per link of a chain of GPU tasks. The body then runs while the
+  // precondition's GPU work may still be running, so it must not read on the host what that
+  // work writes. If the precondition task fails before its work is enqueued (its own
+  // precondition failed, its body threw, shutdown), this task never runs, as usual; a GPU error
+  // in that work reaches this task through the GPU (it is poisoned by the same sticky error).
+  // With any other precondition this flag changes nothing.
+  bool order_on_gpu = false;
 };
 
 }  // namespace caravan

@@ -73,9 +73,18 @@ class DeviceStreams final : public GpuStreams {
         failure = failure_of(e);
       }
     }
-    std::lock_guard lock(mutex_);
-    free_events_.push_back(event);
     return failure;
+  }
+
+  void order_after(int lane, void* marker) override {
+    CARAVAN_HIP_CHECK(hipStreamWaitEvent(streams_[static_cast<std::size_t>(lane)], static_cast<hipEvent_t>(marker), 0));
+  }
+
+  // A wait enqueued before takes the event's record as it was at that call, so the event can be
+  // recorded again for another task at once.
+  void release(void* marker) override {
+    std::lock_guard lock(mutex_);
+    free_events_.push_back(static_cast<hipEvent_t>(marker));
   }
 
  private:

@@ -82,7 +82,8 @@ TEST(GpuProcessor, ProcessorsListEveryGpuAndBodiesGetTheirOwn) {
 
 // Three tasks on two GPUs, each consuming the one before: upload and scale on GPU 0 (behind 20 ms
 // of other work), pull it over the peer link and scale again on GPU 1, download on GPU 1. Run
-// twice on fresh data with the output poisoned, against a double-precision reference.
+// twice on fresh data with the output poisoned, against a double-precision reference: ordered on
+// the host, then on the GPUs (order_on_gpu).
 TEST(GpuProcessor, AChainOfTasksOverTwoGpusMatchesTheReference) {
   CARAVAN_REQUIRE_GPU_TASKS(2);
   if (!gpu::topology().can_peer(0, 1)) GTEST_SKIP() << "GPU 1 cannot reach GPU 0's memory (no peer access)";
@@ -124,8 +125,10 @@ TEST(GpuProcessor, AChainOfTasksOverTwoGpusMatchesTheReference) {
     for (std::uint64_t i = 0; i < n; ++i) b.host_in[i] = dist(rng);
     std::memset(b.host_out, 0xFF, bytes);  // NaN everywhere
     Event e1 = rt.spawn(upload, task_args(b), SpawnOptions{.processor = gpu(0)});
-    Event e2 = rt.spawn(pull, task_args(b), SpawnOptions{.precondition = e1, .processor = gpu(1)});
-    Event e3 = rt.spawn(download, task_args(b), SpawnOptions{.precondition = e2, .priority = 5, .processor = gpu(1)});
+    const bool on_gpu = run == 1;  // the second run orders the links on the GPUs (order_on_gpu)
+    Event e2 = rt.spawn(pull, task_args(b), SpawnOptions{.precondition = e1, .processor = gpu(1), .order_on_gpu = on_gpu});
+    Event e3 = rt.spawn(download, task_args(b),
+                        SpawnOptions{.precondition = e2, .priority = 5, .processor = gpu(1), .order_on_gpu = on_gpu});
     ASSERT_TRUE(e3.wait_for(60s));
     std::uint64_t bad = 0;
     double worst = 0;
@@ -145,9 +148,14 @@ TEST(GpuProcessor, AChainOfTasksOverTwoGpusMatchesTheReference) {
 // A counter in GPU 0's memory, incremented by a plain load and store (no atomic) from tasks on
 // every GPU: one chain of 400 tasks hopping between GPUs, and beside it one chain per GPU on its
 // own counter, spawned from threads of their own. Every 8th task first spins for 50 us, so work
-// that ran before its predecessor had finished would lose an update.
-TEST(GpuProcessor, ChainedIncrementsOverEveryGpuLoseNothing) {
+// that ran before its predecessor had finished would lose an update. Ordered on the host (each
+// task launched once the one before has finished) and on the GPU (order_on_gpu: launched at
+// once, the stream waiting for the other's work).
+class GpuProcessorChains : public testing::TestWithParam<bool> {};
+
+TEST_P(GpuProcessorChains, ChainedIncrementsOverEveryGpuLoseNothing) {
   CARAVAN_REQUIRE_GPU_TASKS(1);
+  const bool order_on_gpu = GetParam();
   const int gpus = probe_gpus().device_count;
   for (int g = 1; g < gpus; ++g)
     if (!gpu::topology().can_peer(g, 0)) GTEST_SKIP() << "GPU " << g << " cannot reach GPU 0's memory";
@@ -169,7 +177,8 @@ TEST(GpuProcessor, ChainedIncrementsOverEveryGpuLoseNothing) {
     Event previous;
     for (int i = 0; i < kHops; ++i)
       previous = rt.spawn(inc, task_args(Args{counters, i}),
-                          SpawnOptions{.precondition = previous, .priority = (i % 3) - 1, .processor = gpu(i % gpus)});
+                          SpawnOptions{.precondition = previous, .priority = (i % 3) - 1, .processor = gpu(i % gpus),
+                                       .order_on_gpu = order_on_gpu});
     ends[0] = previous;
   });
   for (int g = 0; g < gpus; ++g) {
@@ -177,7 +186,8 @@ TEST(GpuProcessor, ChainedIncrementsOverEveryGpuLoseNothing) {
       Event previous;
       for (int i = 0; i < kPerGpu; ++i)
         previous = rt.spawn(inc, task_args(Args{counters + 1 + g, i}),
-                            SpawnOptions{.precondition = previous, .priority = i % 2, .processor = gpu(g)});
+                            SpawnOptions{.precondition = previous, .priority = i % 2, .processor = gpu(g),
+                                         .order_on_gpu = order_on_gpu});
       ends[static_cast<std::size_t>(1 + g)] = previous;
     });
   }
@@ -189,6 +199,9 @@ TEST(GpuProcessor, ChainedIncrementsOverEveryGpuLoseNothing) {
   for (int g = 0; g < gpus; ++g) EXPECT_EQ(values[static_cast<std::size_t>(1 + g)], static_cast<std::uint64_t>(kPerGpu)) << "GPU " << g;
   gpu::free_device(counters);
 }
+
+INSTANTIATE_TEST_SUITE_P(OrderedOnHostOrGpu, GpuProcessorChains, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& param) { return param.param ? "OrderedOnTheGpu" : "OrderedOnTheHost"; });
 
 // A body that enqueues work and then throws: its completion is poisoned with the message, and
 // only once that work has finished (whoever sees the failure may free what the work uses).

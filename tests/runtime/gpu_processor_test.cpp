@@ -70,6 +70,8 @@ struct Marker {
   std::condition_variable cv;
   bool reached = false;
   bool failed = false;
+  int holds = 0;          // streams waiting on it (order_after)
+  bool released = false;  // the processor is done with it
 };
 
 class SimulatedStreams final : public detail::GpuStreams {
@@ -82,6 +84,7 @@ class SimulatedStreams final : public detail::GpuStreams {
   void bind_thread() override { binds_.fetch_add(1); }
   void* stream(int lane) override { return streams_[static_cast<std::size_t>(lane)].get(); }
   void* record(int lane) override {
+    records_.fetch_add(1);
     auto* marker = new Marker;
     SimulatedStream* s = streams_[static_cast<std::size_t>(lane)].get();
     s->enqueue([marker, s] {
@@ -94,11 +97,40 @@ class SimulatedStreams final : public detail::GpuStreams {
     return marker;
   }
   FailureCause wait(void* handle) override {
-    std::unique_ptr<Marker> marker(static_cast<Marker*>(handle));
+    auto* marker = static_cast<Marker*>(handle);
     std::unique_lock lock(marker->mutex);
     marker->cv.wait(lock, [&] { return marker->reached; });
     return marker->failed ? make_failure(Errc::device, "simulated stream error") : nullptr;
   }
+  // The stream blocks until the marker is reached (holding it until then, as the GPU does).
+  void order_after(int lane, void* handle) override {
+    auto* marker = static_cast<Marker*>(handle);
+    {
+      std::lock_guard lock(marker->mutex);
+      ++marker->holds;
+    }
+    SimulatedStream* s = streams_[static_cast<std::size_t>(lane)].get();
+    s->enqueue([marker] {
+      std::unique_lock lock(marker->mutex);
+      marker->cv.wait(lock, [&] { return marker->reached; });
+      bool ok = !marker->failed;
+      const bool last = --marker->holds == 0 && marker->released;
+      lock.unlock();
+      if (last) delete marker;
+      return ok;  // a failed stream's error reaches the waiting one (sticky, as on a GPU)
+    });
+  }
+  void release(void* handle) override {
+    auto* marker = static_cast<Marker*>(handle);
+    std::unique_lock lock(marker->mutex);
+    marker->released = true;
+    const bool last = marker->holds == 0;
+    lock.unlock();
+    if (last) delete marker;
+    releases_.fetch_add(1);
+  }
+  int records() const { return records_.load(); }
+  int releases() const { return releases_.load(); }
   int lane_of(const void* stream) const {
     for (std::size_t i = 0; i < streams_.size(); ++i)
       if (streams_[i].get() == stream) return static_cast<int>(i);
@@ -109,7 +141,7 @@ class SimulatedStreams final : public detail::GpuStreams {
  private:
   int device_;
   std::vector<std::unique_ptr<SimulatedStream>> streams_;
-  std::atomic<int> binds_{0};
+  std::atomic<int> binds_{0}, records_{0}, releases_{0};
 };
 
 constexpr int kPerClass = 2;
@@ -365,8 +397,12 @@ TEST(TaskOnGpuProcessor, ShutdownFinishesLaunchedWorkAndPoisonsTheRest) {
   };
   UserEvent never = UserEvent::create();
   for (int i = 0; i < 50; ++i) gpus.rt.spawn(slow, {}, SpawnOptions{.processor = gpu(0)}).on_trigger(count);
-  for (int i = 0; i < 10; ++i)
-    gpus.rt.spawn(slow, {}, SpawnOptions{.precondition = never, .processor = gpu(0)}).on_trigger(count);
+  for (int i = 0; i < 10; ++i) {
+    Event waiting = gpus.rt.spawn(slow, {}, SpawnOptions{.precondition = never, .processor = gpu(0)});
+    waiting.on_trigger(count);
+    // ... and one ordered on the GPU after each of those, held in the follow table.
+    gpus.rt.spawn(slow, {}, SpawnOptions{.precondition = waiting, .processor = gpu(0), .order_on_gpu = true}).on_trigger(count);
+  }
   std::this_thread::sleep_for(10ms);
   std::atomic<bool> stopped{false};
   std::thread stopper([&] {
@@ -376,11 +412,11 @@ TEST(TaskOnGpuProcessor, ShutdownFinishesLaunchedWorkAndPoisonsTheRest) {
   for (int i = 0; i < 10000 && !stopped.load(); ++i) std::this_thread::sleep_for(1ms);
   ASSERT_TRUE(stopped.load()) << "shutdown did not return within 10 s";
   stopper.join();
-  EXPECT_EQ(succeeded + shut_down + other, 60) << "some completion never triggered";
+  EXPECT_EQ(succeeded + shut_down + other, 70) << "some completion never triggered";
   EXPECT_EQ(other.load(), 0);
   EXPECT_EQ(succeeded.load(), ran.load()) << "a launched task must finish, and only launched ones run";
   EXPECT_GT(ran.load(), 0);
-  EXPECT_GE(shut_down.load(), 10) << "tasks still waiting on preconditions must be poisoned";
+  EXPECT_GE(shut_down.load(), 20) << "tasks still waiting on preconditions must be poisoned";
 }
 
 // Many threads spawn chains of tasks over two GPUs and the CPU with random priorities; every
@@ -420,7 +456,9 @@ TEST(TaskOnGpuProcessor, StressRandomGraphsOverTwoGpus) {
         Processor where = rng() % 5 == 0 ? Processor{} : gpu(static_cast<int>(rng() % 2));
         int priority = static_cast<int>(rng() % 7) - 3;
         Event pre = dep_local >= 0 ? mine[static_cast<std::size_t>(dep_local)] : Event{};
-        mine.push_back(gpus.rt.spawn(t, task_args(a), SpawnOptions{.precondition = pre, .priority = priority, .processor = where}));
+        const bool on_gpu = rng() % 2 == 0;
+        mine.push_back(gpus.rt.spawn(t, task_args(a), SpawnOptions{.precondition = pre, .priority = priority, .processor = where,
+                                                                    .order_on_gpu = on_gpu}));
       }
     });
   }
@@ -430,6 +468,113 @@ TEST(TaskOnGpuProcessor, StressRandomGraphsOverTwoGpus) {
   ASSERT_TRUE(merge_events(all).wait_for(60s)) << "tasks did not finish within 60 s";
   for (int i = 0; i < kTotal; ++i) ASSERT_EQ(runs[static_cast<std::size_t>(i)].load(), 1) << "task " << i;
   EXPECT_EQ(order_violations.load(), 0);
+  for (SimulatedStreams* s : gpus.streams) EXPECT_EQ(s->records(), s->releases()) << "a marker was never released";
+}
+
+// order_on_gpu: the follower's body runs while its precondition's work is still running, its
+// own work waits for that work on the stream, and it completes after it.
+TEST(TaskOnGpuProcessor, OrderedOnTheGpuLaunchesBeforeThePreconditionsWorkFinishes) {
+  SimulatedGpus gpus(2);
+  static std::atomic<bool> gate_open{false}, follower_body_ran{false};
+  static std::mutex mutex;
+  static std::vector<int> order;
+  gate_open = false;
+  follower_body_ran = false;
+  order.clear();
+  TaskId first = test::task("gpu_processor_test.gated_first", [](TaskContext& ctx) {
+    SimulatedGpus::stream_of(ctx).enqueue([] {
+      while (!gate_open.load()) std::this_thread::sleep_for(1ms);
+      std::lock_guard lock(mutex);
+      order.push_back(1);
+      return true;
+    });
+  });
+  TaskId second = test::task("gpu_processor_test.follower", [](TaskContext& ctx) {
+    follower_body_ran = true;
+    SimulatedGpus::stream_of(ctx).enqueue([] {
+      std::lock_guard lock(mutex);
+      order.push_back(2);
+      return true;
+    });
+  });
+  Event a = gpus.rt.spawn(first, {}, SpawnOptions{.processor = gpu(0)});
+  // On the other GPU, so that only the wait on the marker orders the two.
+  Event b = gpus.rt.spawn(second, {}, SpawnOptions{.precondition = a, .processor = gpu(1), .order_on_gpu = true});
+  for (int i = 0; i < 2000 && !follower_body_ran.load(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(follower_body_ran.load()) << "the follower waited for its precondition's work on the host";
+  std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(a.has_triggered());
+  EXPECT_FALSE(b.has_triggered());
+  {
+    std::lock_guard lock(mutex);
+    EXPECT_TRUE(order.empty()) << "the follower's work ran before its precondition's";
+  }
+  gate_open = true;
+  ASSERT_TRUE(b.wait_for(10s));
+  EXPECT_TRUE(a.has_triggered());
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+// A follower spawned before its precondition task is launched waits for it; if that task's body
+// throws, or its own precondition fails, the follower never runs and carries the same cause.
+TEST(TaskOnGpuProcessor, OrderedOnTheGpuNeverRunsAfterAFailedPrecondition) {
+  SimulatedGpus gpus(1);
+  static std::atomic<int> follower_runs{0};
+  follower_runs = 0;
+  TaskId throws = test::task("gpu_processor_test.throws_early", [](TaskContext&) { throw std::runtime_error("no luck"); });
+  TaskId follower = test::task("gpu_processor_test.must_not_run", [](TaskContext&) { follower_runs.fetch_add(1); });
+  TaskId fine = test::task("gpu_processor_test.fine", [](TaskContext&) {});
+
+  UserEvent go = UserEvent::create();
+  Event a = gpus.rt.spawn(throws, {}, SpawnOptions{.precondition = go, .processor = gpu(0)});
+  Event b = gpus.rt.spawn(follower, {}, SpawnOptions{.precondition = a, .processor = gpu(0), .order_on_gpu = true});
+  Event c = gpus.rt.spawn(follower, {}, SpawnOptions{.precondition = b, .processor = gpu(0), .order_on_gpu = true});
+  go.trigger();
+  // The followers fail as soon as the body has thrown; a's own completion waits for the work
+  // the body had enqueued (none here), so it may come a little later.
+  ASSERT_TRUE(settles(c, 10s));
+  ASSERT_TRUE(settles(a, 10s));
+  EXPECT_EQ(a.query(), EventState::poisoned);
+  EXPECT_EQ(b.failure(), a.failure());
+  EXPECT_EQ(c.failure(), a.failure());
+
+  UserEvent doomed = UserEvent::create();
+  Event d = gpus.rt.spawn(fine, {}, SpawnOptions{.precondition = doomed, .processor = gpu(0)});
+  Event e = gpus.rt.spawn(follower, {}, SpawnOptions{.precondition = d, .processor = gpu(0), .order_on_gpu = true});
+  doomed.poison("upstream failed");
+  ASSERT_TRUE(settles(e, 10s));
+  ASSERT_TRUE(e.failure());
+  EXPECT_EQ(e.failure(), d.failure());
+  EXPECT_EQ(follower_runs.load(), 0);
+}
+
+// A chain of 300 links over two GPUs and the CPU, every GPU link ordered on the GPU: the work
+// runs in chain order (CPU links take the usual path: their precondition is not a GPU task,
+// and a GPU task after a CPU task waits for it on the host).
+TEST(TaskOnGpuProcessor, ChainsOrderedOnTheGpuKeepTheirOrder) {
+  SimulatedGpus gpus(2);
+  static std::mutex mutex;
+  static std::vector<int> order;
+  order.clear();
+  TaskId t = test::task("gpu_processor_test.gpu_link", [](TaskContext& ctx) {
+    int index = ctx.args_as<int>();
+    auto append = [index] {
+      std::lock_guard lock(mutex);
+      order.push_back(index);
+      return true;
+    };
+    if (ctx.gpu_stream) SimulatedGpus::stream_of(ctx).enqueue(append);
+    else append();
+  });
+  constexpr int kLinks = 300;
+  Event previous;
+  for (int i = 0; i < kLinks; ++i) {
+    Processor where = i % 10 == 9 ? Processor{} : gpu(i % 2);
+    previous = gpus.rt.spawn(t, task_args(i), SpawnOptions{.precondition = previous, .processor = where, .order_on_gpu = true});
+  }
+  ASSERT_TRUE(previous.wait_for(30s));
+  ASSERT_EQ(order.size(), static_cast<std::size_t>(kLinks));
+  for (int i = 0; i < kLinks; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
 }
 
 }  // namespace
