@@ -147,6 +147,19 @@ TEST_F(JobTest, RemoteTaskFailuresAndUnknownNamesPoisonTheCompletion) {
                        Errc::invalid_argument, "does not exist");
   CARAVAN_EXPECT_ERROR(rt().spawn("net.throws", {}, {.processor = Processor{ProcessorKind::cpu, static_cast<std::uint16_t>(target), 3}}),
                        Errc::invalid_argument, "does not exist");
+  if (target != rank()) {
+    // How many GPUs a rank has is its own business: the target checks, and a GPU it does not
+    // have poisons the completion, naming the processor.
+    Event missing_gpu =
+        rt().spawn("net.throws", {}, {.processor = Processor{ProcessorKind::gpu, static_cast<std::uint16_t>(target), 999}});
+    try {
+      missing_gpu.wait();
+      ADD_FAILURE() << "expected a poisoned completion";
+    } catch (const EventPoisoned& p) {
+      EXPECT_EQ(p.cause()->code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(p.cause()->what()).find("gpu999 does not exist"), std::string::npos) << p.cause()->what();
+    }
+  }
   rt().barrier(30s);
 }
 
