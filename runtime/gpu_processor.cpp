@@ -102,8 +102,38 @@ void GpuProcessor::fail(TaskRecord* task, const FailureCause& failure) {
 }
 
 void GpuProcessor::fail_followers(Event completion, const FailureCause& failure) {
-  // Each follower fails through its own processor, which hands the failure on to its followers.
-  for (TaskRecord* follower : follows_.forget(completion)) follower->event_triggered(failure);
+  // Each follower fails through its own processor, which hands the failure on to its own
+  // followers. A chain of them is worked off here in a loop, not by recursion: a long chain
+  // spawned ahead of the GPU would otherwise grow the stack by one frame per link.
+  thread_local std::vector<std::pair<TaskRecord*, FailureCause>>* pending = nullptr;
+  std::vector<TaskRecord*> followers = follows_.forget(completion);
+  if (followers.empty()) return;
+  if (pending) {
+    for (TaskRecord* f : followers) pending->emplace_back(f, failure);
+    return;
+  }
+  std::vector<std::pair<TaskRecord*, FailureCause>> work;
+  for (TaskRecord* f : followers) work.emplace_back(f, failure);
+  pending = &work;
+  while (!work.empty()) {
+    auto [follower, cause] = std::move(work.back());
+    work.pop_back();
+    follower->event_triggered(cause);  // may append its own followers to `work`
+  }
+  pending = nullptr;
+}
+
+void GpuProcessor::fail_at_launch(TaskRecord* task, const FailureCause& failure) {
+  const Event after = task->completes_after();
+  if (!after) {
+    fail(task, failure);
+    return;
+  }
+  // Ordered after another task: its completion still follows that task's.
+  Event completion = task->completion();
+  delete task;
+  fail_followers(completion, failure);
+  events_.add_waiter(after, new CompleteAfter(events_, completion, failure));
 }
 
 void GpuProcessor::stop(const FailureCause& failure) {
@@ -157,8 +187,8 @@ void GpuProcessor::launch(TaskRecord* task) {
   try {
     streams_->bind_thread();
   } catch (const Error& e) {
-    fail(task, make_failure(e.code(), fmt::format("{}: task '{}' could not start: {}", id_.to_string(),
-                                                  task->entry().name, e.what())));
+    fail_at_launch(task, make_failure(e.code(), fmt::format("{}: task '{}' could not start: {}", id_.to_string(),
+                                                            task->entry().name, e.what())));
     return;
   }
   // Ordered on the GPU after another task (SpawnOptions::order_on_gpu): wait for its work there.
@@ -166,8 +196,9 @@ void GpuProcessor::launch(TaskRecord* task) {
     try {
       streams_->order_after(lane, task->run_after().get());
     } catch (const Error& e) {
-      fail(task, make_failure(e.code(), fmt::format("{}: task '{}' could not be ordered after its precondition: {}",
-                                                    id_.to_string(), task->entry().name, e.what())));
+      fail_at_launch(task, make_failure(e.code(), fmt::format("{}: task '{}' could not be ordered after its "
+                                                              "precondition: {}", id_.to_string(), task->entry().name,
+                                                              e.what())));
       return;
     }
   }

@@ -119,6 +119,9 @@ class GpuProcessor final : public TaskProcessor {
   void lane_main(int lane);
 
   void fail_followers(Event completion, const FailureCause& failure);
+  // A task that could not be launched: as fail(), but one ordered after another task still
+  // completes after it.
+  void fail_at_launch(TaskRecord* task, const FailureCause& failure);
 
   EventTable& events_;
   GpuFollowTable& follows_;

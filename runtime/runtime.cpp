@@ -171,6 +171,10 @@ std::string RuntimeImpl::no_gpu_reason() {
 }
 
 void RuntimeImpl::use_gpu_streams(int count, GpuStreamsFactory make) {
+  if (count < 0 || count > 1024)
+    throw Error(Errc::invalid_argument, fmt::format("use_gpu_streams(count = {}): count must be in [0, 1024]", count));
+  if (count > 0 && !make)
+    throw Error(Errc::invalid_argument, fmt::format("use_gpu_streams(count = {}): the streams factory is empty", count));
   std::lock_guard lock(gpus_mutex_);
   for (auto& g : gpus_)
     if (g) throw Error(Errc::already_done, "use_gpu_streams: a GPU processor has already started");
@@ -193,6 +197,7 @@ detail::GpuProcessor& RuntimeImpl::gpu(int index) {
     std::unique_ptr<detail::GpuStreams> streams;
     if (make_gpu_streams_) {
       streams = make_gpu_streams_(index);
+      if (!streams) throw Error(Errc::internal, fmt::format("gpu({}): the streams factory returned nothing", index));
     } else {
 #if defined(CARAVAN_HAVE_GPU)
       streams = detail::make_device_streams(index, per_class);

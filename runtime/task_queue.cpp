@@ -40,6 +40,7 @@ TaskRecord* ReadyQueue::pop_locked() {
 
 TaskRecord* ReadyQueue::try_pop() {
   std::lock_guard lock(mutex_);
+  if (stopped_) return nullptr;  // what is left is the stopper's to poison (take_all)
   return pop_locked();
 }
 

@@ -55,10 +55,21 @@ class DeviceStreams final : public GpuStreams {
         free_events_.pop_back();
       }
     }
-    if (!event) CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&event, hipEventDisableTiming));
-    if (hipError_t status = hipEventRecord(event, streams_[static_cast<std::size_t>(lane)]); status != hipSuccess) {
+    hipStream_t stream = streams_[static_cast<std::size_t>(lane)];
+    // Without a marker the task is reported at once, so first wait here for the work its body
+    // enqueued (whoever sees the failure may free what that work uses). Rare: only after errors.
+    auto fail = [&](hipError_t status, const char* call) {
+      (void)hipGetLastError();
+      if (hipStreamSynchronize(stream) != hipSuccess) (void)hipGetLastError();
+      gpu::throw_hip_error(status, call, __FILE__, __LINE__);
+    };
+    if (!event) {
+      if (hipError_t status = hipEventCreateWithFlags(&event, hipEventDisableTiming); status != hipSuccess)
+        fail(status, "hipEventCreateWithFlags(&event, hipEventDisableTiming)");
+    }
+    if (hipError_t status = hipEventRecord(event, stream); status != hipSuccess) {
       (void)hipEventDestroy(event);
-      gpu::throw_hip_error(status, "hipEventRecord(event, stream)", __FILE__, __LINE__);
+      fail(status, "hipEventRecord(event, stream)");
     }
     return event;
   }

@@ -419,6 +419,63 @@ TEST(TaskOnGpuProcessor, ShutdownFinishesLaunchedWorkAndPoisonsTheRest) {
   EXPECT_GE(shut_down.load(), 20) << "tasks still waiting on preconditions must be poisoned";
 }
 
+// Shutdown while the launcher is inside a body: the tasks queued behind it never run; they are
+// poisoned with shut_down.
+TEST(TaskOnGpuProcessor, ShutdownPoisonsTasksQueuedBehindARunningBody) {
+  SimulatedGpus gpus(1);
+  static std::atomic<bool> release{false};
+  static std::atomic<int> queued_ran{0};
+  release = false;
+  queued_ran = 0;
+  TaskId blocker = test::task("gpu_processor_test.holds_launcher", [](TaskContext&) {
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+  });
+  TaskId queued = test::task("gpu_processor_test.queued", [](TaskContext&) { queued_ran.fetch_add(1); });
+  std::atomic<int> blocker_ok{0}, shut_down{0}, other{0};
+  gpus.rt.spawn(blocker, {}, SpawnOptions{.processor = gpu(0)}).on_trigger([&](const FailureCause& f) {
+    if (!f) blocker_ok.fetch_add(1);
+  });
+  std::this_thread::sleep_for(20ms);  // the launcher is in the blocker now
+  for (int i = 0; i < 20; ++i)
+    gpus.rt.spawn(queued, {}, SpawnOptions{.processor = gpu(0)}).on_trigger([&](const FailureCause& f) {
+      if (f && f->code() == Errc::shut_down) shut_down.fetch_add(1);
+      else other.fetch_add(1);
+    });
+  std::thread stopper([&] { gpus.rt.shutdown(); });
+  std::this_thread::sleep_for(200ms);  // shutdown has stopped the queue and waits for the launcher
+  release = true;
+  stopper.join();
+  EXPECT_EQ(blocker_ok.load(), 1) << "the body running at shutdown finishes";
+  EXPECT_EQ(queued_ran.load(), 0) << "a task queued behind it ran after shutdown began";
+  EXPECT_EQ(shut_down.load(), 20);
+  EXPECT_EQ(other.load(), 0);
+}
+
+// A long chain ordered on the GPU, all waiting behind its first link, fails as a whole when that
+// link's precondition fails, without one stack frame per link.
+TEST(TaskOnGpuProcessor, ALongChainOrderedOnTheGpuFailsWithoutRecursion) {
+  SimulatedGpus gpus(1);
+  static std::atomic<int> ran{0};
+  ran = 0;
+  TaskId t = test::task("gpu_processor_test.long_chain", [](TaskContext&) { ran.fetch_add(1); });
+  UserEvent head = UserEvent::create();
+  constexpr int kLinks = 50000;
+  Event previous = head;
+  for (int i = 0; i < kLinks; ++i)
+    previous = gpus.rt.spawn(t, {}, SpawnOptions{.precondition = previous, .processor = gpu(0), .order_on_gpu = true});
+  head.poison("the chain's input failed");
+  ASSERT_TRUE(settles(previous, 60s));
+  ASSERT_TRUE(previous.failure());
+  EXPECT_NE(std::string(previous.failure()->what()).find("the chain's input failed"), std::string::npos);
+  EXPECT_EQ(ran.load(), 0);
+}
+
+TEST(TaskOnGpuProcessor, UseGpuStreamsChecksItsArguments) {
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  CARAVAN_EXPECT_ERROR(rt.impl().use_gpu_streams(-1, nullptr), Errc::invalid_argument, "count = -1");
+  CARAVAN_EXPECT_ERROR(rt.impl().use_gpu_streams(2, nullptr), Errc::invalid_argument, "factory is empty");
+}
+
 // Many threads spawn chains of tasks over two GPUs and the CPU with random priorities; every
 // task's work runs exactly once, after its precondition's work, and every completion triggers.
 TEST(TaskOnGpuProcessor, StressRandomGraphsOverTwoGpus) {
