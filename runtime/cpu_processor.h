@@ -6,7 +6,6 @@
 
 #include <caravan/task.h>
 
-#include <atomic>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -40,7 +39,7 @@ class CpuProcessor final : public TaskProcessor {
   int spin_us_;
   ReadyQueue queue_;
   std::vector<std::thread> workers_;
-  std::atomic<bool> stopping_{false};
+  bool stopped_ = false;  // stop_mutex_
   std::mutex stop_mutex_;
   FailureCause stop_failure_;
 };

@@ -84,14 +84,8 @@ GpuProcessor::GpuProcessor(EventTable& events, GpuFollowTable& follows, Processo
 GpuProcessor::~GpuProcessor() { stop(make_failure(Errc::shut_down, "the runtime shut down before this task ran")); }
 
 void GpuProcessor::make_ready(TaskRecord* task) {
-  switch (queue_.push(task)) {
-    case ReadyQueue::PushResult::queued: break;
-    case ReadyQueue::PushResult::queued_wake_worker: queue_.wake_one(); break;
-    case ReadyQueue::PushResult::stopped:
-      // stop() set stop_failure_ before it stopped the queue, under the queue's lock.
-      fail(task, stop_failure_);
-      break;
-  }
+  // stop() set stop_failure_ before it stopped the queue, under the queue's lock.
+  if (!queue_.enqueue(task)) fail(task, stop_failure_);
 }
 
 void GpuProcessor::fail(TaskRecord* task, const FailureCause& failure) {
@@ -158,23 +152,9 @@ void GpuProcessor::stop(const FailureCause& failure) {
 }
 
 void GpuProcessor::launcher_main() {
-  using Clock = std::chrono::steady_clock;
-  for (;;) {
-    TaskRecord* task = queue_.try_pop();
-    if (!task && spin_us_ > 0) {
-      // As the CPU workers do: a task made ready soon after (the next link of a chain, whose
-      // precondition a lane is about to trigger) is picked up without a futex wake-up.
-      const auto until = Clock::now() + std::chrono::microseconds(spin_us_);
-      while (!task && !stopping_.load(std::memory_order_relaxed)) {
-        if (queue_.maybe_nonempty()) task = queue_.try_pop();
-        else if (Clock::now() >= until) break;
-        else std::this_thread::yield();
-      }
-    }
-    if (!task) task = queue_.pop_blocking();
-    if (!task) return;
-    launch(task);
-  }
+  // Polling first, as the CPU workers do: the next link of a chain, whose precondition a lane
+  // is about to trigger, is picked up without a futex wake-up.
+  while (TaskRecord* task = queue_.pop_after_polling(spin_us_)) launch(task);
 }
 
 void GpuProcessor::launch(TaskRecord* task) {

@@ -102,7 +102,7 @@ class GpuProcessor final : public TaskProcessor {
   struct Launched {
     std::shared_ptr<void> marker;  // null: nothing to wait for (recording failed)
     Event completion;
-    Event after;  // ordered on the GPU after this task: complete after its completion
+    Event after;  // the task it was ordered after on the GPU: complete after that one
     std::string_view task_name;  // the registry's, which outlives every task
     FailureCause failure;  // the body's, or recording's
   };

@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <thread>
+
 namespace caravan::detail {
 
 void TaskRecord::event_triggered(const FailureCause& failure) {
@@ -55,10 +58,34 @@ TaskRecord* ReadyQueue::pop_blocking() {
   }
 }
 
+bool ReadyQueue::enqueue(TaskRecord* task) {
+  switch (push(task)) {
+    case PushResult::queued: return true;
+    case PushResult::queued_wake_worker: wake_one(); return true;
+    case PushResult::stopped: return false;
+  }
+  return false;
+}
+
+TaskRecord* ReadyQueue::pop_after_polling(int spin_us) {
+  using Clock = std::chrono::steady_clock;
+  TaskRecord* task = try_pop();
+  if (!task && spin_us > 0) {
+    const auto until = Clock::now() + std::chrono::microseconds(spin_us);
+    while (!task && !stop_requested_.load(std::memory_order_relaxed)) {
+      if (maybe_nonempty()) task = try_pop();
+      else if (Clock::now() >= until) break;
+      else std::this_thread::yield();
+    }
+  }
+  return task ? task : pop_blocking();
+}
+
 void ReadyQueue::stop() {
   {
     std::lock_guard lock(mutex_);
     stopped_ = true;
+    stop_requested_.store(true, std::memory_order_relaxed);
   }
   cv_.notify_all();
 }

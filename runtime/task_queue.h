@@ -94,6 +94,12 @@ class ReadyQueue {
   TaskRecord* try_pop();
   // Blocks until a task is ready or stop() was called (then returns nullptr).
   TaskRecord* pop_blocking();
+  // Queues `task` and wakes a sleeping consumer; false, queueing nothing, once stop() was called.
+  bool enqueue(TaskRecord* task);
+  // The next task, or nullptr once stop() was called. Polls for `spin_us` before it sleeps: a
+  // task made ready soon after is then picked up without a futex wake-up. Yielding keeps the
+  // thread that makes it ready running on a machine with few cores.
+  TaskRecord* pop_after_polling(int spin_us);
   void stop();
   bool maybe_nonempty() const { return size_.load(std::memory_order_relaxed) > 0; }
   std::vector<TaskRecord*> take_all();
@@ -111,6 +117,7 @@ class ReadyQueue {
   std::condition_variable cv_;
   std::vector<Bucket> buckets_;  // sorted by priority, highest first; never empty buckets
   std::atomic<std::size_t> size_{0};
+  std::atomic<bool> stop_requested_{false};  // stopped_, for polling without the lock
   int sleepers_ = 0;
   bool stopped_ = false;
 };

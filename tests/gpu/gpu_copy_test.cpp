@@ -11,6 +11,7 @@
 #include "runtime/dma/storage.h"
 #include "runtime/gpu/devices.h"
 #include "tests/dma/dma_test_util.h"
+#include "tests/gpu/require_gpus.h"
 
 #include <caravan/planner/plan.h>
 #include <caravan/platform.h>
@@ -42,11 +43,7 @@ using namespace std::chrono_literals;
 // Skips the test unless this machine has at least `n` GPUs (and, for n >= 2, GPU 0 reaches GPU 1).
 #define CARAVAN_REQUIRE_GPUS(n)                                                                           \
   do {                                                                                                    \
-    GpuProbe probe_ = probe_gpus();                                                                       \
-    if (probe_.device_count < (n))                                                                        \
-      GTEST_SKIP() << "needs " << (n) << " GPU(s); "                                                      \
-                   << (probe_.device_count == 0 ? probe_.reason                                           \
-                                                : "this machine has " + std::to_string(probe_.device_count)); \
+    CARAVAN_REQUIRE_GPU_COUNT(n);                                                                         \
     if ((n) >= 2 && !gpu::topology().can_peer(0, 1)) GTEST_SKIP() << "GPU 0 cannot reach GPU 1 (no peer access)"; \
   } while (0)
 

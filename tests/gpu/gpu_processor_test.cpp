@@ -3,6 +3,7 @@
 // done only once its stream's work is, and every body starts with its own GPU current. The
 // scheduling itself (priorities, failures, shutdown, stress) is tested without a GPU in
 // tests/runtime/gpu_processor_test.cpp. Each test skips with the reason where GPUs are missing.
+#include "tests/gpu/require_gpus.h"
 #include "tests/runtime/test_util.h"
 
 #include <caravan/platform.h>
@@ -26,29 +27,13 @@ using namespace std::chrono_literals;
 
 #if CARAVAN_HAVE_GPU
 
-#define CARAVAN_REQUIRE_GPU_TASKS(n)                                                                      \
-  do {                                                                                                    \
-    GpuProbe probe_ = probe_gpus();                                                                       \
-    if (probe_.device_count < (n))                                                                        \
-      GTEST_SKIP() << "needs " << (n) << " GPU(s); "                                                      \
-                   << (probe_.device_count == 0 ? probe_.reason                                           \
-                                                : "this machine has " + std::to_string(probe_.device_count)); \
-  } while (0)
-
-Processor gpu(int index) { return Processor{ProcessorKind::gpu, Processor::kThisRank, static_cast<std::uint16_t>(index)}; }
-
-bool settles(const Event& e, std::chrono::nanoseconds timeout) {
-  try {
-    return e.wait_for(timeout);
-  } catch (const EventPoisoned&) {
-    return true;
-  }
-}
+using test::settles;
+Processor gpu(int index) { return test::gpu_processor(index); }
 
 hipStream_t stream_of(const TaskContext& ctx) { return static_cast<hipStream_t>(ctx.gpu_stream); }
 
 TEST(GpuProcessor, ProcessorsListEveryGpuAndBodiesGetTheirOwn) {
-  CARAVAN_REQUIRE_GPU_TASKS(1);
+  CARAVAN_REQUIRE_GPU_COUNT(1);
   Runtime rt(RuntimeOptions{.cpu_workers = 2});
   const int gpus = probe_gpus().device_count;
   auto list = rt.processors();
@@ -85,7 +70,7 @@ TEST(GpuProcessor, ProcessorsListEveryGpuAndBodiesGetTheirOwn) {
 // twice on fresh data with the output poisoned, against a double-precision reference: ordered on
 // the host, then on the GPUs (order_on_gpu).
 TEST(GpuProcessor, AChainOfTasksOverTwoGpusMatchesTheReference) {
-  CARAVAN_REQUIRE_GPU_TASKS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   if (!gpu::topology().can_peer(0, 1)) GTEST_SKIP() << "GPU 1 cannot reach GPU 0's memory (no peer access)";
   Runtime rt(RuntimeOptions{.cpu_workers = 2});
   constexpr std::uint64_t n = std::uint64_t{1} << 22;
@@ -154,7 +139,7 @@ TEST(GpuProcessor, AChainOfTasksOverTwoGpusMatchesTheReference) {
 class GpuProcessorChains : public testing::TestWithParam<bool> {};
 
 TEST_P(GpuProcessorChains, ChainedIncrementsOverEveryGpuLoseNothing) {
-  CARAVAN_REQUIRE_GPU_TASKS(1);
+  CARAVAN_REQUIRE_GPU_COUNT(1);
   const bool order_on_gpu = GetParam();
   const int gpus = probe_gpus().device_count;
   for (int g = 1; g < gpus; ++g)
@@ -206,7 +191,7 @@ INSTANTIATE_TEST_SUITE_P(OrderedOnHostOrGpu, GpuProcessorChains, testing::Bool()
 // A body that enqueues work and then throws: its completion is poisoned with the message, and
 // only once that work has finished (whoever sees the failure may free what the work uses).
 TEST(GpuProcessor, AThrowingBodyIsReportedAfterTheWorkItEnqueued) {
-  CARAVAN_REQUIRE_GPU_TASKS(1);
+  CARAVAN_REQUIRE_GPU_COUNT(1);
   Runtime rt(RuntimeOptions{.cpu_workers = 1});
   auto* word = static_cast<std::uint64_t*>(gpu::allocate_pinned(2 * sizeof(std::uint64_t)));
   word[0] = 0;

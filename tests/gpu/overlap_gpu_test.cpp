@@ -5,6 +5,7 @@
 #include "kernels/gpu/overlap.h"
 #include "kernels/gpu/tp_layer.h"
 #include "tests/gpu/flag_handoff.h"
+#include "tests/gpu/require_gpus.h"
 
 #include <caravan/error.h>
 #include <caravan/platform.h>
@@ -27,15 +28,6 @@
 
 namespace caravan::gpu {
 namespace {
-
-#define CARAVAN_REQUIRE_GPUS(n)                                                                          \
-  do {                                                                                                   \
-    GpuProbe probe_ = probe_gpus();                                                                      \
-    if (probe_.device_count < (n))                                                                       \
-      GTEST_SKIP() << "needs " << (n) << " GPUs; "                                                       \
-                   << (probe_.device_count == 0 ? probe_.reason                                          \
-                                                : "this machine has " + std::to_string(probe_.device_count)); \
-  } while (0)
 
 // Streams waiting on flags block their hardware queue: give streams more queues (CUDA reads this
 // at its first call, so it is set during static initialisation).
@@ -139,7 +131,7 @@ TEST(GpuSymmetricHeap, RejectsBadDeviceLists) {
 }
 
 TEST(GpuSymmetricHeap, AllocatesAtTheSameOffsetAndRejectsOverflow) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   GpuSymmetricHeap heap(first_devices(2), 1 << 20);
   const SymmetricRegion a = heap.allocate(1000);
   const SymmetricRegion b = heap.allocate(64, 4096);
@@ -161,7 +153,7 @@ TEST(GpuSymmetricHeap, AllocatesAtTheSameOffsetAndRejectsOverflow) {
 }
 
 TEST(GpuFlags, MillionHandOffsNeitherLostNorDuplicated) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size() / 2 * 2;
   GpuSymmetricHeap heap(first_devices(world), 1 << 20);
   const SymmetricRegion slots = heap.allocate(16);
@@ -196,7 +188,7 @@ TEST(GpuFlags, MillionHandOffsNeitherLostNorDuplicated) {
 }
 
 TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
   const long m = 128L * world, k = 192, n = 320;
@@ -393,24 +385,24 @@ void run_ahead_through_mixed_variants(bool two_streams, bool low_latency,
   } while (0)
 
 TEST(Overlap, AllGatherGemmRanksRunAheadThroughMixedVariants) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   CARAVAN_REQUIRE_RUN_AHEAD();
   run_ahead_through_mixed_variants(false, true);
 }
 TEST(Overlap, AllGatherGemmRanksRunAheadThroughMixedVariantsWithoutLowLatency) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   CARAVAN_REQUIRE_RUN_AHEAD();
   run_ahead_through_mixed_variants(false, false);
 }
 TEST(Overlap, AllGatherGemmRanksRunAheadOnTwoStreams) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   CARAVAN_REQUIRE_RUN_AHEAD();
   run_ahead_through_mixed_variants(true, true);
 }
 // Pushes and the SM variants need no pacing: with none at all, sixteen calls queued back to back
 // on every rank (each rank sleeping at random between them) land every shard.
 TEST(Overlap, AllGatherGemmPushesRunAheadWithoutPacing) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   settings::ScopedOverride no_pacing("CARAVAN_OVERLAP_GPU_PACE", "none");
   run_ahead_through_mixed_variants(false, true,
                                    {{AgGemmVariant::ce_push, 1},
@@ -425,7 +417,7 @@ TEST(Overlap, AllGatherGemmPushesRunAheadWithoutPacing) {
 // two shards; k = 136: a K tail of 8; n = 200: a partial column tile), with one rank writing
 // its shard late, so the other ranks' blocks really wait on their rows' flags.
 TEST(Overlap, TileVariantsHandlePartialTilesAndLateRows) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
   const long m = 72L * world, k = 136, n = 200, rows = m / world;
@@ -462,7 +454,7 @@ TEST(Overlap, TileVariantsHandlePartialTilesAndLateRows) {
 }
 
 TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
   const long m = 64L * world, k = 160, n = 256;
@@ -514,7 +506,7 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
 // back to back, and with a paced copy-engine call among them. Every call has its own inputs and
 // output; all are checked at the end.
 TEST(Overlap, GemmReduceScatterOneKernelCallsRunAhead) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
   const long m = 64L * world, k = 160, n = 256, rows = m / world, kk = k * world;
@@ -567,7 +559,7 @@ TEST(Overlap, GemmReduceScatterOneKernelCallsRunAhead) {
 }
 
 TEST(Overlap, GemmAllScatterMatchesReferenceCallAfterCall) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
   const long m = 256, k = 128, n = 96L * world, block = n / world;
@@ -601,7 +593,7 @@ TEST(Overlap, GemmAllScatterMatchesReferenceCallAfterCall) {
 }
 
 TEST(Overlap, LowLatencyAllGatherIsExactOnEveryCall) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
   GpuTeam team(first_devices(world), 16 << 20);
   constexpr std::size_t kBytes = 24 << 10;
@@ -632,7 +624,7 @@ TEST(Overlap, LowLatencyAllGatherIsExactOnEveryCall) {
 // is exact. With early launch on and off, at 40 KiB per rank and at the largest size (1024
 // blocks, which must all be resident at once).
 TEST(Overlap, LowLatencyAllGatherBackToBackAndReplayedFromAGraph) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
   const std::uint64_t seed = fresh_seed();
@@ -709,7 +701,7 @@ TEST(Overlap, LowLatencyAllGatherBackToBackAndReplayedFromAGraph) {
 }
 
 TEST(Overlap, RejectsShapesThatDoNotDivide) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   GpuTeam team(first_devices(2), 16 << 20);
   EXPECT_THROW(AllGatherGemm(team, 101, 64, 64), Error);
   EXPECT_THROW(AllGatherGemm(team, 128, 64, 64, 0), Error);
@@ -726,7 +718,7 @@ TEST(Overlap, RejectsShapesThatDoNotDivide) {
 // communication variants, twice in a row with fresh inputs (the second call runs on the epochs
 // and buffers the first left).
 TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
   const kernels::TpLayerShape shape{.tokens = 64L * world, .hidden = 256, .heads = 8, .ffn = 128L * world, .kv_heads = 4};
   const long rows = shape.tokens / world;
@@ -786,7 +778,7 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
 }
 
 TEST(GpuTpLayer, RejectsShapesTheWorldDoesNotDivide) {
-  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_REQUIRE_GPU_COUNT(2);
   GpuTeam team(first_devices(2), 64 << 20);
   LayerCommunication comm{.name = "ce-push"};
   EXPECT_THROW(GpuTpLayer(team, {.tokens = 128, .hidden = 256, .heads = 8, .ffn = 256, .kv_heads = 3}, comm), Error);

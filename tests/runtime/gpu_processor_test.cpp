@@ -161,16 +161,8 @@ struct SimulatedGpus {
   std::vector<SimulatedStreams*> streams;
 };
 
-// Waits until `e` has triggered, successfully or not; false after `timeout`.
-bool settles(const Event& e, std::chrono::nanoseconds timeout) {
-  try {
-    return e.wait_for(timeout);
-  } catch (const EventPoisoned&) {
-    return true;
-  }
-}
-
-Processor gpu(int index) { return Processor{ProcessorKind::gpu, Processor::kThisRank, static_cast<std::uint16_t>(index)}; }
+using test::settles;
+Processor gpu(int index) { return test::gpu_processor(index); }
 
 TEST(TaskOnGpuProcessor, ProcessorsListsEveryGpu) {
   SimulatedGpus gpus(3);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace caravan::test {
@@ -18,6 +20,20 @@ inline TaskId task(const std::string& name, TaskFn fn) {
     if (e.code() != Errc::already_done) throw;
     return find_task(name);
   }
+}
+
+// Waits until `e` has triggered, successfully or poisoned; false after `timeout`.
+inline bool settles(const Event& e, std::chrono::nanoseconds timeout) {
+  try {
+    return e.wait_for(timeout);
+  } catch (const EventPoisoned&) {
+    return true;
+  }
+}
+
+// This rank's GPU processor `index`.
+inline Processor gpu_processor(int index) {
+  return Processor{ProcessorKind::gpu, Processor::kThisRank, static_cast<std::uint16_t>(index)};
 }
 
 // Expects `statement` to throw caravan::Error with `code` and a message containing `text`.
