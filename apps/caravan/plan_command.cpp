@@ -3,6 +3,8 @@
 // throughput and the planning time. `caravan machine generate` writes a cluster's machine file.
 #include "apps/caravan/commands.h"
 
+#include "runtime/dma/calibrate.h"
+
 #include <caravan/error.h>
 #include <caravan/planner/machine_file.h>
 #include <caravan/planner/planner.h>
@@ -175,6 +177,35 @@ void run_plan(const PlanArgs& a) {
   }
 }
 
+// `caravan machine show`: memories (with capacity and channels out) and channels (kind, peak,
+// shared resources), so that a newcomer finds the names Instance::create and copy() take.
+void show_machine(const std::string& spec, bool json) {
+  // "local" as the runtime sees this rank (with files and calibrated throughput), which is more
+  // than the planner's own view of the host.
+  const planner::MachineDescription description = spec == "local" ? dma::live_machine(0) : planner::resolve_machine(spec);
+  if (json) {
+    fmt::print("{}\n", planner::to_machine_json(description));
+    return;
+  }
+  const planner::TransferGraph graph(description);
+  fmt::print("machine {}: {}\n\n", graph.name(), graph.description().description);
+  fmt::print("{:<28} {:>12} {:>9}\n", "memory", "capacity", "channels");
+  for (std::uint32_t v = 0; v < graph.memory_count(); ++v) {
+    const auto& m = graph.memory(v);
+    const std::string capacity = m.capacity ? fmt::format("{:.1f} GiB", static_cast<double>(m.capacity) / (1u << 30)) : "-";
+    fmt::print("{:<28} {:>12} {:>9}\n", m.id.to_string(), capacity, graph.out_channels(v).size());
+  }
+  fmt::print("\n{:<8} {:<28} {:<28} {:>10}  {}\n", "channel", "from", "to", "peak GB/s", "shares");
+  for (std::uint32_t c = 0; c < graph.channel_count(); ++c) {
+    const auto& ch = graph.channel(c);
+    std::string shares;
+    for (std::uint32_t r : ch.resources) shares += (shares.empty() ? "" : ", ") + graph.resource(r).name;
+    fmt::print("{:<8} {:<28} {:<28} {:>10.1f}  {}\n", to_string(ch.kind), graph.memory(ch.src).id.to_string(),
+               ch.self_loop() ? std::string("(itself: layout conversion)") : graph.memory(ch.dst).id.to_string(),
+               ch.peak_gbps, shares);
+  }
+}
+
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
@@ -207,6 +238,15 @@ void add_plan_command(CLI::App& app) {
   generate->add_option("--nodes", nodes, "Nodes")->capture_default_str();
   generate->add_option("--gpus", gpus, "GPUs (ranks) per node")->capture_default_str();
   generate->add_option("-o,--output", output, "File to write (default: standard output)");
+  static std::string shown = "local";
+  static bool show_json = false;
+  CLI::App* show = machine->add_subcommand("show", "List a machine's memories and channels (what Instance::create and copy() accept)");
+  show->add_option("--machine", shown,
+                   "local (this machine, as the runtime sees it), a built-in machine (isometry-two-node, h200x4), "
+                   "generate:NODESxGPUS, or a machine file")
+      ->capture_default_str();
+  show->add_flag("--json", show_json, "Print the machine file (JSON) instead of tables");
+  show->callback([] { show_machine(shown, show_json); });
   generate->callback([] {
     std::string text = planner::to_machine_json(planner::generate_cluster({nodes, gpus}));
     if (output.empty()) {

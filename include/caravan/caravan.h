@@ -1,6 +1,7 @@
 // Everything a Caravan application needs.
 #pragma once
 
+#include <caravan/copy.h>  // instances and copies (link caravan::dma)
 #include <caravan/error.h>
 #include <caravan/event.h>
 #include <caravan/platform.h>

@@ -31,7 +31,7 @@ class Instance {
  public:
   Instance() = default;
 
-  // Allocates an instance in `memory`, a memory of this rank (see `caravan machine`; on a CPU
+  // Allocates an instance in `memory`, a memory of this rank (see `caravan machine show`; on a CPU
   // machine node0/rank0/sys and node0/rank0/dsk; in a job also node<n>/rank<r>/reg, host memory
   // registered with UCX, which the nic channel reads and writes). Throws Error(invalid_argument) when the layout
   // does not fit the space, Error(not_found) for a memory this rank does not have.
@@ -51,6 +51,12 @@ class Instance {
   std::uint64_t offset(const Point& point, std::size_t field) const;
   // The bytes of a host instance; throws Error(invalid_argument) for a file-backed (dsk) one.
   std::byte* data() const;
+  // The address a GPU kernel uses for the instance's bytes: GPU memory (fbm<i>), or pinned host
+  // memory mapped into the GPUs (zcm). For the work a GPU task enqueues on
+  // TaskContext::gpu_stream (order it after the copies that fill the instance with their events).
+  // Throws Error(invalid_argument) for memory a GPU cannot address this way (sys, reg, dsk) and
+  // for another rank's instance.
+  void* gpu_data() const;
   // Reads or writes footprint bytes of any instance, synchronously (for set-up and checks).
   void read_bytes(std::uint64_t offset, std::span<std::byte> out) const;
   void write_bytes(std::uint64_t offset, std::span<const std::byte> in) const;

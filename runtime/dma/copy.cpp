@@ -82,6 +82,15 @@ std::byte* Instance::data() const {
   return impl.storage->host();
 }
 
+void* Instance::gpu_data() const {
+  const InstanceImpl& impl = checked_local(impl_, "Instance::gpu_data");
+  if (impl.storage->device() < 0 && impl.memory.kind != MemoryKind::zcm)
+    throw Error(Errc::invalid_argument,
+                fmt::format("Instance::gpu_data: {} is not memory a GPU addresses (only fbm<i> and zcm are; copy the "
+                            "instance into one of them first)", impl.memory.to_string()));
+  return impl.storage->gpu_address();
+}
+
 void Instance::read_bytes(std::uint64_t offset, std::span<std::byte> out) const {
   checked_local(impl_, "Instance::read_bytes").storage->read(offset, out);
 }

@@ -231,6 +231,11 @@ TEST_F(CopyTest, BadInputIsRejectedBeforeAnyByteMoves) {
   EXPECT_THROW(Rect::from_extents({-5}), Error);
   std::vector<std::byte> value(3);
   CARAVAN_EXPECT_ERROR(fill(src, value), Errc::invalid_argument, "the value is 3 bytes");
+  // Host and file memory has no address a GPU kernel may use.
+  CARAVAN_EXPECT_ERROR(src.gpu_data(), Errc::invalid_argument, "node0/rank0/sys is not memory a GPU addresses");
+  Instance file = Instance::create(dsk_memory(), Rect::from_extents({4}), kFields, Layout::parse("F,x"));
+  CARAVAN_EXPECT_ERROR(file.gpu_data(), Errc::invalid_argument, "node0/rank0/dsk is not memory a GPU addresses");
+  CARAVAN_EXPECT_ERROR(Instance().gpu_data(), Errc::invalid_argument, "empty");
   EXPECT_EQ(test::footprint(other_space), before);
   EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
 }

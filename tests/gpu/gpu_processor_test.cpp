@@ -6,6 +6,7 @@
 #include "tests/gpu/require_gpus.h"
 #include "tests/runtime/test_util.h"
 
+#include <caravan/copy.h>
 #include <caravan/platform.h>
 
 #if CARAVAN_HAVE_GPU
@@ -128,6 +129,63 @@ TEST(GpuProcessor, AChainOfTasksOverTwoGpusMatchesTheReference) {
   gpu::free_pinned(b.host_in);
   gpu::free_pinned(b.host_out);
   for (float* p : {b.gpu0_in, b.gpu0_out, b.gpu1_in, b.gpu1_out}) gpu::free_device(p);
+}
+
+// The way an application feeds a GPU task: a copy fills an instance in GPU memory, a task on
+// that GPU works on it through Instance::gpu_data() after the copy's event, a second task writes
+// its result into pinned host memory (zcm) through its GPU address, and a copy takes the first
+// task's output back to host memory. Fresh random data, results poisoned, against a double
+// reference.
+TEST(GpuProcessor, TasksWorkOnInstancesThroughTheirGpuAddresses) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  constexpr std::uint64_t n = std::uint64_t{1} << 21;
+  const FieldSpace value({{"v", sizeof(float)}});
+  const Rect space = Rect::from_extents({static_cast<std::int64_t>(n)});
+  const Layout layout = Layout::parse("F,x");
+  Instance host = Instance::create({0, 0, MemoryKind::sys, 0}, space, value, layout);
+  Instance on_gpu = Instance::create({0, 0, MemoryKind::fbm, 0}, space, value, layout);
+  Instance pinned = Instance::create({0, 0, MemoryKind::zcm, 0}, space, value, layout);
+  Instance back = Instance::create({0, 0, MemoryKind::sys, 0}, space, value, layout);
+  struct Axpb {
+    float* y;
+    const float* x;
+    float a, b;
+  };
+  TaskId axpb = test::task("gpu_processor_gpu_test.instance_axpb", [](TaskContext& ctx) {
+    auto args = ctx.args_as<Axpb>();
+    gpu::test::launch_spin(5'000'000, stream_of(ctx));  // still running when the body returns
+    gpu::test::launch_axpb(args.y, args.x, args.a, args.b, n, stream_of(ctx));
+  });
+  auto* in = reinterpret_cast<float*>(host.data());
+  auto* out = reinterpret_cast<float*>(back.data());
+  auto* via_zcm = reinterpret_cast<float*>(pinned.data());
+  auto* gpu_values = static_cast<float*>(on_gpu.gpu_data());
+  constexpr float a1 = 2.5f, b1 = -1.0f, a2 = 0.5f, b2 = 3.0f;
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+  for (std::uint64_t i = 0; i < n; ++i) in[i] = dist(rng);
+  std::memset(out, 0xFF, n * sizeof(float));  // NaN everywhere
+  std::memset(via_zcm, 0xFF, n * sizeof(float));
+
+  Event up = copy(host, on_gpu);
+  Event scaled = rt.spawn(axpb, task_args(Axpb{gpu_values, gpu_values, a1, b1}),
+                          SpawnOptions{.precondition = up, .processor = gpu(0)});
+  Event to_zcm = rt.spawn(axpb, task_args(Axpb{static_cast<float*>(pinned.gpu_data()), gpu_values, a2, b2}),
+                          SpawnOptions{.precondition = scaled, .processor = gpu(0), .order_on_gpu = true});
+  Event down = copy(on_gpu, back, {.precondition = to_zcm});
+  ASSERT_TRUE(down.wait_for(60s));
+  std::uint64_t bad_back = 0, bad_zcm = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const double first = double(a1) * double(in[i]) + double(b1);
+    const double second = double(a2) * first + double(b2);
+    if (!(std::abs(double(out[i]) - first) <= 1e-5 * std::max(1.0, std::abs(first)))) ++bad_back;
+    if (!(std::abs(double(via_zcm[i]) - second) <= 1e-5 * std::max(1.0, std::abs(second)))) ++bad_zcm;
+  }
+  EXPECT_EQ(bad_back, 0u) << "seed " << seed;
+  EXPECT_EQ(bad_zcm, 0u) << "seed " << seed;
+  CARAVAN_EXPECT_ERROR(host.gpu_data(), Errc::invalid_argument, "is not memory a GPU addresses");
 }
 
 // A counter in GPU 0's memory, incremented by a plain load and store (no atomic) from tasks on
