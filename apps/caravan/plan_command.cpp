@@ -195,12 +195,12 @@ void show_machine(const std::string& spec, bool json) {
     const std::string capacity = m.capacity ? fmt::format("{:.1f} GiB", static_cast<double>(m.capacity) / (1u << 30)) : "-";
     fmt::print("{:<28} {:>12} {:>9}\n", m.id.to_string(), capacity, graph.out_channels(v).size());
   }
-  fmt::print("\n{:<8} {:<28} {:<28} {:>10}  {}\n", "channel", "from", "to", "peak GB/s", "shares");
+  fmt::print("\n{:<12} {:<28} {:<28} {:>10}  {}\n", "channel", "from", "to", "peak GB/s", "shares");
   for (std::uint32_t c = 0; c < graph.channel_count(); ++c) {
     const auto& ch = graph.channel(c);
     std::string shares;
     for (std::uint32_t r : ch.resources) shares += (shares.empty() ? "" : ", ") + graph.resource(r).name;
-    fmt::print("{:<8} {:<28} {:<28} {:>10.1f}  {}\n", to_string(ch.kind), graph.memory(ch.src).id.to_string(),
+    fmt::print("{:<12} {:<28} {:<28} {:>10.1f}  {}\n", to_string(ch.kind), graph.memory(ch.src).id.to_string(),
                ch.self_loop() ? std::string("(itself: layout conversion)") : graph.memory(ch.dst).id.to_string(),
                ch.peak_gbps, shares);
   }
