@@ -129,7 +129,8 @@ double median_us(F&& fn, int runs) {
 
 void run_plan(const PlanArgs& a) {
   using namespace caravan::planner;
-  TransferGraph graph(resolve_machine(a.machine));
+  // "local": this rank as the runtime sees it (files, GPUs, calibrated throughput), as copies are planned.
+  TransferGraph graph(a.machine == "local" ? dma::live_machine(0) : resolve_machine(a.machine));
   TransferRequest request;
   request.src = MemoryId::parse(a.src);
   request.dst = MemoryId::parse(a.dst);
