@@ -54,8 +54,9 @@ class Instance {
   // The address a GPU kernel uses for the instance's bytes: GPU memory (fbm<i>), or pinned host
   // memory mapped into the GPUs (zcm). For the work a GPU task enqueues on
   // TaskContext::gpu_stream (order it after the copies that fill the instance with their events).
-  // Throws Error(invalid_argument) for memory a GPU cannot address this way (sys, reg, dsk) and
-  // for another rank's instance.
+  // An attached zcm instance (Instance::attach) gives back the caller's pointer: that memory must
+  // be pinned and mapped, as the copy engines also assume. Throws Error(invalid_argument) for
+  // memory a GPU cannot address this way (sys, reg, dsk) and for another rank's instance.
   void* gpu_data() const;
   // Reads or writes footprint bytes of any instance, synchronously (for set-up and checks).
   void read_bytes(std::uint64_t offset, std::span<std::byte> out) const;
