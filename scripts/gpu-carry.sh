@@ -5,10 +5,10 @@
 #   usage: scripts/gpu-carry.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake --build --preset release --target caravan overlap_gpu_tests attention_gpu_tests gpu_tests ipc_heap_gpu_tests remote_gpu_copy_tests \
+cmake --build --preset release --target caravan overlap_gpu_tests attention_gpu_tests flag_gemm_gpu_tests gpu_tests ipc_heap_gpu_tests remote_gpu_copy_tests \
   ipc_copy_gpu_tests net_copy_tests
 mkdir -p .devcarry/ucx
-for b in apps/caravan tests/gpu/overlap_gpu_tests tests/gpu/attention_gpu_tests tests/gpu/gpu_tests tests/gpu/ipc_heap_gpu_tests \
+for b in apps/caravan tests/gpu/overlap_gpu_tests tests/gpu/attention_gpu_tests tests/gpu/flag_gemm_gpu_tests tests/gpu/gpu_tests tests/gpu/ipc_heap_gpu_tests \
          tests/gpu/remote_gpu_copy_tests tests/gpu/ipc_copy_gpu_tests tests/net/net_copy_tests; do
   strip -o ".devcarry/$(basename "$b")" "build/release/$b"
 done

@@ -113,6 +113,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_overlap(*bench);
   add_bench_llm(*bench);
   add_bench_attention(*bench);
+  add_bench_gemm(*bench);
   bench->add_subcommand("all", "Run every benchmark case with its default options")->callback([] {
     std::string failures;
     for (const auto& entry : bench_cases()) {

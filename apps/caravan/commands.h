@@ -29,5 +29,7 @@ void add_bench_overlap(CLI::App& bench);
 void add_bench_llm(CLI::App& bench);
 // `caravan bench attention` (bench_attention.cpp: the fused attention kernel vs the unfused path; GPU).
 void add_bench_attention(CLI::App& bench);
+// `caravan bench gemm` (bench_gemm.cpp: the tile GEMM fed by flags vs cuBLAS; GPU).
+void add_bench_gemm(CLI::App& bench);
 
 }  // namespace caravan::app

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace caravan::gpu {
 
@@ -138,14 +139,22 @@ void to_float(const bf16* in, float* out, std::size_t count, hipStream_t stream)
 
 namespace caravan::gpu {
 // The tile-level GEMM fed by flags (flag_gemm.cu): C[m x n] = A[m x k] B[k x n], row-major bf16,
-// fp32 accumulation, one block per 128 x 128 tile of C. With `flags`, a block first waits
+// fp32 accumulation, one block per tile of 128 rows of C. With `flags`, a block first waits
 // (acquire) until every flag word guarding its rows holds at least `epoch`: flag f guards rows
 // [f * rows_per_flag, (f + 1) * rows_per_flag) of A. `tile_order` (device memory, or null for
 // 0, 1, ...) lists the row tiles in the order their blocks are launched (the arrival order of
 // the rows). k and n multiples of 8; pointers 16-byte aligned.
+//
+// Two kernels: on Hopper (compute capability 9.0) TMA loads and wgmma products in a pipeline of
+// shared-memory stages, 128 x 256 or 128 x 128 tiles (flag_gemm_sm90.cu; needs ldc even); the
+// portable one elsewhere, WMMA on 128 x 128 tiles, one stage. `kernel` = portable forces the
+// latter (for comparison).
+enum class FlagGemmKernel { best, portable };
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-               hipStream_t stream);
+               hipStream_t stream, FlagGemmKernel kernel = FlagGemmKernel::best);
+// What flag_gemm runs for these arguments on the current device: "wgmma 128x256", "wmma 128x128", ...
+std::string flag_gemm_kernel_name(long m, long n, long ldc, FlagGemmKernel kernel = FlagGemmKernel::best);
 long flag_gemm_row_tiles(long m);
 long flag_gemm_tile_rows();
 void preload_flag_gemm();

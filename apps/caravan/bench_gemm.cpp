@@ -1,0 +1,243 @@
+// `caravan bench gemm`: the tile GEMM that consumes rows as their flags flip
+// (kernels/gpu/flag_gemm*.cu) against cuBLAS on the same buffers, on GPU 0, the two alternating
+// in one run. With every flag already raised it is a plain GEMM, so this measures what the tile
+// variants of `bench overlap` pay for consuming tiles as they land. Shapes: the GEMM each rank
+// runs in AllGather + GEMM (the gathered M rows x K, times this rank's N / TP columns) for the
+// shapes of the measured reference, at the given token counts and tensor-parallel degrees.
+//
+// Checks: the tile GEMM's first rows (up to 1024) against the float32 reference on fresh random
+// inputs, output poisoned first; and its whole output against cuBLAS's. Without a GPU, or in a
+// build without the GPU kernels, it says why and skips.
+#include "apps/caravan/bench_report.h"
+#include "apps/caravan/commands.h"
+
+#include <caravan/error.h>
+#include <caravan/platform.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#ifdef CARAVAN_HAVE_OVERLAP_GPU
+#include "apps/caravan/bench_gpu_ranks.h"
+#include "kernels/gpu/blas.h"
+#include "kernels/gpu/kernels.h"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace caravan::app {
+namespace {
+
+struct GemmBenchOptions {
+  std::vector<long> tokens{8192, 4096};
+  std::vector<int> tensor_parallel{4, 2};
+  int repetitions = 20;
+  bool portable = false;
+  bool check = true;
+};
+GemmBenchOptions g_gemm;
+
+struct GemmShape {
+  std::string name;
+  long k, n_full;  // n_full / TP columns per rank
+};
+
+// The AllGather + GEMM shapes of the measured reference (bench overlap's ag_gemm).
+const std::vector<GemmShape> kShapes = {{"llama3-70B mlp-up", 8192, 2L * 28672},
+                                        {"llama3-8B mlp-up", 4096, 2L * 14336},
+                                        {"llama3-70B qkv", 8192, 8192L + 2 * 1024}};
+
+#ifdef CARAVAN_HAVE_OVERLAP_GPU
+using gpu::bf16;
+
+double error_of(const gpu::ErrorSums& s) { return s.ref2 > 0 ? std::sqrt(s.diff2 / s.ref2) : 1.0; }
+
+BenchReport run_on_gpu() {
+  BenchReport out;
+  const GemmBenchOptions& o = g_gemm;
+  if (o.repetitions < 1) throw Error(Errc::invalid_argument, "bench gemm: --reps must be at least 1");
+  for (long t : o.tokens)
+    if (t < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tokens {} must be at least 1", t));
+  for (int tp : o.tensor_parallel)
+    if (tp < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tp {} must be at least 1", tp));
+  for (const GemmShape& s : kShapes)
+    for (int tp : o.tensor_parallel)
+      if (s.n_full % (8L * tp) != 0)
+        throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tp {} does not split {}'s {} columns into "
+                                                        "multiples of 8",
+                                                        tp, s.name, s.n_full));
+
+  CARAVAN_HIP_CHECK(hipSetDevice(0));
+  gpu::preload_kernels();
+  gpu::preload_flag_gemm();
+  hipStream_t stream = nullptr;
+  CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
+  long max_m = 0, max_k = 0, max_n = 0;
+  for (long t : o.tokens) max_m = std::max(max_m, t);
+  for (const GemmShape& s : kShapes) {
+    max_k = std::max(max_k, s.k);
+    for (int tp : o.tensor_parallel) max_n = std::max(max_n, s.n_full / tp);
+  }
+  const long check_rows = std::min(1024L, max_m);
+  const auto count = [](long a, long b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); };
+  auto a = make_buffer<bf16>(count(max_m, max_k));
+  auto b = make_buffer<bf16>(count(max_k, max_n));
+  auto c_tile = make_buffer<bf16>(count(max_m, max_n));
+  auto c_blas = make_buffer<bf16>(count(max_m, max_n));
+  auto c_blas_f = make_buffer<float>(count(max_m, max_n));
+  auto a_f = make_buffer<float>(o.check ? count(check_rows, max_k) : 1);
+  auto b_f = make_buffer<float>(o.check ? count(max_k, max_n) : 1);
+  auto ref = make_buffer<float>(o.check ? count(check_rows, max_n) : 1);
+  auto sums = make_buffer<gpu::ErrorSums>(1);
+  gpu::Blas blas(stream);
+  hipEvent_t start, stop;
+  CARAVAN_HIP_CHECK(hipEventCreate(&start));
+  CARAVAN_HIP_CHECK(hipEventCreate(&stop));
+  std::mt19937_64 seeds(std::random_device{}());
+  const auto timed = [&](auto&& call) {
+    CARAVAN_HIP_CHECK(hipEventRecord(start, stream));
+    call();
+    CARAVAN_HIP_CHECK(hipEventRecord(stop, stream));
+    CARAVAN_HIP_CHECK(hipEventSynchronize(stop));
+    float ms = 0;
+    CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, start, stop));
+    return ms * 1e-3;
+  };
+  const auto fetch_error = [&]() {
+    gpu::ErrorSums host;
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.get(), sizeof(host), hipMemcpyDefault, stream));
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+    return host.nonfinite > 0 ? 1.0 : error_of(host);
+  };
+
+  std::vector<std::string> columns = {"shape", "TP", "M x K x N", "cuBLAS", "tile GEMM", "kernel", "tile / cuBLAS",
+                                      "TFLOP/s", "check"};
+  if (o.portable) columns.insert(columns.begin() + 6, "portable (wmma)");
+  BenchTable table{"tile GEMM fed by flags (all raised) vs cuBLAS on GPU 0, ms per call (median, p10..p90)", columns};
+  nlohmann::json results = nlohmann::json::array();
+  std::string failures;
+  double worst_error = 0, worst_ratio = 0;
+  for (long m : o.tokens)
+    for (int tp : o.tensor_parallel)
+      for (const GemmShape& s : kShapes) {
+        const long k = s.k, n = s.n_full / tp;
+        const std::uint64_t seed = seeds();
+        gpu::fill_random(a.get(), m, k, k, seed, 0, 0, 1.0f, stream);
+        gpu::fill_random(b.get(), k, n, n, seed + 1, 0, 0, 1.0f, stream);
+        CARAVAN_HIP_CHECK(hipMemsetAsync(c_tile.get(), 0xff, count(m, n) * sizeof(bf16), stream));  // NaN
+        const auto tile = [&] {
+          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, stream);
+        };
+        const auto portable = [&] {
+          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, stream,
+                         gpu::FlagGemmKernel::portable);
+        };
+        const auto vendor = [&] { blas.gemm(stream, m, n, k, a.get(), k, b.get(), n, c_blas.get(), n); };
+        double reference_error = -1;
+        if (o.check) {  // the first rows against float32, before any other call writes c_tile
+          tile();
+          const long rows = std::min(check_rows, m);
+          gpu::fill_random(a_f.get(), rows, k, k, seed, 0, 0, 1.0f, stream);
+          gpu::fill_random(b_f.get(), k, n, n, seed + 1, 0, 0, 1.0f, stream);
+          blas.gemm_reference(stream, rows, n, k, a_f.get(), k, b_f.get(), n, ref.get(), n);
+          gpu::compare(c_tile.get(), rows, n, n, ref.get(), n, sums.get(), stream);
+          reference_error = fetch_error();
+        }
+        std::vector<double> tile_s, vendor_s, portable_s;
+        for (int rep = -1; rep < o.repetitions; ++rep) {  // rep -1: warm-up
+          const double v = timed(vendor);
+          const double t = timed(tile);
+          const double p = o.portable ? timed(portable) : 0;
+          if (rep < 0) continue;
+          vendor_s.push_back(v);
+          tile_s.push_back(t);
+          if (o.portable) portable_s.push_back(p);
+        }
+        tile();  // the last call's output, whole, against cuBLAS's
+        gpu::to_float(c_blas.get(), c_blas_f.get(), count(m, n), stream);
+        gpu::compare(c_tile.get(), m, n, n, c_blas_f.get(), n, sums.get(), stream);
+        const double difference = fetch_error();
+        const Summary ts = summarize(tile_s), vs = summarize(vendor_s);
+        const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+        const bool ok = difference < 1e-2 && reference_error < 1e-2;
+        worst_error = std::max({worst_error, difference, reference_error});
+        worst_ratio = std::max(worst_ratio, ts.median / vs.median);
+        const std::string kernel = gpu::flag_gemm_kernel_name(m, n, n);
+        if (!ok)
+          failures += fmt::format("{}{} TP {} M {}: vs float32 {:.2e}, vs cuBLAS {:.2e}", failures.empty() ? "" : "; ",
+                                  s.name, tp, m, reference_error, difference);
+        std::vector<std::string> row = {
+            s.name,
+            std::to_string(tp),
+            fmt::format("{}x{}x{}", m, k, n),
+            fmt::format("{:.3f} ({:.3f}..{:.3f})", vs.median * 1e3, vs.p10 * 1e3, vs.p90 * 1e3),
+            fmt::format("{:.3f} ({:.3f}..{:.3f})", ts.median * 1e3, ts.p10 * 1e3, ts.p90 * 1e3),
+            kernel,
+            fmt::format("{:.2f}x", ts.median / vs.median),
+            fmt::format("{:.0f}", flops / ts.median / 1e12),
+            fmt::format("{} (f32 {}, cuBLAS {:.1e})", ok ? "ok" : "FAIL",
+                        reference_error < 0 ? std::string("-") : fmt::format("{:.1e}", reference_error), difference)};
+        nlohmann::json result = {{"shape", s.name}, {"tp", tp},         {"m", m},
+                                 {"k", k},          {"n", n},           {"kernel", kernel},
+                                 {"cublas_s", vendor_s}, {"tile_s", tile_s}, {"tile_over_cublas", ts.median / vs.median},
+                                 {"tile_tflops", flops / ts.median / 1e12}, {"error_vs_float32", reference_error},
+                                 {"difference_vs_cublas", difference}};
+        if (o.portable) {
+          const Summary ps = summarize(portable_s);
+          row.insert(row.begin() + 6, fmt::format("{:.3f} ({:.3f}..{:.3f})", ps.median * 1e3, ps.p10 * 1e3, ps.p90 * 1e3));
+          result["portable_s"] = portable_s;
+        }
+        table.rows.push_back(std::move(row));
+        results.push_back(std::move(result));
+        fmt::print(stderr, "bench gemm: {} TP {} M {}: tile / cuBLAS {:.2f}x ({})\n", s.name, tp, m,
+                   ts.median / vs.median, kernel);
+      }
+  CARAVAN_HIP_CHECK(hipEventDestroy(start));
+  CARAVAN_HIP_CHECK(hipEventDestroy(stop));
+  CARAVAN_HIP_CHECK(hipStreamDestroy(stream));
+  out.tables.push_back(std::move(table));
+  out.notes.push_back(fmt::format("{} timed calls of each after one warm-up, alternating; N = the full width / TP (one "
+                                  "rank's columns), M = tokens (the gathered rows); tile / cuBLAS = median / median",
+                                  o.repetitions));
+  out.notes.push_back(fmt::format("check: the tile GEMM's first {} rows vs the float32 reference (fresh random inputs, "
+                                  "output poisoned first) and its whole output vs cuBLAS's, relative error below 1e-2",
+                                  check_rows));
+  out.headlines.push_back(fmt::format("slowest tile GEMM {:.2f}x cuBLAS; worst relative error {:.1e}", worst_ratio,
+                                      worst_error));
+  out.figures = {{"results", results}};
+  out.failure = failures;
+  return out;
+}
+#endif
+
+BenchReport run_gemm_bench() {
+  BenchReport out;
+#ifdef CARAVAN_HAVE_OVERLAP_GPU
+  GpuProbe probe = probe_gpus();
+  if (probe.device_count > 0) return run_on_gpu();
+  const std::string reason = "no GPU (" + probe.reason + ")";
+#else
+  const std::string reason = "this build has no GPU kernels (configure with nvcc and NCCL present)";
+#endif
+  out.headlines.push_back("skipped: " + reason);
+  out.figures = {{"skipped", true}, {"reason", reason}};
+  return out;
+}
+
+}  // namespace
+
+void add_bench_gemm(CLI::App& bench) {
+  CLI::App& c = add_bench_case(bench, "gemm", "the tile GEMM fed by flags vs cuBLAS on AllGather+GEMM shapes, on GPU 0",
+                               run_gemm_bench);
+  c.add_option("--tokens", g_gemm.tokens, "Token counts (M, the gathered rows)")->capture_default_str();
+  c.add_option("--tp", g_gemm.tensor_parallel, "Tensor-parallel degrees: N = the full width / TP")->capture_default_str();
+  c.add_option("--reps", g_gemm.repetitions, "Timed calls of each")->capture_default_str();
+  c.add_flag("--portable", g_gemm.portable, "Also time the portable WMMA kernel (slow: about 7x cuBLAS)");
+  c.add_flag("!--no-check", g_gemm.check, "Skip the float32 reference check");
+}
+
+}  // namespace caravan::app

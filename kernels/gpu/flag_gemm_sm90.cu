@@ -1,0 +1,363 @@
+// The Hopper path of flag_gemm (kernels.h): the same contract as the portable WMMA kernel in
+// flag_gemm.cu, built for sm_90a only (this file is its own library, see CMakeLists.txt) because
+// it uses the instructions that make Hopper fast and exist nowhere else:
+//   - TMA (cp.async.bulk.tensor) brings 128 x 64 tiles of A and 64 x 64 tiles of B into shared
+//     memory in the 128-byte swizzled layout the tensor cores read, one thread issuing them;
+//   - wgmma (warpgroup MMA, m64nNk16) multiplies straight out of shared memory into fp32
+//     registers, asynchronously, so the next tiles' loads overlap the math;
+//   - mbarriers with transaction counts tell a consumer when a stage has landed and tell the
+//     producer when a stage may be overwritten.
+// One block computes a 128 x BN tile of C (BN = 256, or 128 for narrow matrices) with three
+// warpgroups: a producer (one thread issues every load; the others give their registers to the
+// consumers through setmaxnreg) and two consumers of 64 rows each.
+//
+// Flags: before the producer issues the first load of A for its tile, it waits (acquire, system
+// scope) for the flags of the tile's rows, then orders that acquire before its TMA reads with a
+// proxy fence (TMA reads through the async proxy; without the fence the hardware need not order
+// them after a generic-proxy load). B needs no flag, but a stage's A and B loads complete one
+// transaction, so the first B tiles wait with A. Blocks are launched in groups of row tiles
+// taken in `tile_order`, so rows are consumed in the order they arrive, a group at a time.
+#include "kernels/gpu/flag_gemm_sm90.h"
+
+#include "kernels/gpu/symmetric.cuh"
+
+#include <caravan/error.h>
+
+#include <cuda.h>  // CUtensorMap and the encoder's signature only: the driver is reached through the runtime
+
+#include <array>
+#include <atomic>
+#include <string>
+
+namespace caravan::gpu::sm90 {
+namespace {
+
+constexpr int kTileM = 128, kTileK = 64;
+constexpr int kBlockN = 64;                        // columns of B per TMA box: 64 bf16 = one 128-byte row
+constexpr int kABytes = kTileM * kTileK * 2;       // 16 KiB per stage
+constexpr int kBBoxBytes = kTileK * kBlockN * 2;   // 8 KiB per box of B
+constexpr int kThreads = 3 * 128;                  // producer + two consumer warpgroups
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+constexpr int kGroupRows = 16;  // row tiles per group of the block order (4, 8, 16, 32 measured within 5%)
+
+template <int TileN>
+struct Config {
+  static constexpr int kStages = TileN == 256 ? 4 : 6;
+  static constexpr int kBBytes = TileN / kBlockN * kBBoxBytes;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  // Stages start at a 1024-byte boundary (the swizzle pattern's period); the barriers follow.
+  static constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+};
+
+__device__ __forceinline__ std::uint32_t shared_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ void barrier_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count));
+}
+__device__ __forceinline__ void barrier_expect_bytes(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+__device__ __forceinline__ void barrier_wait(std::uint64_t* bar, std::uint32_t parity) {
+  const std::uint32_t address = shared_address(bar);
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(address), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner, int outer) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::
+          "r"(shared_address(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(shared_address(bar)), "r"(inner), "r"(outer)
+      : "memory");
+}
+
+// A shared-memory matrix descriptor for the 128-byte swizzle (PTX ISA, "matrix descriptor").
+// `leading` and `stride` are the byte offsets between core-matrix groups: for A (K-major) only
+// `stride` (8 rows to the next 8 rows, 1024 bytes) is used; for B (N-major, since B is row-major
+// k x n) `leading` steps 64 columns (one TMA box) and `stride` 8 rows of k.
+__device__ __forceinline__ std::uint64_t descriptor(const void* p, std::uint32_t leading, std::uint32_t stride) {
+  return static_cast<std::uint64_t>((shared_address(p) & 0x3FFFF) >> 4) |
+         static_cast<std::uint64_t>((leading & 0x3FFFF) >> 4) << 16 |
+         static_cast<std::uint64_t>((stride & 0x3FFFF) >> 4) << 32 | std::uint64_t{1} << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+
+#define CARAVAN_ACC8(i)                                                                                       \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+
+// D (64 x N, fp32, in registers) += A (64 x 16, K-major) x B (16 x N, N-major); `accumulate` 0
+// overwrites D. The last two immediates: A not transposed (K-major), B transposed (N-major).
+__device__ __forceinline__ void wgmma_m64n256(float (&d)[128], std::uint64_t a, std::uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : CARAVAN_ACC8(0), CARAVAN_ACC8(8), CARAVAN_ACC8(16), CARAVAN_ACC8(24), CARAVAN_ACC8(32), CARAVAN_ACC8(40),
+        CARAVAN_ACC8(48), CARAVAN_ACC8(56), CARAVAN_ACC8(64), CARAVAN_ACC8(72), CARAVAN_ACC8(80), CARAVAN_ACC8(88),
+        CARAVAN_ACC8(96), CARAVAN_ACC8(104), CARAVAN_ACC8(112), CARAVAN_ACC8(120)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_m64n128(float (&d)[64], std::uint64_t a, std::uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+      : CARAVAN_ACC8(0), CARAVAN_ACC8(8), CARAVAN_ACC8(16), CARAVAN_ACC8(24), CARAVAN_ACC8(32), CARAVAN_ACC8(40),
+        CARAVAN_ACC8(48), CARAVAN_ACC8(56)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+#undef CARAVAN_ACC8
+
+template <int TileN>
+__device__ __forceinline__ void wgmma_tile(float (&d)[TileN / 2], std::uint64_t a, std::uint64_t b, int accumulate) {
+  if constexpr (TileN == 256) wgmma_m64n256(d, a, b, accumulate);
+  else wgmma_m64n128(d, a, b, accumulate);
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <int TileN>
+__global__ void __launch_bounds__(kThreads, 1)
+    flag_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, bf16* c,
+                          long ldc, long m, long n, long k, long col_tiles, long group_rows, std::uint64_t* flags,
+                          long rows_per_flag, std::uint64_t epoch, const int* tile_order) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Config<TileN>;
+  extern __shared__ unsigned char shared_raw[];
+  unsigned char* stages = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(shared_raw) + 1023) & ~std::uintptr_t{1023});
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(stages + C::kStages * C::kStageBytes);
+  std::uint64_t* empty = full + C::kStages;
+  const auto stage_a = [&](int s) { return stages + s * C::kStageBytes; };
+  const auto stage_b = [&](int s) { return stages + s * C::kStageBytes + kABytes; };
+
+  const int warpgroup = threadIdx.x / 128;
+  // Blocks in groups of `group_rows` row tiles (consecutive in `tile_order`), each group swept
+  // column by column: the blocks resident at once share a few columns of B and a few rows of A
+  // in L2. Sweeping whole rows instead streams all of B from memory for every few rows (a
+  // 8192 x 14336 B is 235 MB; that order ran at half of cuBLAS's speed on an H100).
+  const long row_tiles = (m + kTileM - 1) / kTileM, block = blockIdx.x;
+  const long group = block / (group_rows * col_tiles), first_row = group * group_rows;
+  const long rows_in_group = min(group_rows, row_tiles - first_row);
+  const long in_group = block - group * group_rows * col_tiles;
+  const long row_index = first_row + in_group % rows_in_group;
+  const int m_tile = tile_order ? tile_order[row_index] : static_cast<int>(row_index);
+  const long m0 = static_cast<long>(m_tile) * kTileM, n0 = (in_group / rows_in_group) * TileN;
+  const int k_tiles = static_cast<int>((k + kTileK - 1) / kTileK);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], 2 * 4);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if (threadIdx.x == 0) {
+      if (flags != nullptr) {
+        const long first = m0 / rows_per_flag, last = (min(m0 + kTileM, m) - 1) / rows_per_flag;
+        for (long f = first; f <= last; ++f) dev::wait_until(flags + f, dev::Compare::ge, epoch);
+        asm volatile("fence.proxy.async;\n" ::: "memory");  // the acquire above before the TMA reads below
+      }
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % C::kStages;
+        if (kt >= C::kStages) barrier_wait(&empty[s], ((kt / C::kStages) - 1) & 1);
+        barrier_expect_bytes(&full[s], C::kStageBytes);
+        const int k0 = kt * kTileK;
+        tma_load(stage_a(s), &map_a, &full[s], k0, static_cast<int>(m0));
+#pragma unroll
+        for (int j = 0; j < TileN / kBlockN; ++j)
+          tma_load(stage_b(s) + j * kBBoxBytes, &map_b, &full[s], static_cast<int>(n0) + j * kBlockN, k0);
+      }
+    }
+    return;
+  }
+
+  // Consumers: warpgroup 1 owns rows 0..63 of the tile, warpgroup 2 rows 64..127.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  const int consumer = warpgroup - 1;
+  float d[TileN / 2];
+#pragma unroll
+  for (int i = 0; i < TileN / 2; ++i) d[i] = 0.0f;
+  const bool warp_leader = threadIdx.x % 32 == 0;
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % C::kStages;
+    barrier_wait(&full[s], (kt / C::kStages) & 1);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) {
+      // A: this consumer's 64 rows (8 KiB in), 16 columns of k = 32 bytes along the swizzled row.
+      const std::uint64_t a = descriptor(stage_a(s) + consumer * 64 * 128 + kk * 32, 16, 1024);
+      // B: 16 rows of k = two 8-row groups of 1024 bytes; boxes of 64 columns 8 KiB apart.
+      const std::uint64_t b = descriptor(stage_b(s) + kk * 2048, kBBoxBytes, 1024);
+      wgmma_tile<TileN>(d, a, b, kt > 0 || kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    // Keep this stage's products in flight; the previous stage's are done once at most one
+    // group is pending, so its buffers go back to the producer.
+    wgmma_wait<1>();
+    if (kt > 0 && warp_leader) barrier_arrive(&empty[(kt - 1) % C::kStages]);
+  }
+  wgmma_wait<0>();
+
+  // Accumulator layout of m64nNk16: warp w of the warpgroup holds rows 16w + lane/4 and +8; in
+  // each group of 8 columns, columns 2 * (lane % 4) and +1.
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+  const long row = m0 + consumer * 64 + warp * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < TileN / 8; ++j) {
+    const long col = n0 + j * 8 + (lane % 4) * 2;
+    if (col >= n) continue;  // n is a multiple of 8, so col + 1 < n too
+    if (row < m)
+      *reinterpret_cast<__nv_bfloat162*>(c + row * ldc + col) = __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
+    if (row + 8 < m)
+      *reinterpret_cast<__nv_bfloat162*>(c + (row + 8) * ldc + col) = __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encoder() {
+  static const EncodeTiled encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    CARAVAN_HIP_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault,
+                                                       &found));
+    if (found != cudaDriverEntryPointSuccess || function == nullptr)
+      throw Error(Errc::device, "flag_gemm: the driver has no cuTensorMapEncodeTiled (CUDA 12 or later is needed)");
+    return reinterpret_cast<EncodeTiled>(function);
+  }();
+  return encode;
+}
+
+// A row-major bf16 matrix (rows x cols, leading dimension ld) as 128-byte swizzled boxes of
+// box_cols x box_rows; reads past its edges are zeros.
+CUtensorMap tensor_map(const bf16* base, long rows, long cols, long ld, int box_cols, int box_rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(bf16)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides,
+                                    box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    throw Error(Errc::device, "flag_gemm: cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(result)) +
+                                  ") for a " + std::to_string(rows) + " x " + std::to_string(cols) + " matrix, ld " +
+                                  std::to_string(ld));
+  return map;
+}
+
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<int>, kMaxDevices> g_ready{};  // per device: 0 unknown, 1 Hopper, set up; -1 not Hopper
+
+template <int TileN>
+void grant_shared_memory() {
+  CARAVAN_HIP_CHECK(cudaFuncSetAttribute(&flag_gemm_sm90_kernel<TileN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Config<TileN>::kSharedBytes));
+}
+
+int current_device() {
+  int device = 0;
+  CARAVAN_HIP_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices)
+    throw Error(Errc::device, "flag_gemm: device " + std::to_string(device) + " is beyond the " +
+                                  std::to_string(kMaxDevices) + " this path tracks");
+  return device;
+}
+
+// Grid columns of 128 x tile_n tiles, and the waves they take on `sms` multiprocessors.
+long waves(long m, long n, int tile_n, int sms) {
+  const long tiles = ((m + kTileM - 1) / kTileM) * ((n + tile_n - 1) / tile_n);
+  return (tiles + sms - 1) / sms;
+}
+
+}  // namespace
+
+bool available() {
+  const int device = current_device();
+  int state = g_ready[device].load(std::memory_order_acquire);
+  if (state == 0) {
+    cudaDeviceProp properties{};
+    CARAVAN_HIP_CHECK(cudaGetDeviceProperties(&properties, device));
+    // sm_90a code runs on compute capability 9.0 exactly.
+    state = properties.major == 9 && properties.minor == 0 ? 1 : -1;
+    if (state == 1) {
+      grant_shared_memory<256>();
+      grant_shared_memory<128>();
+      // The encoder is looked up once per process; finding it now keeps the first call's
+      // latency and its failure here.
+      encoder();
+    }
+    g_ready[device].store(state, std::memory_order_release);
+  }
+  return state == 1;
+}
+
+int choose_tile_n(long m, long n) {
+  int sms = 132;
+  CARAVAN_HIP_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()));
+  // Time ~ waves x the time of one tile. A 128-column tile took 0.68-0.75 of a 256-column
+  // one's time on an H100 (it reloads A for half the columns and runs narrower products), so
+  // 128 wins only where it saves more than a quarter of the waves.
+  const double wide = static_cast<double>(waves(m, n, 256, sms)) * 1.0;
+  const double narrow = static_cast<double>(waves(m, n, 128, sms)) * 0.72;
+  return narrow < wide ? 128 : 256;
+}
+
+void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
+               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, int tile_n,
+               hipStream_t stream) {
+  const CUtensorMap map_a = tensor_map(a, m, k, lda, kTileK, kTileM);
+  const CUtensorMap map_b = tensor_map(b, k, n, ldb, kBlockN, kTileK);
+  const long col_tiles = (n + tile_n - 1) / tile_n;
+  const long group_rows = kGroupRows;
+  const dim3 grid(static_cast<unsigned>(col_tiles * ((m + kTileM - 1) / kTileM)));
+  if (tile_n == 256)
+    flag_gemm_sm90_kernel<256><<<grid, kThreads, Config<256>::kSharedBytes, stream>>>(
+        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order);
+  else
+    flag_gemm_sm90_kernel<128><<<grid, kThreads, Config<128>::kSharedBytes, stream>>>(
+        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order);
+  CARAVAN_HIP_CHECK(cudaGetLastError());
+}
+
+}  // namespace caravan::gpu::sm90

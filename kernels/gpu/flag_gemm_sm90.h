@@ -1,0 +1,23 @@
+// The Hopper (sm_90a) path of flag_gemm (kernels.h), in a library of its own because it is built
+// for that one architecture: flag_gemm.cu calls it when the current device can run it.
+#pragma once
+
+#include "kernels/gpu/kernels.h"
+
+namespace caravan::gpu::sm90 {
+
+// Whether the current device runs the Hopper kernel (compute capability 9.0); the first call on
+// a device also grants the kernel its shared memory there and finds the driver's tensor-map
+// encoder (call it before peers spin: it loads the kernel).
+bool available();
+
+// The tile width (256 or 128 columns of C) that takes the fewest waves of blocks for m x n.
+int choose_tile_n(long m, long n);
+
+// flag_gemm's contract, with 128 x tile_n tiles; the caller has checked the arguments and that
+// available() holds. ldc even and c 4-byte aligned (C is written two columns at a time).
+void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
+               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, int tile_n,
+               hipStream_t stream);
+
+}  // namespace caravan::gpu::sm90

@@ -1,0 +1,215 @@
+// The tile-level GEMM fed by flags (kernels/gpu/flag_gemm.cu, flag_gemm_sm90.cu) on one GPU:
+// both kernels (the Hopper one where the device is compute capability 9.0, and the portable
+// one) against the float32 reference on fresh random inputs, outputs poisoned first, over shapes
+// with tails in every dimension and padded leading dimensions whose padding must stay untouched;
+// then with flags raised while the GEMM waits, rows landing out of order. Skips without a GPU.
+#include "kernels/gpu/blas.h"
+#include "kernels/gpu/kernels.h"
+
+#include <caravan/error.h>
+#include <caravan/platform.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <ostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace caravan::gpu {
+namespace {
+
+#define CARAVAN_REQUIRE_GPU()                                                      \
+  do {                                                                             \
+    GpuProbe probe_ = probe_gpus();                                                \
+    if (probe_.device_count < 1) GTEST_SKIP() << "needs a GPU; " << probe_.reason; \
+  } while (0)
+
+template <class T>
+struct DeviceArray {
+  T* data = nullptr;
+  explicit DeviceArray(std::size_t count) {
+    void* p = nullptr;
+    CARAVAN_HIP_CHECK(hipMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
+    data = static_cast<T*>(p);
+  }
+  ~DeviceArray() { (void)hipFree(data); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+};
+
+struct Shape {
+  long m, n, k;
+  long pad_a, pad_b, pad_c;  // leading dimension = width + pad
+  FlagGemmKernel kernel;
+};
+
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << s.m << " x " << s.n << " x " << s.k << ", pads " << s.pad_a << "/" << s.pad_b << "/" << s.pad_c
+      << (s.kernel == FlagGemmKernel::portable ? ", portable kernel" : ", best kernel");
+}
+
+std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
+  const Shape& s = info.param;
+  return "m" + std::to_string(s.m) + "_n" + std::to_string(s.n) + "_k" + std::to_string(s.k) + "_pads" +
+         std::to_string(s.pad_a) + "_" + std::to_string(s.pad_b) + "_" + std::to_string(s.pad_c) +
+         (s.kernel == FlagGemmKernel::portable ? "_portable" : "_best");
+}
+
+struct Measured {
+  double relative_error = 0;
+  unsigned long long nonfinite = 0;
+  bool padding_untouched = true;
+  std::string kernel;
+};
+
+double relative_error(const ErrorSums& s) { return s.ref2 > 0 ? std::sqrt(s.diff2 / s.ref2) : (s.diff2 > 0 ? 1.0 : 0.0); }
+
+// Inputs and the float32 reference for one shape; `run` launches the GEMM under test on `stream`
+// (it may use other streams, ordered before it returns).
+struct Problem {
+  Shape s;
+  long lda, ldb, ldc;
+  hipStream_t stream = nullptr;
+  DeviceArray<bf16> a, b, c;
+  DeviceArray<float> a_f, b_f, ref;
+  DeviceArray<ErrorSums> sums{1};
+
+  explicit Problem(const Shape& shape, std::uint64_t seed)
+      : s(shape), lda(shape.k + shape.pad_a), ldb(shape.n + shape.pad_b), ldc(shape.n + shape.pad_c),
+        a(count(shape.m, lda)), b(count(shape.k, ldb)), c(count(shape.m, ldc)), a_f(count(shape.m, lda)),
+        b_f(count(shape.k, ldb)), ref(count(shape.m, ldc)) {
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
+    fill_random(a.data, s.m, s.k, lda, seed, 0, 0, 1.0f, stream);
+    fill_random(a_f.data, s.m, s.k, lda, seed, 0, 0, 1.0f, stream);
+    fill_random(b.data, s.k, s.n, ldb, seed + 1, 0, 0, 1.0f, stream);
+    fill_random(b_f.data, s.k, s.n, ldb, seed + 1, 0, 0, 1.0f, stream);
+    CARAVAN_HIP_CHECK(hipMemsetAsync(c.data, 0xff, count(s.m, ldc) * sizeof(bf16), stream));  // NaN everywhere
+  }
+  ~Problem() { (void)hipStreamDestroy(stream); }
+  static std::size_t count(long rows, long cols) { return static_cast<std::size_t>(std::max(rows, 1L) * cols); }
+
+  Measured check() {
+    Blas blas(stream);
+    blas.gemm_reference(stream, s.m, s.n, s.k, a_f.data, lda, b_f.data, ldb, ref.data, ldc);
+    compare(c.data, s.m, s.n, ldc, ref.data, ldc, sums.data, stream);
+    ErrorSums host;
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.data, sizeof(host), hipMemcpyDefault, stream));
+    std::vector<std::uint16_t> out(count(s.m, ldc));
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(out.data(), c.data, out.size() * sizeof(bf16), hipMemcpyDefault, stream));
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+    Measured m;
+    m.relative_error = relative_error(host);
+    m.nonfinite = host.nonfinite;
+    for (long row = 0; row < s.m; ++row)
+      for (long col = s.n; col < ldc; ++col)
+        if (out[static_cast<std::size_t>(row * ldc + col)] != 0xffff) m.padding_untouched = false;
+    return m;
+  }
+};
+
+class FlagGemm : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(FlagGemm, MatchesTheFloat32Reference) {
+  CARAVAN_REQUIRE_GPU();
+  CARAVAN_HIP_CHECK(hipSetDevice(0));
+  preload_flag_gemm();
+  const std::uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Shape& s = GetParam();
+  Problem p(s, seed);
+  const std::string kernel = flag_gemm_kernel_name(s.m, s.n, p.ldc, s.kernel);
+  SCOPED_TRACE("kernel " + kernel);
+  flag_gemm(p.a.data, p.lda, p.b.data, p.ldb, p.c.data, p.ldc, s.m, s.n, s.k, nullptr, 0, 0, nullptr, p.stream, s.kernel);
+  const Measured m = p.check();
+  EXPECT_EQ(m.nonfinite, 0u) << "outputs left poisoned or not finite";
+  // Inputs in [-1, 1] summed over k in fp32 and rounded to bf16 once: about 2^-9 relative.
+  EXPECT_LT(m.relative_error, 1e-2);
+  EXPECT_TRUE(m.padding_untouched) << "the kernel wrote into C's padding columns";
+}
+
+// Tails in m, n and k for both tile widths of the Hopper kernel (n of 520 and 1032 take 128- and
+// 256-column tiles), exact tiles, one row, k shorter than a stage, long k, padded leading
+// dimensions; each for both kernels.
+std::vector<Shape> shapes() {
+  std::vector<Shape> out;
+  for (FlagGemmKernel kernel : {FlagGemmKernel::best, FlagGemmKernel::portable})
+    for (Shape s : {Shape{1000, 520, 200, 0, 0, 0}, Shape{300, 1032, 1000, 8, 16, 8}, Shape{256, 512, 128, 0, 0, 0},
+                    Shape{1, 8, 8, 0, 0, 8}, Shape{129, 264, 24, 8, 8, 8}, Shape{512, 2560, 4096, 0, 0, 0},
+                    Shape{2048, 640, 512, 0, 0, 0}}) {
+      s.kernel = kernel;
+      out.push_back(s);
+    }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlagGemm, ::testing::ValuesIn(shapes()), shape_name);
+
+// The flags gate the loads: A starts poisoned (NaN), the GEMM is launched waiting for epoch 1,
+// and only then, from another stream, each flag's rows are copied in and the flag raised, last
+// rows first, with the row tiles launched in that order. A block that read its rows before their
+// flag would read NaN. A third of the flags guard 200 rows (tiles span two flags).
+TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
+  CARAVAN_REQUIRE_GPU();
+  CARAVAN_HIP_CHECK(hipSetDevice(0));
+  preload_flag_gemm();
+  const std::uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (FlagGemmKernel kernel : {FlagGemmKernel::best, FlagGemmKernel::portable}) {
+    const Shape s{1800, 1024, 512, 0, 0, 0, kernel};
+    Problem p(s, seed);
+    SCOPED_TRACE("kernel " + flag_gemm_kernel_name(s.m, s.n, p.ldc, kernel));
+    const long rows_per_flag = 200, flag_count = (s.m + rows_per_flag - 1) / rows_per_flag;
+    const std::size_t a_bytes = Problem::count(s.m, p.lda) * sizeof(bf16);
+    DeviceArray<bf16> staged(Problem::count(s.m, p.lda));
+    DeviceArray<std::uint64_t> flags(static_cast<std::size_t>(flag_count));
+    const long tiles = flag_gemm_row_tiles(s.m);
+    std::vector<int> order(static_cast<std::size_t>(tiles));
+    for (long t = 0; t < tiles; ++t) order[static_cast<std::size_t>(t)] = static_cast<int>(tiles - 1 - t);
+    DeviceArray<int> tile_order(order.size());
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(staged.data, p.a.data, a_bytes, hipMemcpyDefault, p.stream));
+    CARAVAN_HIP_CHECK(hipMemsetAsync(p.a.data, 0xff, a_bytes, p.stream));
+    CARAVAN_HIP_CHECK(hipMemsetAsync(flags.data, 0, static_cast<std::size_t>(flag_count) * 8, p.stream));
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(tile_order.data, order.data(), order.size() * sizeof(int), hipMemcpyDefault, p.stream));
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(p.stream));
+
+    flag_gemm(p.a.data, p.lda, p.b.data, p.ldb, p.c.data, p.ldc, s.m, s.n, s.k, flags.data, rows_per_flag, 1,
+              tile_order.data, p.stream, kernel);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the GEMM's blocks are waiting by now
+    hipStream_t copier = nullptr;
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&copier, hipStreamNonBlocking));
+    for (long f = flag_count - 1; f >= 0; --f) {
+      const long first = f * rows_per_flag, rows = std::min(rows_per_flag, s.m - first);
+      const std::size_t offset = static_cast<std::size_t>(first * p.lda);
+      CARAVAN_HIP_CHECK(hipMemcpyAsync(p.a.data + offset, staged.data + offset,
+                                       static_cast<std::size_t>(rows * p.lda) * sizeof(bf16), hipMemcpyDefault, copier));
+      CARAVAN_HIP_CHECK(hipStreamWriteValue64(copier, flags.data + f, 1, 0));
+    }
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(copier));
+    CARAVAN_HIP_CHECK(hipStreamDestroy(copier));
+    const Measured m = p.check();
+    EXPECT_EQ(m.nonfinite, 0u) << "a block read rows before their flag was raised";
+    EXPECT_LT(m.relative_error, 1e-2);
+  }
+}
+
+TEST(FlagGemmArguments, BadShapesAreRejectedNamingTheRule) {
+  CARAVAN_REQUIRE_GPU();
+  CARAVAN_HIP_CHECK(hipSetDevice(0));
+  DeviceArray<bf16> buffer(64 * 64);
+  try {
+    flag_gemm(buffer.data, 64, buffer.data, 64, buffer.data, 64, 8, 60, 64, nullptr, 0, 0, nullptr, nullptr);
+    FAIL() << "n = 60 (not a multiple of 8) was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("multiples of 8"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace caravan::gpu
