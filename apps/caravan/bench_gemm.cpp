@@ -1,9 +1,10 @@
-// `caravan bench gemm`: the tile GEMM that consumes rows as their flags flip
-// (kernels/gpu/flag_gemm*.cu) against cuBLAS on the same buffers, on GPU 0, the two alternating
-// in one run. With every flag already raised it is a plain GEMM, so this measures what the tile
-// variants of `bench overlap` pay for consuming tiles as they land. Shapes: the GEMM each rank
-// runs in AllGather + GEMM (the gathered M rows x K, times this rank's N / TP columns) for the
-// shapes of the measured reference, at the given token counts and tensor-parallel degrees.
+// `caravan bench gemm`: the tile GEMM that consumes rows as their flags flip and counts its row
+// tiles done (kernels/gpu/flag_gemm*.cu) against cuBLAS on the same buffers, on GPU 0, the two
+// alternating in one run. With every flag already raised it is a plain GEMM, so this measures
+// what the tile variants of `bench overlap` pay for working tile by tile. Shapes: the GEMM each
+// rank runs in AllGather + GEMM (the gathered M rows x K, times this rank's N / TP columns) and
+// in GEMM + ReduceScatter (M x K / TP, times N) for the shapes of the measured reference, at the
+// given token counts and tensor-parallel degrees.
 //
 // Checks: the tile GEMM's first rows (up to 1024) against the float32 reference on fresh random
 // inputs, output poisoned first; and its whole output against cuBLAS's. Without a GPU, or in a
@@ -43,13 +44,20 @@ GemmBenchOptions g_gemm;
 
 struct GemmShape {
   std::string name;
-  long k, n_full;  // n_full / TP columns per rank
+  long k_full, n_full;
+  bool split_n;  // AllGather + GEMM: a rank has n_full / TP columns; GEMM + ReduceScatter: k_full / TP
+  long k(int tp) const { return split_n ? k_full : k_full / tp; }
+  long n(int tp) const { return split_n ? n_full / tp : n_full; }
 };
 
-// The AllGather + GEMM shapes of the measured reference (bench overlap's ag_gemm).
-const std::vector<GemmShape> kShapes = {{"llama3-70B mlp-up", 8192, 2L * 28672},
-                                        {"llama3-8B mlp-up", 4096, 2L * 14336},
-                                        {"llama3-70B qkv", 8192, 8192L + 2 * 1024}};
+// The shapes of the measured reference: AllGather + GEMM (bench overlap's ag_gemm) and GEMM +
+// ReduceScatter (gemm_rs, whose GEMM tile_push runs).
+const std::vector<GemmShape> kShapes = {{"llama3-70B mlp-up", 8192, 2L * 28672, true},
+                                        {"llama3-8B mlp-up", 4096, 2L * 14336, true},
+                                        {"llama3-70B qkv", 8192, 8192L + 2 * 1024, true},
+                                        {"llama3-70B mlp-down", 28672, 8192, false},
+                                        {"llama3-8B mlp-down", 14336, 4096, false},
+                                        {"llama3-70B o-proj", 8192, 8192, false}};
 
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
 using gpu::bf16;
@@ -66,10 +74,10 @@ BenchReport run_on_gpu() {
     if (tp < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tp {} must be at least 1", tp));
   for (const GemmShape& s : kShapes)
     for (int tp : o.tensor_parallel)
-      if (s.n_full % (8L * tp) != 0)
-        throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tp {} does not split {}'s {} columns into "
-                                                        "multiples of 8",
-                                                        tp, s.name, s.n_full));
+      if ((s.split_n ? s.n_full : s.k_full) % (8L * tp) != 0)
+        throw Error(Errc::invalid_argument,
+                    fmt::format("bench gemm: --tp {} does not split {}'s {} {} into multiples of 8", tp, s.name,
+                                s.split_n ? s.n_full : s.k_full, s.split_n ? "columns" : "inner dimension"));
 
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   gpu::preload_kernels();
@@ -78,10 +86,11 @@ BenchReport run_on_gpu() {
   CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
   long max_m = 0, max_k = 0, max_n = 0;
   for (long t : o.tokens) max_m = std::max(max_m, t);
-  for (const GemmShape& s : kShapes) {
-    max_k = std::max(max_k, s.k);
-    for (int tp : o.tensor_parallel) max_n = std::max(max_n, s.n_full / tp);
-  }
+  for (const GemmShape& s : kShapes)
+    for (int tp : o.tensor_parallel) {
+      max_k = std::max(max_k, s.k(tp));
+      max_n = std::max(max_n, s.n(tp));
+    }
   const long check_rows = std::min(1024L, max_m);
   const auto count = [](long a, long b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); };
   auto a = make_buffer<bf16>(count(max_m, max_k));
@@ -124,16 +133,16 @@ BenchReport run_on_gpu() {
   for (long m : o.tokens)
     for (int tp : o.tensor_parallel)
       for (const GemmShape& s : kShapes) {
-        const long k = s.k, n = s.n_full / tp;
+        const long k = s.k(tp), n = s.n(tp);
         const std::uint64_t seed = seeds();
         gpu::fill_random(a.get(), m, k, k, seed, 0, 0, 1.0f, stream);
         gpu::fill_random(b.get(), k, n, n, seed + 1, 0, 0, 1.0f, stream);
         CARAVAN_HIP_CHECK(hipMemsetAsync(c_tile.get(), 0xff, count(m, n) * sizeof(bf16), stream));  // NaN
         const auto tile = [&] {
-          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, stream);
+          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, nullptr, stream);
         };
         const auto portable = [&] {
-          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, stream,
+          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, nullptr, stream,
                          gpu::FlagGemmKernel::portable);
         };
         const auto vendor = [&] { blas.gemm(stream, m, n, k, a.get(), k, b.get(), n, c_blas.get(), n); };
@@ -200,8 +209,9 @@ BenchReport run_on_gpu() {
   CARAVAN_HIP_CHECK(hipEventDestroy(stop));
   CARAVAN_HIP_CHECK(hipStreamDestroy(stream));
   out.tables.push_back(std::move(table));
-  out.notes.push_back(fmt::format("{} timed calls of each after one warm-up, alternating; N = the full width / TP (one "
-                                  "rank's columns), M = tokens (the gathered rows); tile / cuBLAS = median / median",
+  out.notes.push_back(fmt::format("{} timed calls of each after one warm-up, alternating; M = tokens; mlp-up and qkv "
+                                  "(AllGather + GEMM): N = the full width / TP; mlp-down and o-proj (GEMM + "
+                                  "ReduceScatter): K = the full inner dimension / TP; tile / cuBLAS = median / median",
                                   o.repetitions));
   out.notes.push_back(fmt::format("check: the tile GEMM's first {} rows vs the float32 reference (fresh random inputs, "
                                   "output poisoned first) and its whole output vs cuBLAS's, relative error below 1e-2",
@@ -231,10 +241,10 @@ BenchReport run_gemm_bench() {
 }  // namespace
 
 void add_bench_gemm(CLI::App& bench) {
-  CLI::App& c = add_bench_case(bench, "gemm", "the tile GEMM fed by flags vs cuBLAS on AllGather+GEMM shapes, on GPU 0",
+  CLI::App& c = add_bench_case(bench, "gemm", "the tile GEMM fed by flags vs cuBLAS on AllGather+GEMM and GEMM+ReduceScatter shapes, on GPU 0",
                                run_gemm_bench);
   c.add_option("--tokens", g_gemm.tokens, "Token counts (M, the gathered rows)")->capture_default_str();
-  c.add_option("--tp", g_gemm.tensor_parallel, "Tensor-parallel degrees: N = the full width / TP")->capture_default_str();
+  c.add_option("--tp", g_gemm.tensor_parallel, "Tensor-parallel degrees: N (or K, for mlp-down and o-proj) = the full size / TP")->capture_default_str();
   c.add_option("--reps", g_gemm.repetitions, "Timed calls of each")->capture_default_str();
   c.add_flag("--portable", g_gemm.portable, "Also time the portable WMMA kernel (slow: about 7x cuBLAS)");
   c.add_flag("!--no-check", g_gemm.check, "Skip the float32 reference check");

@@ -344,7 +344,7 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
     // Diagnostic: the tile-level GEMM by itself (no flags, no communication), to compare with cuBLAS
     // ("gemm-alone"; not named "alone": those rows make the ideal).
     runner.measure(ctx, "flag-gemm only, no comm", [&] {
-      gpu::flag_gemm(a_full.get(), s.k, b.get(), s.n, c.get(), s.n, s.m, s.n, s.k, nullptr, 0, 0, nullptr, ctx.stream);
+      gpu::flag_gemm(a_full.get(), s.k, b.get(), s.n, c.get(), s.n, s.m, s.n, s.k, nullptr, 0, 0, nullptr, nullptr, ctx.stream);
     }, {}, {});
     // Diagnostic: what cutting the GEMM into per-shard chunks costs without any communication.
     runner.measure(ctx, fmt::format("gemm in {} chunks, no comm", world), [&] {
@@ -488,6 +488,12 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
       runner.measure(ctx, std::string("ce-push x2 parts") + (lanes == 2 ? " 2 lanes" : ""),
                      [&] { split.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_push, ctx.stream, lanes); },
                      poison_out, check_out);
+    runner.measure(ctx, "tile-push",
+                   [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::tile_push, ctx.stream); }, poison_out,
+                   check_out);
+    runner.measure(ctx, "tile-push x2 parts",
+                   [&] { split.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::tile_push, ctx.stream); },
+                   poison_out, check_out);
     if (op.low_latency())
       runner.measure(ctx, "ll-bulk", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ll_bulk, ctx.stream); },
                      poison_out, check_out);

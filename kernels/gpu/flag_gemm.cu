@@ -26,7 +26,8 @@ constexpr int kPadA = kTileK + 8, kPadB = kTileN + 8;  // 16 bytes of padding pe
 // Warps in a 2 x 4 grid over the tile: each warp owns 64 rows x 32 columns = 4 x 2 fragments.
 __global__ void __launch_bounds__(kThreads)
     flag_gemm_kernel(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
-                     std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order) {
+                     std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
+                     std::uint64_t* tiles_done) {
   __shared__ __align__(128) bf16 as[kTileM][kPadA];
   __shared__ __align__(128) bf16 bs[kTileK][kPadB];
   __shared__ __align__(128) float cs[kThreads / 32][16][16];
@@ -91,6 +92,14 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncwarp();
     }
+  if (tiles_done != nullptr) {
+    __syncthreads();  // every thread's part of the tile is written
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      atomicAdd(reinterpret_cast<unsigned long long*>(tiles_done + m_tile),
+                static_cast<unsigned long long>(min(n0 + kTileN, n) - n0));
+    }
+  }
 }
 
 // The Hopper kernel takes these arguments (it writes C two columns at a time).
@@ -127,8 +136,8 @@ long flag_gemm_row_tiles(long m) { return (m + kTileM - 1) / kTileM; }
 long flag_gemm_tile_rows() { return kTileM; }
 
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
-               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, hipStream_t stream,
-               FlagGemmKernel kernel) {
+               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
+               std::uint64_t* tiles_done, hipStream_t stream, FlagGemmKernel kernel) {
   if (m <= 0 || n <= 0 || k <= 0 || k % 8 != 0 || n % 8 != 0 || lda % 8 != 0 || ldb % 8 != 0 || lda < k || ldb < n || ldc < n)
     throw Error(Errc::invalid_argument,
                 "flag_gemm: m, n, k must be positive, k and n multiples of 8, lda >= k and ldb >= n multiples of 8, "
@@ -141,13 +150,14 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
     throw Error(Errc::invalid_argument, "flag_gemm: m, n and k must each be below 2^31");
 #ifdef CARAVAN_HAVE_SM90_GEMM
   if (hopper_kernel_for(ldc, c, kernel)) {
-    sm90::flag_gemm(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order, sm90::choose_tile_n(m, n),
-                    stream);
+    sm90::flag_gemm(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order, tiles_done,
+                    sm90::choose_tile_n(m, n), stream);
     return;
   }
 #endif
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>(flag_gemm_row_tiles(m)));
-  flag_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order);
+  flag_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order,
+                                                        tiles_done);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 

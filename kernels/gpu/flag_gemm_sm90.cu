@@ -158,7 +158,7 @@ template <int TileN>
 __global__ void __launch_bounds__(kThreads, 1)
     flag_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, bf16* c,
                           long ldc, long m, long n, long k, long col_tiles, long group_rows, std::uint64_t* flags,
-                          long rows_per_flag, std::uint64_t epoch, const int* tile_order) {
+                          long rows_per_flag, std::uint64_t epoch, const int* tile_order, std::uint64_t* tiles_done) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Config<TileN>;
   extern __shared__ unsigned char shared_raw[];
@@ -271,6 +271,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (row < m && col < n)  // n is a multiple of 8: a chunk is wholly in or out
       *reinterpret_cast<uint4*>(c + row * ldc + col) = *reinterpret_cast<const uint4*>(staged + r * kPitch + chunk * 16);
   }
+  if (tiles_done != nullptr) {
+    named_barrier_sync(1, 256);  // both consumers' rows are written
+    if (threadIdx.x == 128) {
+      __threadfence_system();
+      atomicAdd(reinterpret_cast<unsigned long long*>(tiles_done + m_tile),
+                static_cast<unsigned long long>(min(n0 + TileN, n) - n0));
+    }
+  }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -367,8 +375,8 @@ int choose_tile_n(long m, long n) {
 }
 
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
-               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, int tile_n,
-               hipStream_t stream) {
+               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
+               std::uint64_t* tiles_done, int tile_n, hipStream_t stream) {
   const CUtensorMap map_a = tensor_map(a, m, k, lda, kTileK, kTileM);
   const CUtensorMap map_b = tensor_map(b, k, n, ldb, kBlockN, kTileK);
   const long col_tiles = (n + tile_n - 1) / tile_n;
@@ -376,10 +384,10 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
   const dim3 grid(static_cast<unsigned>(col_tiles * ((m + kTileM - 1) / kTileM)));
   if (tile_n == 256)
     flag_gemm_sm90_kernel<256><<<grid, kThreads, Config<256>::kSharedBytes, stream>>>(
-        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order);
+        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, tiles_done);
   else
     flag_gemm_sm90_kernel<128><<<grid, kThreads, Config<128>::kSharedBytes, stream>>>(
-        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order);
+        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, tiles_done);
   CARAVAN_HIP_CHECK(cudaGetLastError());
 }
 

@@ -617,7 +617,7 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
       write_flag(stream, my.at(ag_landed, static_cast<long>(rank) * splits_ + sp), e);
     const long tiles = flag_gemm_row_tiles(m_);
     const int* order = tile_orders_[static_cast<std::size_t>(rank)] + (push ? tiles : 0);
-    flag_gemm(mine, k_, b, n_, c, n_, m_, n_, k_, my.at(ag_landed, 0), chunk_rows, e, order, stream);
+    flag_gemm(mine, k_, b, n_, c, n_, m_, n_, k_, my.at(ag_landed, 0), chunk_rows, e, order, nullptr, stream);
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
     return;
   }
@@ -709,6 +709,7 @@ std::string_view to_string(GemmRsVariant v) {
     case GemmRsVariant::ll_bulk: return "ll-bulk";
     case GemmRsVariant::sm_pull: return "sm-pull";
     case GemmRsVariant::sm_push: return "sm-push";
+    case GemmRsVariant::tile_push: return "tile-push";
     default: return "ce-bulk";
   }
 }
@@ -759,6 +760,7 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
       CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(m) * n * sizeof(bf16)));
       partial_[static_cast<std::size_t>(r)] = static_cast<bf16*>(p);
     }
+    build_tile_orders();
     sync_ = make_sync(team, world * splits);
     warm_up(team, {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}},
             static_cast<std::size_t>(m / world) * n);
@@ -769,13 +771,53 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   }
 }
 
-void GemmReduceScatter::free_partials() {
-  for (std::size_t r = 0; r < partial_.size(); ++r) {
-    if (!partial_[r]) continue;
-    (void)hipSetDevice(team_.device(static_cast<int>(r)));
-    (void)hipFree(partial_[r]);
+// tile_push computes the rows of rank+1 first, then rank+2, ..., its own last, as ce_push does;
+// a row tile serving two destinations runs with the earlier one. Allocated here, not in run():
+// no allocation while peers may be spinning.
+void GemmReduceScatter::build_tile_orders() {
+  const int world = team_.world();
+  const long rows = m_ / world, tiles = flag_gemm_row_tiles(m_);
+  tile_orders_.assign(static_cast<std::size_t>(world), nullptr);
+  tiles_done_.assign(static_cast<std::size_t>(world), nullptr);
+  tile_calls_.assign(static_cast<std::size_t>(world), 0);
+  for (int r : team_.driven_ranks()) {
+    team_.use(r);
+    preload_flag_gemm();
+    std::vector<int> order(static_cast<std::size_t>(tiles));
+    for (long t = 0; t < tiles; ++t) order[static_cast<std::size_t>(t)] = static_cast<int>(t);
+    const auto first_step = [&](long tile) {
+      const long first = tile * flag_gemm_tile_rows(), last = std::min(first + flag_gemm_tile_rows(), m_) - 1;
+      int step = world;
+      for (long dst = first / rows; dst <= last / rows; ++dst) {
+        const int s = static_cast<int>((dst - r + world) % world);
+        step = std::min(step, s == 0 ? world : s);  // its own rows last
+      }
+      return step;
+    };
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return first_step(x) < first_step(y); });
+    void* p = nullptr;
+    CARAVAN_HIP_CHECK(hipMalloc(&p, order.size() * sizeof(int)));
+    tile_orders_[static_cast<std::size_t>(r)] = static_cast<int*>(p);
+    CARAVAN_HIP_CHECK(hipMemcpy(p, order.data(), order.size() * sizeof(int), hipMemcpyDefault));
+    CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(tiles) * sizeof(std::uint64_t)));
+    tiles_done_[static_cast<std::size_t>(r)] = static_cast<std::uint64_t*>(p);
+    CARAVAN_HIP_CHECK(hipMemset(p, 0, static_cast<std::size_t>(tiles) * sizeof(std::uint64_t)));
+    CARAVAN_HIP_CHECK(hipDeviceSynchronize());  // the zeros are in before any stream reads them
   }
-  partial_.clear();
+}
+
+void GemmReduceScatter::free_partials() {
+  const auto release = [&](auto& buffers) {
+    for (std::size_t r = 0; r < buffers.size(); ++r) {
+      if (!buffers[r]) continue;
+      (void)hipSetDevice(team_.device(static_cast<int>(r)));
+      (void)hipFree(buffers[r]);
+    }
+    buffers.clear();
+  };
+  release(partial_);
+  release(tile_orders_);
+  release(tiles_done_);
 }
 
 GemmReduceScatter::~GemmReduceScatter() { free_partials(); }
@@ -867,6 +909,26 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
     CARAVAN_HIP_CHECK(hipEventRecord(s.chunk[0], stream));
     for (int step = 1; step < world; ++step) push(step, 0, splits_, s.chunk[0]);
+  } else if (variant == GemmRsVariant::tile_push) {
+    // One GEMM, row tiles in destination order; each part leaves once every row tile it touches
+    // has counted all n columns done for this call.
+    const std::uint64_t calls = ++tile_calls_[static_cast<std::size_t>(rank)];
+    std::uint64_t* done = tiles_done_[static_cast<std::size_t>(rank)];
+    flag_gemm(a, k_, b, n_, partial, n_, m_, n_, k_, nullptr, 0, 0, tile_orders_[static_cast<std::size_t>(rank)], done,
+              stream);
+    const long tile_rows = flag_gemm_tile_rows();
+    for (int step = 1; step < world; ++step) {
+      const int dst = (rank + step) % world;
+      for (int part = 0; part < splits_; ++part) {
+        const long row0 = dst * rows + part * part_rows;
+        for (long t = row0 / tile_rows; t <= (row0 + part_rows - 1) / tile_rows; ++t)
+          wait_flag(comm, done + t, calls * static_cast<std::uint64_t>(n_));
+        if (part == 0) wait_flag(comm, my.at(rs_freed, dst), e - 1);
+        CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(dst, rank) + part * part_elems, partial + row0 * n_,
+                                         part_elems * sizeof(bf16), hipMemcpyDefault, comm));
+        if (part == splits_ - 1) write_flag(comm, flags(dst).at(rs_arrived, rank), e);
+      }
+    }
   } else {
     // Destination order rank+1, rank+2, ...: the rows this rank keeps are computed last, so the
     // pushes of the others overlap the remaining GEMMs; each destination's rows in `splits`

@@ -185,6 +185,9 @@ enum class GemmRsVariant {
   sm_push,  // one GEMM, then one kernel that stores every peer's rows into the peer's inbox and
             // counts itself there, then sums this rank's rows once every peer's count is in: a
             // rank's data moves as soon as its own GEMM is done (same size limit as sm_pull)
+  tile_push,  // one tile-level GEMM (flag_gemm) whose row tiles run in destination order and
+              // count themselves done; the copy engine pushes each part as soon as its row tiles
+              // are done (a stream wait-value per tile), as ce_push does per chunk GEMM
 };
 std::string_view to_string(GemmRsVariant v);
 
@@ -213,7 +216,8 @@ class GemmReduceScatter {
 
  private:
   GpuTeam& team_;
-  void free_partials();
+  void free_partials();  // and every other per-rank device buffer
+  void build_tile_orders();
   struct Probe {
     std::uint64_t* after_gemm = nullptr;
     std::uint64_t* stamps = nullptr;
@@ -230,6 +234,11 @@ class GemmReduceScatter {
   SymmetricRegion push_arrived_;         // sm_push: per rank, a flag per peer and block
   int push_blocks_ = 0;                  // sm_push's grid, the same on every rank
   std::vector<bf16*> partial_;
+  // tile_push, per rank: the row tiles in destination order, a done word per row tile (it grows
+  // by n per call), and the calls so far (the words' target is calls x n).
+  std::vector<int*> tile_orders_;
+  std::vector<std::uint64_t*> tiles_done_;
+  std::vector<std::uint64_t> tile_calls_;
   std::vector<std::unique_ptr<RankSync>> sync_;
 };
 

@@ -94,14 +94,16 @@ struct Problem {
   ~Problem() { (void)hipStreamDestroy(stream); }
   static std::size_t count(long rows, long cols) { return static_cast<std::size_t>(std::max(rows, 1L) * cols); }
 
-  Measured check() {
+  // `out` (C by default, or a copy of it with C's shape) against the reference.
+  Measured check(const bf16* out_data = nullptr) {
+    if (out_data == nullptr) out_data = c.data;
     Blas blas(stream);
     blas.gemm_reference(stream, s.m, s.n, s.k, a_f.data, lda, b_f.data, ldb, ref.data, ldc);
-    compare(c.data, s.m, s.n, ldc, ref.data, ldc, sums.data, stream);
+    compare(out_data, s.m, s.n, ldc, ref.data, ldc, sums.data, stream);
     ErrorSums host;
     CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.data, sizeof(host), hipMemcpyDefault, stream));
     std::vector<std::uint16_t> out(count(s.m, ldc));
-    CARAVAN_HIP_CHECK(hipMemcpyAsync(out.data(), c.data, out.size() * sizeof(bf16), hipMemcpyDefault, stream));
+    CARAVAN_HIP_CHECK(hipMemcpyAsync(out.data(), out_data, out.size() * sizeof(bf16), hipMemcpyDefault, stream));
     CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
     Measured m;
     m.relative_error = relative_error(host);
@@ -125,7 +127,8 @@ TEST_P(FlagGemm, MatchesTheFloat32Reference) {
   Problem p(s, seed);
   const std::string kernel = flag_gemm_kernel_name(s.m, s.n, p.ldc, s.kernel);
   SCOPED_TRACE("kernel " + kernel);
-  flag_gemm(p.a.data, p.lda, p.b.data, p.ldb, p.c.data, p.ldc, s.m, s.n, s.k, nullptr, 0, 0, nullptr, p.stream, s.kernel);
+  flag_gemm(p.a.data, p.lda, p.b.data, p.ldb, p.c.data, p.ldc, s.m, s.n, s.k, nullptr, 0, 0, nullptr, nullptr, p.stream,
+            s.kernel);
   const Measured m = p.check();
   EXPECT_EQ(m.nonfinite, 0u) << "outputs left poisoned or not finite";
   // Inputs in [-1, 1] summed over k in fp32 and rounded to bf16 once: about 2^-9 relative.
@@ -153,7 +156,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlagGemm, ::testing::ValuesIn(shapes()), shape_
 // The flags gate the loads: A starts poisoned (NaN), the GEMM is launched waiting for epoch 1,
 // and only then, from another stream, each flag's rows are copied in and the flag raised, last
 // rows first, with the row tiles launched in that order. A block that read its rows before their
-// flag would read NaN. A third of the flags guard 200 rows (tiles span two flags).
+// flag would read NaN. The flags guard 200 rows each (tiles span two flags).
+// The done words signal the stores: a third stream, queued before the GEMM can start, copies
+// each row tile of C out once its word has grown by n (a stream wait-value per tile), into a
+// poisoned copy that must then match the reference too; every word ends at exactly n.
 TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
   CARAVAN_REQUIRE_GPU();
   CARAVAN_HIP_CHECK(hipSetDevice(0));
@@ -176,10 +182,23 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
     CARAVAN_HIP_CHECK(hipMemsetAsync(p.a.data, 0xff, a_bytes, p.stream));
     CARAVAN_HIP_CHECK(hipMemsetAsync(flags.data, 0, static_cast<std::size_t>(flag_count) * 8, p.stream));
     CARAVAN_HIP_CHECK(hipMemcpyAsync(tile_order.data, order.data(), order.size() * sizeof(int), hipMemcpyDefault, p.stream));
+    DeviceArray<std::uint64_t> done(static_cast<std::size_t>(tiles));
+    DeviceArray<bf16> c_copy(Problem::count(s.m, p.ldc));
+    CARAVAN_HIP_CHECK(hipMemsetAsync(done.data, 0, static_cast<std::size_t>(tiles) * 8, p.stream));
+    CARAVAN_HIP_CHECK(hipMemsetAsync(c_copy.data, 0xff, Problem::count(s.m, p.ldc) * sizeof(bf16), p.stream));
     CARAVAN_HIP_CHECK(hipStreamSynchronize(p.stream));
 
     flag_gemm(p.a.data, p.lda, p.b.data, p.ldb, p.c.data, p.ldc, s.m, s.n, s.k, flags.data, rows_per_flag, 1,
-              tile_order.data, p.stream, kernel);
+              tile_order.data, done.data, p.stream, kernel);
+    hipStream_t reader = nullptr;
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&reader, hipStreamNonBlocking));
+    for (long t = 0; t < tiles; ++t) {  // in the opposite order to the tiles' launch
+      const long first = t * flag_gemm_tile_rows(), rows = std::min(flag_gemm_tile_rows(), s.m - first);
+      const std::size_t offset = static_cast<std::size_t>(first * p.ldc);
+      CARAVAN_HIP_CHECK(hipStreamWaitValue64(reader, done.data + t, static_cast<std::uint64_t>(s.n), hipStreamWaitValueGte));
+      CARAVAN_HIP_CHECK(hipMemcpyAsync(c_copy.data + offset, p.c.data + offset,
+                                       static_cast<std::size_t>(rows * p.ldc) * sizeof(bf16), hipMemcpyDefault, reader));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the GEMM's blocks are waiting by now
     hipStream_t copier = nullptr;
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&copier, hipStreamNonBlocking));
@@ -191,10 +210,18 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
       CARAVAN_HIP_CHECK(hipStreamWriteValue64(copier, flags.data + f, 1, 0));
     }
     CARAVAN_HIP_CHECK(hipStreamSynchronize(copier));
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(reader));
     CARAVAN_HIP_CHECK(hipStreamDestroy(copier));
+    CARAVAN_HIP_CHECK(hipStreamDestroy(reader));
     const Measured m = p.check();
     EXPECT_EQ(m.nonfinite, 0u) << "a block read rows before their flag was raised";
     EXPECT_LT(m.relative_error, 1e-2);
+    const Measured copied = p.check(c_copy.data);
+    EXPECT_EQ(copied.nonfinite, 0u) << "a row tile's done word rose before its rows were written";
+    EXPECT_LT(copied.relative_error, 1e-2);
+    std::vector<std::uint64_t> words(static_cast<std::size_t>(tiles));
+    CARAVAN_HIP_CHECK(hipMemcpy(words.data(), done.data, words.size() * 8, hipMemcpyDefault));
+    for (long t = 0; t < tiles; ++t) EXPECT_EQ(words[static_cast<std::size_t>(t)], static_cast<std::uint64_t>(s.n)) << "row tile " << t;
   }
 }
 
@@ -203,7 +230,7 @@ TEST(FlagGemmArguments, BadShapesAreRejectedNamingTheRule) {
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   DeviceArray<bf16> buffer(64 * 64);
   try {
-    flag_gemm(buffer.data, 64, buffer.data, 64, buffer.data, 64, 8, 60, 64, nullptr, 0, 0, nullptr, nullptr);
+    flag_gemm(buffer.data, 64, buffer.data, 64, buffer.data, 64, 8, 60, 64, nullptr, 0, 0, nullptr, nullptr, nullptr);
     FAIL() << "n = 60 (not a multiple of 8) was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::invalid_argument);

@@ -463,14 +463,18 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   ASSERT_TRUE(op.pull());
   ASSERT_TRUE(op.push());
   // Every variant after every other, sm_pull and sm_push also twice in a row (both of their
-  // buffers), and each after the other (they share the buffers).
+  // buffers), and each after the other (they share the buffers); tile_push twice in a row and
+  // after other variants (its done words count its own calls only). Rows per rank (64) are half
+  // a row tile, so tile_push's tiles each serve two destinations.
   const std::vector<std::pair<GemmRsVariant, int>> runs = {
       {GemmRsVariant::ce_push, 1}, {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::ll_bulk, 1},
       {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_push, 2}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::sm_pull, 1},
       {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ce_push, 1}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ll_bulk, 1},
       {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::sm_push, 1}, {GemmRsVariant::sm_push, 1},
       {GemmRsVariant::ce_push, 1}, {GemmRsVariant::sm_push, 1}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::sm_push, 1},
-      {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::sm_push, 1}};
+      {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::sm_push, 1}, {GemmRsVariant::tile_push, 1},
+      {GemmRsVariant::tile_push, 1}, {GemmRsVariant::ce_push, 1}, {GemmRsVariant::tile_push, 1},
+      {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::tile_push, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
     const long rows = m / world, kk = k * world;
