@@ -213,19 +213,12 @@ BenchReport run_on_gpu() {
 }
 #endif
 
-BenchReport run_attention_bench() {
-  BenchReport out;
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
-  GpuProbe probe = probe_gpus();
-  if (probe.device_count > 0) return run_on_gpu();
-  const std::string reason = "no GPU (" + probe.reason + ")";
+BenchReport (*const kOnGpu)() = run_on_gpu;
 #else
-  const std::string reason = "this build has no GPU kernels (configure with nvcc and NCCL present)";
+BenchReport (*const kOnGpu)() = nullptr;
 #endif
-  out.headlines.push_back("skipped: " + reason);
-  out.figures = {{"skipped", true}, {"reason", reason}};
-  return out;
-}
+BenchReport run_attention_bench() { return run_on_gpu_or_skip(kOnGpu); }
 
 }  // namespace
 

@@ -52,12 +52,10 @@ struct GemmShape {
 
 // The shapes of the measured reference: AllGather + GEMM (bench overlap's ag_gemm) and GEMM +
 // ReduceScatter (gemm_rs, whose GEMM tile_push runs).
-const std::vector<GemmShape> kShapes = {{"llama3-70B mlp-up", 8192, 2L * 28672, true},
-                                        {"llama3-8B mlp-up", 4096, 2L * 14336, true},
-                                        {"llama3-70B qkv", 8192, 8192L + 2 * 1024, true},
-                                        {"llama3-70B mlp-down", 28672, 8192, false},
-                                        {"llama3-8B mlp-down", 14336, 4096, false},
-                                        {"llama3-70B o-proj", 8192, 8192, false}};
+const std::vector<GemmShape> kShapes = {
+    {"llama3-70B mlp-up", 8192, 2L * 28672, true},    {"llama3-8B mlp-up", 4096, 2L * 14336, true},
+    {"llama3-70B qkv", 8192, 8192L + 2 * 1024, true}, {"llama3-70B mlp-down", 28672, 8192, false},
+    {"llama3-8B mlp-down", 14336, 4096, false},       {"llama3-70B o-proj", 8192, 8192, false}};
 
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
 using gpu::bf16;
@@ -123,8 +121,8 @@ BenchReport run_on_gpu() {
     return host.nonfinite > 0 ? 1.0 : error_of(host);
   };
 
-  std::vector<std::string> columns = {"shape", "TP", "M x K x N", "cuBLAS", "tile GEMM", "kernel", "tile / cuBLAS",
-                                      "TFLOP/s", "check"};
+  std::vector<std::string> columns = {"shape",         "TP",      "M x K x N", "cuBLAS", "tile GEMM", "kernel",
+                                      "tile / cuBLAS", "TFLOP/s", "check"};
   if (o.portable) columns.insert(columns.begin() + 6, "portable (wmma)");
   BenchTable table{"tile GEMM fed by flags (all raised) vs cuBLAS on GPU 0, ms per call (median, p10..p90)", columns};
   nlohmann::json results = nlohmann::json::array();
@@ -190,14 +188,22 @@ BenchReport run_on_gpu() {
             fmt::format("{:.0f}", flops / ts.median / 1e12),
             fmt::format("{} (f32 {}, cuBLAS {:.1e})", ok ? "ok" : "FAIL",
                         reference_error < 0 ? std::string("-") : fmt::format("{:.1e}", reference_error), difference)};
-        nlohmann::json result = {{"shape", s.name}, {"tp", tp},         {"m", m},
-                                 {"k", k},          {"n", n},           {"kernel", kernel},
-                                 {"cublas_s", vendor_s}, {"tile_s", tile_s}, {"tile_over_cublas", ts.median / vs.median},
-                                 {"tile_tflops", flops / ts.median / 1e12}, {"error_vs_float32", reference_error},
+        nlohmann::json result = {{"shape", s.name},
+                                 {"tp", tp},
+                                 {"m", m},
+                                 {"k", k},
+                                 {"n", n},
+                                 {"kernel", kernel},
+                                 {"cublas_s", vendor_s},
+                                 {"tile_s", tile_s},
+                                 {"tile_over_cublas", ts.median / vs.median},
+                                 {"tile_tflops", flops / ts.median / 1e12},
+                                 {"error_vs_float32", reference_error},
                                  {"difference_vs_cublas", difference}};
         if (o.portable) {
           const Summary ps = summarize(portable_s);
-          row.insert(row.begin() + 6, fmt::format("{:.3f} ({:.3f}..{:.3f})", ps.median * 1e3, ps.p10 * 1e3, ps.p90 * 1e3));
+          row.insert(row.begin() + 6,
+                     fmt::format("{:.3f} ({:.3f}..{:.3f})", ps.median * 1e3, ps.p10 * 1e3, ps.p90 * 1e3));
           result["portable_s"] = portable_s;
         }
         table.rows.push_back(std::move(row));
@@ -209,42 +215,40 @@ BenchReport run_on_gpu() {
   CARAVAN_HIP_CHECK(hipEventDestroy(stop));
   CARAVAN_HIP_CHECK(hipStreamDestroy(stream));
   out.tables.push_back(std::move(table));
-  out.notes.push_back(fmt::format("{} timed calls of each after one warm-up, alternating; M = tokens; mlp-up and qkv "
-                                  "(AllGather + GEMM): N = the full width / TP; mlp-down and o-proj (GEMM + "
-                                  "ReduceScatter): K = the full inner dimension / TP; tile / cuBLAS = median / median",
-                                  o.repetitions));
-  out.notes.push_back(fmt::format("check: the tile GEMM's first {} rows vs the float32 reference (fresh random inputs, "
-                                  "output poisoned first) and its whole output vs cuBLAS's, relative error below 1e-2",
-                                  check_rows));
-  out.headlines.push_back(fmt::format("slowest tile GEMM {:.2f}x cuBLAS; worst relative error {:.1e}", worst_ratio,
-                                      worst_error));
+  out.notes.push_back(
+      fmt::format("{} timed calls of each after one warm-up, alternating; M = tokens; mlp-up and qkv "
+                  "(AllGather + GEMM): N = the full width / TP; mlp-down and o-proj (GEMM + "
+                  "ReduceScatter): K = the full inner dimension / TP; tile / cuBLAS = median / median",
+                  o.repetitions));
+  out.notes.push_back(
+      fmt::format("check: the tile GEMM's first {} rows vs the float32 reference (fresh random inputs, "
+                  "output poisoned first) and its whole output vs cuBLAS's, relative error below 1e-2",
+                  check_rows));
+  out.headlines.push_back(
+      fmt::format("slowest tile GEMM {:.2f}x cuBLAS; worst relative error {:.1e}", worst_ratio, worst_error));
   out.figures = {{"results", results}};
   out.failure = failures;
   return out;
 }
 #endif
 
-BenchReport run_gemm_bench() {
-  BenchReport out;
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
-  GpuProbe probe = probe_gpus();
-  if (probe.device_count > 0) return run_on_gpu();
-  const std::string reason = "no GPU (" + probe.reason + ")";
+BenchReport (*const kOnGpu)() = run_on_gpu;
 #else
-  const std::string reason = "this build has no GPU kernels (configure with nvcc and NCCL present)";
+BenchReport (*const kOnGpu)() = nullptr;
 #endif
-  out.headlines.push_back("skipped: " + reason);
-  out.figures = {{"skipped", true}, {"reason", reason}};
-  return out;
-}
+BenchReport run_gemm_bench() { return run_on_gpu_or_skip(kOnGpu); }
 
 }  // namespace
 
 void add_bench_gemm(CLI::App& bench) {
-  CLI::App& c = add_bench_case(bench, "gemm", "the tile GEMM fed by flags vs cuBLAS on AllGather+GEMM and GEMM+ReduceScatter shapes, on GPU 0",
-                               run_gemm_bench);
+  CLI::App& c = add_bench_case(
+      bench, "gemm", "the tile GEMM fed by flags vs cuBLAS on AllGather+GEMM and GEMM+ReduceScatter shapes, on GPU 0",
+      run_gemm_bench);
   c.add_option("--tokens", g_gemm.tokens, "Token counts (M, the gathered rows)")->capture_default_str();
-  c.add_option("--tp", g_gemm.tensor_parallel, "Tensor-parallel degrees: N (or K, for mlp-down and o-proj) = the full size / TP")->capture_default_str();
+  c.add_option("--tp", g_gemm.tensor_parallel,
+               "Tensor-parallel degrees: N (or K, for mlp-down and o-proj) = the full size / TP")
+      ->capture_default_str();
   c.add_option("--reps", g_gemm.repetitions, "Timed calls of each")->capture_default_str();
   c.add_flag("--portable", g_gemm.portable, "Also time the portable WMMA kernel (slow: about 7x cuBLAS)");
   c.add_flag("!--no-check", g_gemm.check, "Skip the float32 reference check");

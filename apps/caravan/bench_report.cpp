@@ -127,6 +127,19 @@ void add_bench_command(CLI::App& app) {
   });
 }
 
+BenchReport run_on_gpu_or_skip(const std::function<BenchReport()>& on_gpu) {
+  std::string reason = "this build has no GPU kernels (configure with nvcc and NCCL present)";
+  if (on_gpu) {
+    const GpuProbe probe = probe_gpus();
+    if (probe.device_count > 0) return on_gpu();
+    reason = "no GPU (" + probe.reason + ")";
+  }
+  BenchReport out;
+  out.headlines.push_back("skipped: " + reason);
+  out.figures = {{"skipped", true}, {"reason", reason}};
+  return out;
+}
+
 Summary summarize(std::vector<double> samples) {
   Summary s;
   s.count = samples.size();

@@ -41,6 +41,10 @@ using BenchRunner = std::function<BenchReport()>;
 CLI::App& add_bench_case(CLI::App& bench, const std::string& name, const std::string& description,
                          BenchRunner run);
 
+// The report of a benchmark of the GPU kernels: `on_gpu()` where this build has them (`on_gpu`
+// not null) and the runtime sees a GPU; otherwise a skip that says which is missing.
+BenchReport run_on_gpu_or_skip(const std::function<BenchReport()>& on_gpu);
+
 struct Summary {
   double median = 0, p10 = 0, p90 = 0, min = 0, max = 0;
   std::size_t count = 0;

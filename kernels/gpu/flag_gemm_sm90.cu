@@ -33,10 +33,10 @@ namespace caravan::gpu::sm90 {
 namespace {
 
 constexpr int kTileM = 128, kTileK = 64;
-constexpr int kBlockN = 64;                        // columns of B per TMA box: 64 bf16 = one 128-byte row
-constexpr int kABytes = kTileM * kTileK * 2;       // 16 KiB per stage
-constexpr int kBBoxBytes = kTileK * kBlockN * 2;   // 8 KiB per box of B
-constexpr int kThreads = 3 * 128;                  // producer + two consumer warpgroups
+constexpr int kBlockN = 64;                       // columns of B per TMA box: 64 bf16 = one 128-byte row
+constexpr int kABytes = kTileM * kTileK * 2;      // 16 KiB per stage
+constexpr int kBBoxBytes = kTileK * kBlockN * 2;  // 8 KiB per box of B
+constexpr int kThreads = 3 * 128;                 // producer + two consumer warpgroups
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 constexpr int kGroupRows = 16;  // row tiles per group of the block order (4, 8, 16, 32 measured within 5%)
 
@@ -79,8 +79,8 @@ __device__ __forceinline__ void barrier_wait(std::uint64_t* bar, std::uint32_t p
 
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner, int outer) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::
-          "r"(shared_address(dst)),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+      "[%2];\n" ::"r"(shared_address(dst)),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(shared_address(bar)), "r"(inner), "r"(outer)
       : "memory");
 }
@@ -148,8 +148,10 @@ __device__ __forceinline__ void wgmma_m64n128(float (&d)[64], std::uint64_t a, s
 
 template <int TileN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[TileN / 2], std::uint64_t a, std::uint64_t b, int accumulate) {
-  if constexpr (TileN == 256) wgmma_m64n256(d, a, b, accumulate);
-  else wgmma_m64n128(d, a, b, accumulate);
+  if constexpr (TileN == 256)
+    wgmma_m64n256(d, a, b, accumulate);
+  else
+    wgmma_m64n128(d, a, b, accumulate);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -162,7 +164,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Config<TileN>;
   extern __shared__ unsigned char shared_raw[];
-  unsigned char* stages = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(shared_raw) + 1023) & ~std::uintptr_t{1023});
+  unsigned char* stages =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(shared_raw) + 1023) & ~std::uintptr_t{1023});
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(stages + C::kStages * C::kStageBytes);
   std::uint64_t* empty = full + C::kStages;
   const auto stage_a = [&](int s) { return stages + s * C::kStageBytes; };
@@ -269,7 +272,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = i / kChunksPerRow, chunk = i % kChunksPerRow;
     const long row = m0 + consumer * 64 + r, col = n0 + chunk * 8;
     if (row < m && col < n)  // n is a multiple of 8: a chunk is wholly in or out
-      *reinterpret_cast<uint4*>(c + row * ldc + col) = *reinterpret_cast<const uint4*>(staged + r * kPitch + chunk * 16);
+      *reinterpret_cast<uint4*>(c + row * ldc + col) =
+          *reinterpret_cast<const uint4*>(staged + r * kPitch + chunk * 16);
   }
   if (tiles_done != nullptr) {
     named_barrier_sync(1, 256);  // both consumers' rows are written
@@ -290,8 +294,8 @@ EncodeTiled encoder() {
   static const EncodeTiled encode = [] {
     void* function = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    CARAVAN_HIP_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault,
-                                                       &found));
+    CARAVAN_HIP_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
     if (found != cudaDriverEntryPointSuccess || function == nullptr)
       throw Error(Errc::device, "flag_gemm: the driver has no cuTensorMapEncodeTiled (CUDA 12 or later is needed)");
     return reinterpret_cast<EncodeTiled>(function);

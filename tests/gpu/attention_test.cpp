@@ -5,6 +5,8 @@
 #include "kernels/gpu/blas.h"
 #include "kernels/gpu/kernels.h"
 #include "kernels/gpu/tp_layer.h"
+#include "tests/gpu/device_array.h"
+#include "tests/gpu/require_gpus.h"
 
 #include <caravan/error.h>
 #include <caravan/platform.h>
@@ -21,11 +23,7 @@
 namespace caravan::gpu {
 namespace {
 
-#define CARAVAN_REQUIRE_GPU()                                                 \
-  do {                                                                        \
-    GpuProbe probe_ = probe_gpus();                                           \
-    if (probe_.device_count < 1) GTEST_SKIP() << "needs a GPU; " << probe_.reason; \
-  } while (0)
+using test::DeviceArray;
 
 struct Case {
   long tokens, q_heads, kv_heads, head_dim;
@@ -45,19 +43,6 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          std::to_string(c.head_dim) + "_rows" + std::to_string(c.block_rows) + "_scale" +
          std::to_string(static_cast<int>(c.input_scale));
 }
-
-template <class T>
-struct DeviceArray {
-  T* data = nullptr;
-  explicit DeviceArray(std::size_t count) {
-    void* p = nullptr;
-    CARAVAN_HIP_CHECK(hipMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
-    data = static_cast<T*>(p);
-  }
-  ~DeviceArray() { (void)hipFree(data); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-};
 
 struct Measured {
   double relative_error = 0;
@@ -106,7 +91,7 @@ Measured run_case(const Case& c, std::uint64_t seed) {
 class FusedAttention : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FusedAttention, MatchesTheFloat32Reference) {
-  CARAVAN_REQUIRE_GPU();
+  CARAVAN_REQUIRE_GPU_COUNT(1);
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   preload_attention();
   const std::uint64_t seed = std::random_device{}();
@@ -131,7 +116,7 @@ INSTANTIATE_TEST_SUITE_P(
 // The layer's unfused path (cuBLAS + softmax kernel) agrees with the reference too: it is the
 // baseline the benchmark measures the fused kernel against.
 TEST(UnfusedAttention, MatchesTheFloat32Reference) {
-  CARAVAN_REQUIRE_GPU();
+  CARAVAN_REQUIRE_GPU_COUNT(1);
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   preload_attention();
   preload_layer_kernels();

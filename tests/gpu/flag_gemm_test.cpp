@@ -5,6 +5,8 @@
 // then with flags raised while the GEMM waits, rows landing out of order. Skips without a GPU.
 #include "kernels/gpu/blas.h"
 #include "kernels/gpu/kernels.h"
+#include "tests/gpu/device_array.h"
+#include "tests/gpu/require_gpus.h"
 
 #include <caravan/error.h>
 #include <caravan/platform.h>
@@ -24,24 +26,7 @@
 namespace caravan::gpu {
 namespace {
 
-#define CARAVAN_REQUIRE_GPU()                                                      \
-  do {                                                                             \
-    GpuProbe probe_ = probe_gpus();                                                \
-    if (probe_.device_count < 1) GTEST_SKIP() << "needs a GPU; " << probe_.reason; \
-  } while (0)
-
-template <class T>
-struct DeviceArray {
-  T* data = nullptr;
-  explicit DeviceArray(std::size_t count) {
-    void* p = nullptr;
-    CARAVAN_HIP_CHECK(hipMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
-    data = static_cast<T*>(p);
-  }
-  ~DeviceArray() { (void)hipFree(data); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-};
+using test::DeviceArray;
 
 struct Shape {
   long m, n, k;
@@ -68,7 +53,9 @@ struct Measured {
   std::string kernel;
 };
 
-double relative_error(const ErrorSums& s) { return s.ref2 > 0 ? std::sqrt(s.diff2 / s.ref2) : (s.diff2 > 0 ? 1.0 : 0.0); }
+double relative_error(const ErrorSums& s) {
+  return s.ref2 > 0 ? std::sqrt(s.diff2 / s.ref2) : (s.diff2 > 0 ? 1.0 : 0.0);
+}
 
 // Inputs and the float32 reference for one shape; `run` launches the GEMM under test on `stream`
 // (it may use other streams, ordered before it returns).
@@ -81,9 +68,16 @@ struct Problem {
   DeviceArray<ErrorSums> sums{1};
 
   explicit Problem(const Shape& shape, std::uint64_t seed)
-      : s(shape), lda(shape.k + shape.pad_a), ldb(shape.n + shape.pad_b), ldc(shape.n + shape.pad_c),
-        a(count(shape.m, lda)), b(count(shape.k, ldb)), c(count(shape.m, ldc)), a_f(count(shape.m, lda)),
-        b_f(count(shape.k, ldb)), ref(count(shape.m, ldc)) {
+      : s(shape),
+        lda(shape.k + shape.pad_a),
+        ldb(shape.n + shape.pad_b),
+        ldc(shape.n + shape.pad_c),
+        a(count(shape.m, lda)),
+        b(count(shape.k, ldb)),
+        c(count(shape.m, ldc)),
+        a_f(count(shape.m, lda)),
+        b_f(count(shape.k, ldb)),
+        ref(count(shape.m, ldc)) {
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&stream, hipStreamNonBlocking));
     fill_random(a.data, s.m, s.k, lda, seed, 0, 0, 1.0f, stream);
     fill_random(a_f.data, s.m, s.k, lda, seed, 0, 0, 1.0f, stream);
@@ -118,7 +112,7 @@ struct Problem {
 class FlagGemm : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(FlagGemm, MatchesTheFloat32Reference) {
-  CARAVAN_REQUIRE_GPU();
+  CARAVAN_REQUIRE_GPU_COUNT(1);
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   preload_flag_gemm();
   const std::uint64_t seed = std::random_device{}();
@@ -161,7 +155,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlagGemm, ::testing::ValuesIn(shapes()), shape_
 // each row tile of C out once its word has grown by n (a stream wait-value per tile), into a
 // poisoned copy that must then match the reference too; every word ends at exactly n.
 TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
-  CARAVAN_REQUIRE_GPU();
+  CARAVAN_REQUIRE_GPU_COUNT(1);
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   preload_flag_gemm();
   const std::uint64_t seed = std::random_device{}();
@@ -181,7 +175,8 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
     CARAVAN_HIP_CHECK(hipMemcpyAsync(staged.data, p.a.data, a_bytes, hipMemcpyDefault, p.stream));
     CARAVAN_HIP_CHECK(hipMemsetAsync(p.a.data, 0xff, a_bytes, p.stream));
     CARAVAN_HIP_CHECK(hipMemsetAsync(flags.data, 0, static_cast<std::size_t>(flag_count) * 8, p.stream));
-    CARAVAN_HIP_CHECK(hipMemcpyAsync(tile_order.data, order.data(), order.size() * sizeof(int), hipMemcpyDefault, p.stream));
+    CARAVAN_HIP_CHECK(
+        hipMemcpyAsync(tile_order.data, order.data(), order.size() * sizeof(int), hipMemcpyDefault, p.stream));
     DeviceArray<std::uint64_t> done(static_cast<std::size_t>(tiles));
     DeviceArray<bf16> c_copy(Problem::count(s.m, p.ldc));
     CARAVAN_HIP_CHECK(hipMemsetAsync(done.data, 0, static_cast<std::size_t>(tiles) * 8, p.stream));
@@ -195,9 +190,11 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
     for (long t = 0; t < tiles; ++t) {  // in the opposite order to the tiles' launch
       const long first = t * flag_gemm_tile_rows(), rows = std::min(flag_gemm_tile_rows(), s.m - first);
       const std::size_t offset = static_cast<std::size_t>(first * p.ldc);
-      CARAVAN_HIP_CHECK(hipStreamWaitValue64(reader, done.data + t, static_cast<std::uint64_t>(s.n), hipStreamWaitValueGte));
+      CARAVAN_HIP_CHECK(
+          hipStreamWaitValue64(reader, done.data + t, static_cast<std::uint64_t>(s.n), hipStreamWaitValueGte));
       CARAVAN_HIP_CHECK(hipMemcpyAsync(c_copy.data + offset, p.c.data + offset,
-                                       static_cast<std::size_t>(rows * p.ldc) * sizeof(bf16), hipMemcpyDefault, reader));
+                                       static_cast<std::size_t>(rows * p.ldc) * sizeof(bf16), hipMemcpyDefault,
+                                       reader));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the GEMM's blocks are waiting by now
     hipStream_t copier = nullptr;
@@ -206,7 +203,8 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
       const long first = f * rows_per_flag, rows = std::min(rows_per_flag, s.m - first);
       const std::size_t offset = static_cast<std::size_t>(first * p.lda);
       CARAVAN_HIP_CHECK(hipMemcpyAsync(p.a.data + offset, staged.data + offset,
-                                       static_cast<std::size_t>(rows * p.lda) * sizeof(bf16), hipMemcpyDefault, copier));
+                                       static_cast<std::size_t>(rows * p.lda) * sizeof(bf16), hipMemcpyDefault,
+                                       copier));
       CARAVAN_HIP_CHECK(hipStreamWriteValue64(copier, flags.data + f, 1, 0));
     }
     CARAVAN_HIP_CHECK(hipStreamSynchronize(copier));
@@ -221,12 +219,13 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
     EXPECT_LT(copied.relative_error, 1e-2);
     std::vector<std::uint64_t> words(static_cast<std::size_t>(tiles));
     CARAVAN_HIP_CHECK(hipMemcpy(words.data(), done.data, words.size() * 8, hipMemcpyDefault));
-    for (long t = 0; t < tiles; ++t) EXPECT_EQ(words[static_cast<std::size_t>(t)], static_cast<std::uint64_t>(s.n)) << "row tile " << t;
+    for (long t = 0; t < tiles; ++t)
+      EXPECT_EQ(words[static_cast<std::size_t>(t)], static_cast<std::uint64_t>(s.n)) << "row tile " << t;
   }
 }
 
 TEST(FlagGemmArguments, BadShapesAreRejectedNamingTheRule) {
-  CARAVAN_REQUIRE_GPU();
+  CARAVAN_REQUIRE_GPU_COUNT(1);
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   DeviceArray<bf16> buffer(64 * 64);
   try {
