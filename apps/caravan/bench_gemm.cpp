@@ -137,10 +137,10 @@ BenchReport run_on_gpu() {
         gpu::fill_random(b.get(), k, n, n, seed + 1, 0, 0, 1.0f, stream);
         CARAVAN_HIP_CHECK(hipMemsetAsync(c_tile.get(), 0xff, count(m, n) * sizeof(bf16), stream));  // NaN
         const auto tile = [&] {
-          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, nullptr, stream);
+          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, nullptr, 0, stream);
         };
         const auto portable = [&] {
-          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, nullptr, stream,
+          gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, nullptr, 0, stream,
                          gpu::FlagGemmKernel::portable);
         };
         const auto vendor = [&] { blas.gemm(stream, m, n, k, a.get(), k, b.get(), n, c_blas.get(), n); };

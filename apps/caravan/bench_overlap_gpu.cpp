@@ -344,7 +344,8 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
     // Diagnostic: the tile-level GEMM by itself (no flags, no communication), to compare with cuBLAS
     // ("gemm-alone"; not named "alone": those rows make the ideal).
     runner.measure(ctx, "flag-gemm only, no comm", [&] {
-      gpu::flag_gemm(a_full.get(), s.k, b.get(), s.n, c.get(), s.n, s.m, s.n, s.k, nullptr, 0, 0, nullptr, nullptr, ctx.stream);
+      gpu::flag_gemm(a_full.get(), s.k, b.get(), s.n, c.get(), s.n, s.m, s.n, s.k, nullptr, 0, 0, nullptr, nullptr, 0,
+                     ctx.stream);
     }, {}, {});
     // Diagnostic: what cutting the GEMM into per-shard chunks costs without any communication.
     runner.measure(ctx, fmt::format("gemm in {} chunks, no comm", world), [&] {

@@ -13,6 +13,7 @@
 
 #include <mma.h>
 
+#include <algorithm>
 #include <string>
 
 namespace caravan::gpu {
@@ -27,7 +28,7 @@ constexpr int kPadA = kTileK + 8, kPadB = kTileN + 8;  // 16 bytes of padding pe
 __global__ void __launch_bounds__(kThreads)
     flag_gemm_kernel(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
                      std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-                     std::uint64_t* tiles_done) {
+                     std::uint64_t* done, long rows_per_done) {
   __shared__ __align__(128) bf16 as[kTileM][kPadA];
   __shared__ __align__(128) bf16 bs[kTileK][kPadB];
   __shared__ __align__(128) float cs[kThreads / 32][16][16];
@@ -92,12 +93,14 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncwarp();
     }
-  if (tiles_done != nullptr) {
+  if (done != nullptr) {
     __syncthreads();  // every thread's part of the tile is written
     if (threadIdx.x == 0) {
       __threadfence_system();
-      atomicAdd(reinterpret_cast<unsigned long long*>(tiles_done + m_tile),
-                static_cast<unsigned long long>(min(n0 + kTileN, n) - n0));
+      const long last = min(m0 + kTileM, m) - 1;
+      for (long w = m0 / rows_per_done; w <= last / rows_per_done; ++w)
+        atomicAdd(reinterpret_cast<unsigned long long*>(done + w),
+                  static_cast<unsigned long long>(min(n0 + kTileN, n) - n0));
     }
   }
 }
@@ -132,32 +135,39 @@ std::string flag_gemm_kernel_name(long m, long n, long ldc, FlagGemmKernel kerne
   return "wmma 128x128";
 }
 
+long flag_gemm_tiles_over(long m, long first, long rows) {
+  if (rows <= 0 || first >= m) return 0;
+  return (std::min(first + rows, m) - 1) / kTileM - first / kTileM + 1;
+}
+
 long flag_gemm_row_tiles(long m) { return (m + kTileM - 1) / kTileM; }
 long flag_gemm_tile_rows() { return kTileM; }
 
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-               std::uint64_t* tiles_done, hipStream_t stream, FlagGemmKernel kernel) {
+               std::uint64_t* done, long rows_per_done, hipStream_t stream, FlagGemmKernel kernel) {
   if (m <= 0 || n <= 0 || k <= 0 || k % 8 != 0 || n % 8 != 0 || lda % 8 != 0 || ldb % 8 != 0 || lda < k || ldb < n || ldc < n)
     throw Error(Errc::invalid_argument,
                 "flag_gemm: m, n, k must be positive, k and n multiples of 8, lda >= k and ldb >= n multiples of 8, "
                 "ldc >= n; got m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k));
   if (reinterpret_cast<std::uintptr_t>(a) % 16 != 0 || reinterpret_cast<std::uintptr_t>(b) % 16 != 0)
     throw Error(Errc::invalid_argument, "flag_gemm: a and b must be 16-byte aligned (rows are loaded 16 bytes at a time)");
+  if (done != nullptr && rows_per_done <= 0)
+    throw Error(Errc::invalid_argument, "flag_gemm: rows_per_done must be positive when done words are given");
   if (flags != nullptr && rows_per_flag <= 0)
     throw Error(Errc::invalid_argument, "flag_gemm: rows_per_flag must be positive when flags are given");
   if (m > (1L << 31) - kTileM || n > (1L << 31) || k > (1L << 31))
     throw Error(Errc::invalid_argument, "flag_gemm: m, n and k must each be below 2^31");
 #ifdef CARAVAN_HAVE_SM90_GEMM
   if (hopper_kernel_for(ldc, c, kernel)) {
-    sm90::flag_gemm(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order, tiles_done,
+    sm90::flag_gemm(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order, done, rows_per_done,
                     sm90::choose_tile_n(m, n), stream);
     return;
   }
 #endif
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>(flag_gemm_row_tiles(m)));
   flag_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order,
-                                                        tiles_done);
+                                                        done, rows_per_done);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 

@@ -160,7 +160,8 @@ template <int TileN>
 __global__ void __launch_bounds__(kThreads, 1)
     flag_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, bf16* c,
                           long ldc, long m, long n, long k, long col_tiles, long group_rows, std::uint64_t* flags,
-                          long rows_per_flag, std::uint64_t epoch, const int* tile_order, std::uint64_t* tiles_done) {
+                          long rows_per_flag, std::uint64_t epoch, const int* tile_order, std::uint64_t* done,
+                          long rows_per_done) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Config<TileN>;
   extern __shared__ unsigned char shared_raw[];
@@ -275,12 +276,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint4*>(c + row * ldc + col) =
           *reinterpret_cast<const uint4*>(staged + r * kPitch + chunk * 16);
   }
-  if (tiles_done != nullptr) {
+  if (done != nullptr) {
     named_barrier_sync(1, 256);  // both consumers' rows are written
     if (threadIdx.x == 128) {
       __threadfence_system();
-      atomicAdd(reinterpret_cast<unsigned long long*>(tiles_done + m_tile),
-                static_cast<unsigned long long>(min(n0 + TileN, n) - n0));
+      const long last = min(m0 + kTileM, m) - 1;
+      for (long w = m0 / rows_per_done; w <= last / rows_per_done; ++w)
+        atomicAdd(reinterpret_cast<unsigned long long*>(done + w),
+                  static_cast<unsigned long long>(min(n0 + TileN, n) - n0));
     }
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -380,7 +383,7 @@ int choose_tile_n(long m, long n) {
 
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-               std::uint64_t* tiles_done, int tile_n, hipStream_t stream) {
+               std::uint64_t* done, long rows_per_done, int tile_n, hipStream_t stream) {
   const CUtensorMap map_a = tensor_map(a, m, k, lda, kTileK, kTileM);
   const CUtensorMap map_b = tensor_map(b, k, n, ldb, kBlockN, kTileK);
   const long col_tiles = (n + tile_n - 1) / tile_n;
@@ -388,10 +391,12 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
   const dim3 grid(static_cast<unsigned>(col_tiles * ((m + kTileM - 1) / kTileM)));
   if (tile_n == 256)
     flag_gemm_sm90_kernel<256><<<grid, kThreads, Config<256>::kSharedBytes, stream>>>(
-        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, tiles_done);
+        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, done,
+        rows_per_done);
   else
     flag_gemm_sm90_kernel<128><<<grid, kThreads, Config<128>::kSharedBytes, stream>>>(
-        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, tiles_done);
+        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, done,
+        rows_per_done);
   CARAVAN_HIP_CHECK(cudaGetLastError());
 }
 

@@ -18,6 +18,6 @@ int choose_tile_n(long m, long n);
 // available() holds. ldc even and c 4-byte aligned (C is written two columns at a time).
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-               std::uint64_t* tiles_done, int tile_n, hipStream_t stream);
+               std::uint64_t* done, long rows_per_done, int tile_n, hipStream_t stream);
 
 }  // namespace caravan::gpu::sm90

@@ -145,10 +145,12 @@ namespace caravan::gpu {
 // 0, 1, ...) lists the row tiles in the order their blocks are launched (the arrival order of
 // the rows). k and n multiples of 8; pointers 16-byte aligned.
 //
-// `tiles_done` (device memory, or null): one word per row tile of C, to which each block adds
-// the number of columns it wrote once its part of C is written and fenced at system scope; a
-// row tile is done when its word has grown by n, so a stream (or another GPU) can wait for each
-// row tile with a wait-value on a running total, call after call.
+// `done` (device memory, or null): word w counts rows [w * rows_per_done, (w + 1) *
+// rows_per_done) of C. Once a block's part of C is written and fenced at system scope, it adds
+// the number of columns it wrote to the word of every such row range its tile overlaps. The
+// rows of word w are complete when it has grown by n x (the row tiles overlapping them,
+// flag_gemm_tiles_over), so a stream (or another GPU) can wait for them with one wait-value on
+// a running total, call after call, with no reset.
 //
 // Two kernels: on Hopper (compute capability 9.0) TMA loads and wgmma products in a pipeline of
 // shared-memory stages, 128 x 256 or 128 x 128 tiles (flag_gemm_sm90.cu; needs ldc even); the
@@ -157,7 +159,10 @@ namespace caravan::gpu {
 enum class FlagGemmKernel { best, portable };
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-               std::uint64_t* tiles_done, hipStream_t stream, FlagGemmKernel kernel = FlagGemmKernel::best);
+               std::uint64_t* done, long rows_per_done, hipStream_t stream,
+               FlagGemmKernel kernel = FlagGemmKernel::best);
+// The row tiles of an m-row C that overlap rows [first, first + rows).
+long flag_gemm_tiles_over(long m, long first, long rows);
 // What flag_gemm runs for these arguments on the current device: "wgmma 128x256", "wmma 128x128", ...
 std::string flag_gemm_kernel_name(long m, long n, long ldc, FlagGemmKernel kernel = FlagGemmKernel::best);
 long flag_gemm_row_tiles(long m);

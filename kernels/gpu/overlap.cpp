@@ -617,7 +617,7 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
       write_flag(stream, my.at(ag_landed, static_cast<long>(rank) * splits_ + sp), e);
     const long tiles = flag_gemm_row_tiles(m_);
     const int* order = tile_orders_[static_cast<std::size_t>(rank)] + (push ? tiles : 0);
-    flag_gemm(mine, k_, b, n_, c, n_, m_, n_, k_, my.at(ag_landed, 0), chunk_rows, e, order, nullptr, stream);
+    flag_gemm(mine, k_, b, n_, c, n_, m_, n_, k_, my.at(ag_landed, 0), chunk_rows, e, order, nullptr, 0, stream);
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
     return;
   }
@@ -778,7 +778,7 @@ void GemmReduceScatter::build_tile_orders() {
   const int world = team_.world();
   const long rows = m_ / world, tiles = flag_gemm_row_tiles(m_);
   tile_orders_.assign(static_cast<std::size_t>(world), nullptr);
-  tiles_done_.assign(static_cast<std::size_t>(world), nullptr);
+  parts_done_.assign(static_cast<std::size_t>(world), nullptr);
   tile_calls_.assign(static_cast<std::size_t>(world), 0);
   for (int r : team_.driven_ranks()) {
     team_.use(r);
@@ -799,9 +799,10 @@ void GemmReduceScatter::build_tile_orders() {
     CARAVAN_HIP_CHECK(hipMalloc(&p, order.size() * sizeof(int)));
     tile_orders_[static_cast<std::size_t>(r)] = static_cast<int*>(p);
     CARAVAN_HIP_CHECK(hipMemcpy(p, order.data(), order.size() * sizeof(int), hipMemcpyDefault));
-    CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(tiles) * sizeof(std::uint64_t)));
-    tiles_done_[static_cast<std::size_t>(r)] = static_cast<std::uint64_t*>(p);
-    CARAVAN_HIP_CHECK(hipMemset(p, 0, static_cast<std::size_t>(tiles) * sizeof(std::uint64_t)));
+    const std::size_t parts = static_cast<std::size_t>(world) * static_cast<std::size_t>(splits_);
+    CARAVAN_HIP_CHECK(hipMalloc(&p, parts * sizeof(std::uint64_t)));
+    parts_done_[static_cast<std::size_t>(r)] = static_cast<std::uint64_t*>(p);
+    CARAVAN_HIP_CHECK(hipMemset(p, 0, parts * sizeof(std::uint64_t)));
     CARAVAN_HIP_CHECK(hipDeviceSynchronize());  // the zeros are in before any stream reads them
   }
 }
@@ -817,7 +818,7 @@ void GemmReduceScatter::free_partials() {
   };
   release(partial_);
   release(tile_orders_);
-  release(tiles_done_);
+  release(parts_done_);
 }
 
 GemmReduceScatter::~GemmReduceScatter() { free_partials(); }
@@ -910,19 +911,19 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     CARAVAN_HIP_CHECK(hipEventRecord(s.chunk[0], stream));
     for (int step = 1; step < world; ++step) push(step, 0, splits_, s.chunk[0]);
   } else if (variant == GemmRsVariant::tile_push) {
-    // One GEMM, row tiles in destination order; each part leaves once every row tile it touches
-    // has counted all n columns done for this call.
+    // One GEMM, row tiles in destination order, counting its blocks' columns into a word per
+    // part; a part leaves once its word holds n columns for every row tile over it, for every
+    // call so far: one wait-value per part.
     const std::uint64_t calls = ++tile_calls_[static_cast<std::size_t>(rank)];
-    std::uint64_t* done = tiles_done_[static_cast<std::size_t>(rank)];
+    std::uint64_t* done = parts_done_[static_cast<std::size_t>(rank)];
     flag_gemm(a, k_, b, n_, partial, n_, m_, n_, k_, nullptr, 0, 0, tile_orders_[static_cast<std::size_t>(rank)], done,
-              stream);
-    const long tile_rows = flag_gemm_tile_rows();
+              part_rows, stream);
     for (int step = 1; step < world; ++step) {
       const int dst = (rank + step) % world;
       for (int part = 0; part < splits_; ++part) {
         const long row0 = dst * rows + part * part_rows;
-        for (long t = row0 / tile_rows; t <= (row0 + part_rows - 1) / tile_rows; ++t)
-          wait_flag(comm, done + t, calls * static_cast<std::uint64_t>(n_));
+        const auto columns = static_cast<std::uint64_t>(n_ * flag_gemm_tiles_over(m_, row0, part_rows));
+        wait_flag(comm, done + row0 / part_rows, calls * columns);
         if (part == 0) wait_flag(comm, my.at(rs_freed, dst), e - 1);
         CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(dst, rank) + part * part_elems, partial + row0 * n_,
                                          part_elems * sizeof(bf16), hipMemcpyDefault, comm));

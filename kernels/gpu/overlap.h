@@ -187,7 +187,7 @@ enum class GemmRsVariant {
             // rank's data moves as soon as its own GEMM is done (same size limit as sm_pull)
   tile_push,  // one tile-level GEMM (flag_gemm) whose row tiles run in destination order and
               // count themselves done; the copy engine pushes each part as soon as its row tiles
-              // are done (a stream wait-value per tile), as ce_push does per chunk GEMM
+              // are done (one stream wait-value per part), as ce_push does per chunk GEMM
 };
 std::string_view to_string(GemmRsVariant v);
 
@@ -234,10 +234,11 @@ class GemmReduceScatter {
   SymmetricRegion push_arrived_;         // sm_push: per rank, a flag per peer and block
   int push_blocks_ = 0;                  // sm_push's grid, the same on every rank
   std::vector<bf16*> partial_;
-  // tile_push, per rank: the row tiles in destination order, a done word per row tile (it grows
-  // by n per call), and the calls so far (the words' target is calls x n).
+  // tile_push, per rank: the row tiles in destination order, a done word per part (world x
+  // splits; flag_gemm's done words), and the calls so far (a word's target is calls x its
+  // columns per call).
   std::vector<int*> tile_orders_;
-  std::vector<std::uint64_t*> tiles_done_;
+  std::vector<std::uint64_t*> parts_done_;
   std::vector<std::uint64_t> tile_calls_;
   std::vector<std::unique_ptr<RankSync>> sync_;
 };

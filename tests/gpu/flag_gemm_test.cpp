@@ -121,7 +121,7 @@ TEST_P(FlagGemm, MatchesTheFloat32Reference) {
   Problem p(s, seed);
   const std::string kernel = flag_gemm_kernel_name(s.m, s.n, p.ldc, s.kernel);
   SCOPED_TRACE("kernel " + kernel);
-  flag_gemm(p.a.data, p.lda, p.b.data, p.ldb, p.c.data, p.ldc, s.m, s.n, s.k, nullptr, 0, 0, nullptr, nullptr, p.stream,
+  flag_gemm(p.a.data, p.lda, p.b.data, p.ldb, p.c.data, p.ldc, s.m, s.n, s.k, nullptr, 0, 0, nullptr, nullptr, 0, p.stream,
             s.kernel);
   const Measured m = p.check();
   EXPECT_EQ(m.nonfinite, 0u) << "outputs left poisoned or not finite";
@@ -151,9 +151,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlagGemm, ::testing::ValuesIn(shapes()), shape_
 // and only then, from another stream, each flag's rows are copied in and the flag raised, last
 // rows first, with the row tiles launched in that order. A block that read its rows before their
 // flag would read NaN. The flags guard 200 rows each (tiles span two flags).
-// The done words signal the stores: a third stream, queued before the GEMM can start, copies
-// each row tile of C out once its word has grown by n (a stream wait-value per tile), into a
-// poisoned copy that must then match the reference too; every word ends at exactly n.
+// The done words signal the stores: a word per 300 rows of C (so tiles add to two words), and a
+// third stream, queued before the GEMM can start, copies each word's rows of C out once the word
+// has grown by n per row tile over them (one stream wait-value each), into a poisoned copy that
+// must then match the reference too; every word ends at exactly that count.
 TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
   CARAVAN_REQUIRE_GPU_COUNT(1);
   CARAVAN_HIP_CHECK(hipSetDevice(0));
@@ -177,21 +178,24 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
     CARAVAN_HIP_CHECK(hipMemsetAsync(flags.data, 0, static_cast<std::size_t>(flag_count) * 8, p.stream));
     CARAVAN_HIP_CHECK(
         hipMemcpyAsync(tile_order.data, order.data(), order.size() * sizeof(int), hipMemcpyDefault, p.stream));
-    DeviceArray<std::uint64_t> done(static_cast<std::size_t>(tiles));
+    const long rows_per_done = 300, words = (s.m + rows_per_done - 1) / rows_per_done;
+    DeviceArray<std::uint64_t> done(static_cast<std::size_t>(words));
     DeviceArray<bf16> c_copy(Problem::count(s.m, p.ldc));
-    CARAVAN_HIP_CHECK(hipMemsetAsync(done.data, 0, static_cast<std::size_t>(tiles) * 8, p.stream));
+    CARAVAN_HIP_CHECK(hipMemsetAsync(done.data, 0, static_cast<std::size_t>(words) * 8, p.stream));
     CARAVAN_HIP_CHECK(hipMemsetAsync(c_copy.data, 0xff, Problem::count(s.m, p.ldc) * sizeof(bf16), p.stream));
     CARAVAN_HIP_CHECK(hipStreamSynchronize(p.stream));
 
     flag_gemm(p.a.data, p.lda, p.b.data, p.ldb, p.c.data, p.ldc, s.m, s.n, s.k, flags.data, rows_per_flag, 1,
-              tile_order.data, done.data, p.stream, kernel);
+              tile_order.data, done.data, rows_per_done, p.stream, kernel);
     hipStream_t reader = nullptr;
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&reader, hipStreamNonBlocking));
-    for (long t = 0; t < tiles; ++t) {  // in the opposite order to the tiles' launch
-      const long first = t * flag_gemm_tile_rows(), rows = std::min(flag_gemm_tile_rows(), s.m - first);
+    const auto target = [&](long w) {
+      return static_cast<std::uint64_t>(s.n * flag_gemm_tiles_over(s.m, w * rows_per_done, rows_per_done));
+    };
+    for (long w = 0; w < words; ++w) {  // in the opposite order to the tiles' launch
+      const long first = w * rows_per_done, rows = std::min(rows_per_done, s.m - first);
       const std::size_t offset = static_cast<std::size_t>(first * p.ldc);
-      CARAVAN_HIP_CHECK(
-          hipStreamWaitValue64(reader, done.data + t, static_cast<std::uint64_t>(s.n), hipStreamWaitValueGte));
+      CARAVAN_HIP_CHECK(hipStreamWaitValue64(reader, done.data + w, target(w), hipStreamWaitValueGte));
       CARAVAN_HIP_CHECK(hipMemcpyAsync(c_copy.data + offset, p.c.data + offset,
                                        static_cast<std::size_t>(rows * p.ldc) * sizeof(bf16), hipMemcpyDefault,
                                        reader));
@@ -215,25 +219,33 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
     EXPECT_EQ(m.nonfinite, 0u) << "a block read rows before their flag was raised";
     EXPECT_LT(m.relative_error, 1e-2);
     const Measured copied = p.check(c_copy.data);
-    EXPECT_EQ(copied.nonfinite, 0u) << "a row tile's done word rose before its rows were written";
+    EXPECT_EQ(copied.nonfinite, 0u) << "a done word rose before its rows were written";
     EXPECT_LT(copied.relative_error, 1e-2);
-    std::vector<std::uint64_t> words(static_cast<std::size_t>(tiles));
-    CARAVAN_HIP_CHECK(hipMemcpy(words.data(), done.data, words.size() * 8, hipMemcpyDefault));
-    for (long t = 0; t < tiles; ++t)
-      EXPECT_EQ(words[static_cast<std::size_t>(t)], static_cast<std::uint64_t>(s.n)) << "row tile " << t;
+    std::vector<std::uint64_t> counted(static_cast<std::size_t>(words));
+    CARAVAN_HIP_CHECK(hipMemcpy(counted.data(), done.data, counted.size() * 8, hipMemcpyDefault));
+    for (long w = 0; w < words; ++w) EXPECT_EQ(counted[static_cast<std::size_t>(w)], target(w)) << "done word " << w;
   }
 }
 
-TEST(FlagGemmArguments, BadShapesAreRejectedNamingTheRule) {
+TEST(FlagGemmArguments, BadArgumentsAreRejectedNamingTheRule) {
   CARAVAN_REQUIRE_GPU_COUNT(1);
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   DeviceArray<bf16> buffer(64 * 64);
   try {
-    flag_gemm(buffer.data, 64, buffer.data, 64, buffer.data, 64, 8, 60, 64, nullptr, 0, 0, nullptr, nullptr, nullptr);
+    flag_gemm(buffer.data, 64, buffer.data, 64, buffer.data, 64, 8, 60, 64, nullptr, 0, 0, nullptr, nullptr, 0, nullptr);
     FAIL() << "n = 60 (not a multiple of 8) was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::invalid_argument);
     EXPECT_NE(std::string(e.what()).find("multiples of 8"), std::string::npos) << e.what();
+  }
+  DeviceArray<std::uint64_t> words(1);
+  try {
+    flag_gemm(buffer.data, 64, buffer.data, 64, buffer.data, 64, 8, 64, 64, nullptr, 0, 0, nullptr, words.data, 0,
+              nullptr);
+    FAIL() << "done words with rows_per_done = 0 were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("rows_per_done"), std::string::npos) << e.what();
   }
 }
 
