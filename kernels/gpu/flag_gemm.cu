@@ -105,10 +105,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The Hopper kernel takes these arguments (it writes C two columns at a time).
+// The Hopper kernel takes these arguments: its epilogue writes C 16 bytes (8 columns) at a time,
+// so ldc must be a multiple of 8 and C 16-byte aligned (the portable kernel takes any).
 bool hopper_kernel_for(long ldc, const bf16* c, FlagGemmKernel kernel) {
 #ifdef CARAVAN_HAVE_SM90_GEMM
-  return kernel == FlagGemmKernel::best && ldc % 2 == 0 && reinterpret_cast<std::uintptr_t>(c) % 4 == 0 &&
+  return kernel == FlagGemmKernel::best && ldc % 8 == 0 && reinterpret_cast<std::uintptr_t>(c) % 16 == 0 &&
          sm90::available();
 #else
   (void)ldc, (void)c, (void)kernel;
@@ -165,6 +166,9 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
     return;
   }
 #endif
+  if (flag_gemm_row_tiles(m) > 65535)  // the grid's y dimension
+    throw Error(Errc::invalid_argument, "flag_gemm: the portable kernel takes at most 65535 row tiles (m up to " +
+                                            std::to_string(65535L * kTileM) + "); got m " + std::to_string(m));
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>(flag_gemm_row_tiles(m)));
   flag_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order,
                                                         done, rows_per_done);

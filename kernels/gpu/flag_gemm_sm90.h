@@ -15,7 +15,7 @@ bool available();
 int choose_tile_n(long m, long n);
 
 // flag_gemm's contract, with 128 x tile_n tiles; the caller has checked the arguments and that
-// available() holds. ldc even and c 4-byte aligned (C is written two columns at a time).
+// available() holds. ldc a multiple of 8 and c 16-byte aligned (C is written 16 bytes at a time).
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
                std::uint64_t* done, long rows_per_done, int tile_n, hipStream_t stream);

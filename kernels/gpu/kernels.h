@@ -153,8 +153,9 @@ namespace caravan::gpu {
 // a running total, call after call, with no reset.
 //
 // Two kernels: on Hopper (compute capability 9.0) TMA loads and wgmma products in a pipeline of
-// shared-memory stages, 128 x 256 or 128 x 128 tiles (flag_gemm_sm90.cu; needs ldc even); the
-// portable one elsewhere, WMMA on 128 x 128 tiles, one stage. `kernel` = portable forces the
+// shared-memory stages, 128 x 256 or 128 x 128 tiles (flag_gemm_sm90.cu; taken where ldc is a
+// multiple of 8 and c 16-byte aligned); the portable one otherwise, WMMA on 128 x 128 tiles, one
+// stage, at most 65535 row tiles. `kernel` = portable forces the
 // latter (for comparison).
 enum class FlagGemmKernel { best, portable };
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,

@@ -840,6 +840,16 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     return fmt::format("GemmReduceScatter: ll_bulk needs an output of at most {} bytes per rank, this one has {}",
                        kLlMaxBytes, chunk_elems * sizeof(bf16));
   });
+  // tile_push's GEMM (flag_gemm) loads A and B 16 bytes at a time; refused here, before the call
+  // takes its epoch, so that a refusal leaves nothing half done.
+  require(variant != GemmRsVariant::tile_push ||
+              (k_ % 8 == 0 && n_ % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
+               reinterpret_cast<std::uintptr_t>(b) % 16 == 0),
+          [&] {
+            return fmt::format("GemmReduceScatter: tile-push needs k and n multiples of 8 and a, b 16-byte aligned; "
+                               "got k {}, n {}",
+                               k_, n_);
+          });
   const bool one_kernel = variant == GemmRsVariant::sm_pull || variant == GemmRsVariant::sm_push;
   require(!one_kernel || (variant == GemmRsVariant::sm_pull ? pull() : push()), [&] {
     return fmt::format("GemmReduceScatter: {} needs a partial of at most {} bytes and twice that free in the heap; "
@@ -914,10 +924,11 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     // One GEMM, row tiles in destination order, counting its blocks' columns into a word per
     // part; a part leaves once its word holds n columns for every row tile over it, for every
     // call so far: one wait-value per part.
-    const std::uint64_t calls = ++tile_calls_[static_cast<std::size_t>(rank)];
+    const std::uint64_t calls = tile_calls_[static_cast<std::size_t>(rank)] + 1;
     std::uint64_t* done = parts_done_[static_cast<std::size_t>(rank)];
     flag_gemm(a, k_, b, n_, partial, n_, m_, n_, k_, nullptr, 0, 0, tile_orders_[static_cast<std::size_t>(rank)], done,
               part_rows, stream);
+    tile_calls_[static_cast<std::size_t>(rank)] = calls;  // counted once its GEMM is launched
     for (int step = 1; step < world; ++step) {
       const int dst = (rank + step) % world;
       for (int part = 0; part < splits_; ++part) {

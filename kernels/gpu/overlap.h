@@ -185,9 +185,10 @@ enum class GemmRsVariant {
   sm_push,  // one GEMM, then one kernel that stores every peer's rows into the peer's inbox and
             // counts itself there, then sums this rank's rows once every peer's count is in: a
             // rank's data moves as soon as its own GEMM is done (same size limit as sm_pull)
-  tile_push,  // one tile-level GEMM (flag_gemm) whose row tiles run in destination order and
-              // count themselves done; the copy engine pushes each part as soon as its row tiles
-              // are done (one stream wait-value per part), as ce_push does per chunk GEMM
+  tile_push,  // one tile-level GEMM (flag_gemm) whose row tiles run in destination order, each
+              // block adding its columns to a done word per part; the copy engine pushes each
+              // part once its word is complete (one stream wait-value), as ce_push does per
+              // chunk GEMM
 };
 std::string_view to_string(GemmRsVariant v);
 

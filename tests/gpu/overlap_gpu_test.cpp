@@ -457,15 +457,16 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
-  const long m = 64L * world, k = 160, n = 256;
+  const long m = 192L * world, k = 160, n = 256;
   GemmReduceScatter op(team, m, k, n, 2);
   ASSERT_TRUE(op.low_latency());
   ASSERT_TRUE(op.pull());
   ASSERT_TRUE(op.push());
   // Every variant after every other, sm_pull and sm_push also twice in a row (both of their
   // buffers), and each after the other (they share the buffers); tile_push twice in a row and
-  // after other variants (its done words count its own calls only). Rows per rank (64) are half
-  // a row tile, so tile_push's tiles each serve two destinations.
+  // after other variants (its done words count its own calls only). Rows per rank (192) are
+  // 1.5 row tiles and parts (96 rows) 0.75: tile_push's tiles serve two destinations, and its
+  // parts span two tiles.
   const std::vector<std::pair<GemmRsVariant, int>> runs = {
       {GemmRsVariant::ce_push, 1}, {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::ll_bulk, 1},
       {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_push, 2}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::sm_pull, 1},
