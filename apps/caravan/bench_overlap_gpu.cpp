@@ -58,7 +58,7 @@ struct VariantResult {
 struct CaseRecord {
   std::string op, name;
   long m = 0, k = 0, n = 0;
-  std::vector<std::pair<std::string, VariantResult>> variants;  // in measuring order
+  std::vector<std::pair<std::string, VariantResult>> variants;  // in registering order (measured in rounds)
   std::vector<std::string> notes;  // diagnostics printed under the table
 };
 
@@ -66,23 +66,25 @@ struct CaseRecord {
 class CaseRunner {
  public:
   CaseRunner(int world, const BenchOverlapArgs& args, RankBarrier& barrier)
-      : world_(world), args_(args), barrier_(barrier), per_rank_(static_cast<std::size_t>(world)),
-        host_per_rank_(static_cast<std::size_t>(world)) {}
+      : world_(world), args_(args), barrier_(barrier), pending_(static_cast<std::size_t>(world)),
+        per_rank_(static_cast<std::size_t>(world)), host_per_rank_(static_cast<std::size_t>(world)) {}
 
-  // Times `body` on every rank: iterations after warm-up, each bracketed by a barrier and device
-  // events; per iteration the slowest rank's time. `check` (optional) runs once before, after
-  // `poison`, and returns the relative error on this rank.
+  ~CaseRunner() {
+    for (auto& rank : pending_)
+      for (Pending& p : rank)
+        if (p.exec) (void)hipGraphExecDestroy(p.exec);
+  }
+
+  // Registers `body` as a variant of the case on this rank; run_rounds() times them. `check`
+  // (optional) runs now, after `poison`, and returns the relative error on this rank.
   // With `graph`, the `repeat` calls of a sample are captured once into a graph per rank and
   // each sample replays it: launch costs leave the measurement (what a decode loop run as a
   // graph sees), for Caravan and the baseline alike. The checked run is then a replay too, so
-  // what is timed is what is checked.
+  // what is timed is what is checked. `body` is called later: what it refers to must outlive
+  // run_rounds().
   void measure(RankContext& ctx, const std::string& variant, const std::function<void()>& body,
                const std::function<void()>& poison, const std::function<double()>& check, int repeat = 1,
                bool graph = false) {
-    auto& mine = per_rank_[static_cast<std::size_t>(ctx.rank)];
-    auto& host = host_per_rank_[static_cast<std::size_t>(ctx.rank)];
-    mine.clear();
-    host.clear();
     hipGraphExec_t exec = nullptr;
     struct ExecGuard {
       hipGraphExec_t& exec;
@@ -111,48 +113,74 @@ class CaseRunner {
       error = check();
       checked = true;
     }
-    for (int i = 0; i < args_.warmup + args_.iterations; ++i) {
-      barrier_.arrive_and_wait();
-      CARAVAN_HIP_CHECK(hipEventRecord(ctx.begin, ctx.stream));
-      const auto enqueue_start = std::chrono::steady_clock::now();
-      if (exec) CARAVAN_HIP_CHECK(hipGraphLaunch(exec, ctx.stream));
-      else
-        for (int r = 0; r < repeat; ++r) body();
-      const double enqueue_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - enqueue_start).count();
-      CARAVAN_HIP_CHECK(hipEventRecord(ctx.end, ctx.stream));
-      wait_event(ctx.end, fmt::format("rank {}: {}", ctx.rank, variant));
-      float ms = 0;
-      CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, ctx.begin, ctx.end));
-      if (i >= args_.warmup) {
-        mine.push_back(static_cast<double>(ms) / repeat);
-        host.push_back(enqueue_ms / repeat);
-      }
-    }
     {
       std::lock_guard lock(mutex_);
       errors_[variant] = std::max(errors_[variant], error);
       if (checked) checked_[variant] = true;
     }
+    pending_[static_cast<std::size_t>(ctx.rank)].push_back(Pending{variant, body, repeat, exec});
+    exec = nullptr;  // the pending entry owns it now
+  }
+
+  // Times every registered variant, in rounds: each round runs each variant once, in the order
+  // registered, each call bracketed by a barrier and device events; per call the slowest rank's
+  // time. Rounds rather than one variant after another because under a sustained load the GPUs
+  // sit at their power limit and their clocks sink as they warm: measured one after another, the
+  // variants measured last ran slower for that alone (on 2 x H200, a kernel measured last ran
+  // 5-15% slower than in a run that alternated it with cuBLAS). Every rank registers the same
+  // variants in the same order.
+  void run_rounds(RankContext& ctx) {
+    auto& mine = pending_[static_cast<std::size_t>(ctx.rank)];
+    auto& ms = per_rank_[static_cast<std::size_t>(ctx.rank)];
+    auto& host = host_per_rank_[static_cast<std::size_t>(ctx.rank)];
+    ms.assign(mine.size(), {});
+    host.assign(mine.size(), {});
+    for (int i = 0; i < args_.warmup + args_.iterations; ++i)
+      for (std::size_t v = 0; v < mine.size(); ++v) {
+        const Pending& p = mine[v];
+        barrier_.arrive_and_wait();
+        CARAVAN_HIP_CHECK(hipEventRecord(ctx.begin, ctx.stream));
+        const auto enqueue_start = std::chrono::steady_clock::now();
+        if (p.exec) CARAVAN_HIP_CHECK(hipGraphLaunch(p.exec, ctx.stream));
+        else
+          for (int r = 0; r < p.repeat; ++r) p.body();
+        const double enqueue_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - enqueue_start).count();
+        CARAVAN_HIP_CHECK(hipEventRecord(ctx.end, ctx.stream));
+        wait_event(ctx.end, fmt::format("rank {}: {}", ctx.rank, p.variant));
+        float elapsed = 0;
+        CARAVAN_HIP_CHECK(hipEventElapsedTime(&elapsed, ctx.begin, ctx.end));
+        if (i >= args_.warmup) {
+          ms[v].push_back(static_cast<double>(elapsed) / p.repeat);
+          host[v].push_back(enqueue_ms / p.repeat);
+        }
+      }
     barrier_.arrive_and_wait();
     if (ctx.rank == 0) {
-      VariantResult result;
-      for (int i = 0; i < args_.iterations; ++i) {
-        double slowest = 0;
-        for (const auto& r : per_rank_) slowest = std::max(slowest, r[static_cast<std::size_t>(i)]);
-        result.ms.push_back(slowest);
-        double enqueue = 0;
-        for (const auto& r : host_per_rank_) enqueue = std::max(enqueue, r[static_cast<std::size_t>(i)]);
-        result.host_ms.push_back(enqueue);
+      for (std::size_t v = 0; v < mine.size(); ++v) {
+        VariantResult result;
+        for (int i = 0; i < args_.iterations; ++i) {
+          double slowest = 0, enqueue = 0;
+          for (std::size_t q = 0; q < per_rank_.size(); ++q) {
+            slowest = std::max(slowest, per_rank_[q][v][static_cast<std::size_t>(i)]);
+            enqueue = std::max(enqueue, host_per_rank_[q][v][static_cast<std::size_t>(i)]);
+          }
+          result.ms.push_back(slowest);
+          result.host_ms.push_back(enqueue);
+        }
+        const std::string& variant = mine[v].variant;
+        std::lock_guard lock(mutex_);
+        result.rel_error = errors_[variant];
+        result.checked = checked_[variant];
+        result.ok = !result.checked || result.rel_error < kTolerance;
+        if (!result.ok) result.failure = fmt::format("relative error {:.3g} >= {:.0e}", result.rel_error, kTolerance);
+        record_.variants.emplace_back(variant, std::move(result));
       }
-      std::lock_guard lock(mutex_);
-      result.rel_error = errors_[variant];
-      result.checked = checked_[variant];
-      result.ok = !result.checked || result.rel_error < kTolerance;
-      if (!result.ok) result.failure = fmt::format("relative error {:.3g} >= {:.0e}", result.rel_error, kTolerance);
-      record_.variants.emplace_back(variant, std::move(result));
     }
     barrier_.arrive_and_wait();
+    for (Pending& p : mine)
+      if (p.exec) (void)hipGraphExecDestroy(p.exec);
+    mine.clear();
   }
 
   CaseRecord& record() { return record_; }
@@ -163,8 +191,15 @@ class CaseRunner {
   int world_;
   const BenchOverlapArgs& args_;
   RankBarrier& barrier_;
-  std::vector<std::vector<double>> per_rank_;
-  std::vector<std::vector<double>> host_per_rank_;
+  struct Pending {
+    std::string variant;
+    std::function<void()> body;
+    int repeat = 1;
+    hipGraphExec_t exec = nullptr;  // with `graph`: the captured calls, replayed per sample
+  };
+  std::vector<std::vector<Pending>> pending_;                  // [rank][variant]
+  std::vector<std::vector<std::vector<double>>> per_rank_;       // [rank][variant][iteration], ms
+  std::vector<std::vector<std::vector<double>>> host_per_rank_;  // the same, host ms to enqueue
   std::mutex mutex_;
   std::map<std::string, double> errors_;
   std::map<std::string, bool> checked_;
@@ -318,12 +353,12 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
     runner.measure(ctx, "nccl-allgather-alone", nccl_gather, {}, {});
     for (auto variant : {gpu::AgGemmVariant::ce_bulk, gpu::AgGemmVariant::ce_pull, gpu::AgGemmVariant::ce_push})
       runner.measure(ctx, std::string(gpu::to_string(variant)),
-                     [&] { pulled.run(r, b.get(), c.get(), variant, ctx.stream); }, poison_c, check_c);
+                     [&, variant] { pulled.run(r, b.get(), c.get(), variant, ctx.stream); }, poison_c, check_c);
     runner.measure(ctx, "ce-pull x2 chunks", [&] { split.run(r, b.get(), c.get(), gpu::AgGemmVariant::ce_pull, ctx.stream); },
                    poison_c, check_c);
     for (auto variant : {gpu::AgGemmVariant::ce_pull, gpu::AgGemmVariant::ce_push})
       runner.measure(ctx, std::string(gpu::to_string(variant)) + " 2 lanes",
-                     [&] { pulled.run(r, b.get(), c.get(), variant, ctx.stream, 2); }, poison_c, check_c);
+                     [&, variant] { pulled.run(r, b.get(), c.get(), variant, ctx.stream, 2); }, poison_c, check_c);
     runner.measure(ctx, "ce-push x2 chunks 2 lanes",
                    [&] { split.run(r, b.get(), c.get(), gpu::AgGemmVariant::ce_push, ctx.stream, 2); }, poison_c, check_c);
     if (pulled.low_latency())
@@ -332,11 +367,11 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
     for (int lanes : {1, 2})
       for (auto variant : {gpu::AgGemmVariant::ce_pull_runs, gpu::AgGemmVariant::ce_push_runs})
         runner.measure(ctx, std::string(gpu::to_string(variant)) + (lanes == 2 ? " 2 lanes" : ""),
-                       [&] { pulled.run(r, b.get(), c.get(), variant, ctx.stream, lanes); }, poison_c, check_c);
+                       [&, variant, lanes] { pulled.run(r, b.get(), c.get(), variant, ctx.stream, lanes); }, poison_c, check_c);
     for (auto variant : {gpu::AgGemmVariant::tile_pull, gpu::AgGemmVariant::tile_push, gpu::AgGemmVariant::sm_bulk,
                          gpu::AgGemmVariant::sm_push})
       runner.measure(ctx, std::string(gpu::to_string(variant)),
-                     [&] { pulled.run(r, b.get(), c.get(), variant, ctx.stream); }, poison_c, check_c);
+                     [&, variant] { pulled.run(r, b.get(), c.get(), variant, ctx.stream); }, poison_c, check_c);
     runner.measure(ctx, "sm-push 2 lanes",
                    [&] { pulled.run(r, b.get(), c.get(), gpu::AgGemmVariant::sm_push, ctx.stream, 2); }, poison_c, check_c);
     runner.measure(ctx, "sm-push x2 chunks 2 lanes",
@@ -353,6 +388,7 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
         blas.gemm(ctx.stream, shard_rows, s.n, s.k, a_full.get() + q * shard_rows * s.k, s.k, b.get(), s.n,
                   c.get() + q * shard_rows * s.n, s.n);
     }, {}, {});
+    runner.run_rounds(ctx);
   });
 }
 
@@ -481,13 +517,13 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     runner.measure(ctx, "nccl-reducescatter-alone", nccl_rs, {}, {});
     for (auto variant : {gpu::GemmRsVariant::ce_bulk, gpu::GemmRsVariant::ce_push})
       runner.measure(ctx, std::string(gpu::to_string(variant)),
-                     [&] { op.run(r, a.get(), b.get(), out.get(), variant, ctx.stream); }, poison_out, check_out);
+                     [&, variant] { op.run(r, a.get(), b.get(), out.get(), variant, ctx.stream); }, poison_out, check_out);
     runner.measure(ctx, "ce-push 2 lanes",
                    [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_push, ctx.stream, 2); }, poison_out,
                    check_out);
     for (int lanes : {1, 2})
       runner.measure(ctx, std::string("ce-push x2 parts") + (lanes == 2 ? " 2 lanes" : ""),
-                     [&] { split.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_push, ctx.stream, lanes); },
+                     [&, lanes] { split.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_push, ctx.stream, lanes); },
                      poison_out, check_out);
     runner.measure(ctx, "tile-push",
                    [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::tile_push, ctx.stream); }, poison_out,
@@ -536,15 +572,17 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
       runner.measure(ctx, "sm-pull", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_pull, ctx.stream); },
                      poison_out, check_out);
       bf16* heap_partial = bench.team().heap().at<bf16>(diag_partial, r);
-      runner.measure(ctx, "diag: sm-pull's GEMM only", [&] {
+      runner.measure(ctx, "diag: sm-pull's GEMM only", [&, heap_partial] {
         blas.gemm(ctx.stream, s.m, s.n, s.k, a.get(), s.k, b.get(), s.n, heap_partial, s.n);
       }, {}, {});
-      std::uint64_t epoch = 0;  // this rank's; every rank makes the same calls
-      runner.measure(ctx, "diag: sm-pull's exchange only", [&] {
+      // The epoch lives in the registered copy of the lambda (called later, by run_rounds); this
+      // rank's, and every rank makes the same calls.
+      runner.measure(ctx, "diag: sm-pull's exchange only", [&, heap_partial, epoch = std::uint64_t{0}]() mutable {
         gpu::pull_reduce_scatter(bench.team().heap().view(r), heap_partial + r * rows * s.n, out_count, out.get(),
                                  bench.team().heap().at<std::uint64_t>(diag_flags, r), nullptr, ++epoch, ctx.stream);
       }, {}, {});
     }
+    runner.run_rounds(ctx);
   });
   if (bench.args().stamps && op.pull()) {
     for (auto [name, calls] : {std::pair{"nccl-bulk", &stamped_nccl}, {"sm-push", &stamped_push}, {"sm-pull", &stamped_pull}})
@@ -595,9 +633,10 @@ CaseRecord run_gemm_as(OverlapBench& bench, const Shape& s) {
     runner.measure(ctx, "nccl-allgather-alone", nccl_gather, {}, {});
     for (auto variant : {gpu::GemmAsVariant::ce_bulk, gpu::GemmAsVariant::ce_push})
       runner.measure(ctx, std::string(gpu::to_string(variant)),
-                     [&] { op.run(r, a.get(), b.get(), variant, ctx.stream); }, poison_c, check_c);
+                     [&, variant] { op.run(r, a.get(), b.get(), variant, ctx.stream); }, poison_c, check_c);
     runner.measure(ctx, "ce-push 2 lanes",
                    [&] { op.run(r, a.get(), b.get(), gpu::GemmAsVariant::ce_push, ctx.stream, 2); }, poison_c, check_c);
+    runner.run_rounds(ctx);
   });
 }
 
@@ -632,6 +671,7 @@ CaseRecord run_ll_allgather(OverlapBench& bench, std::size_t bytes) {
     runner.measure(ctx, "caravan-ll", ll, poison_out, check_out, kRepeat);
     runner.measure(ctx, "nccl-allgather graph", nccl, poison_out, check_out, kRepeat, true);
     runner.measure(ctx, "caravan-ll graph", ll, poison_out, check_out, kRepeat, true);
+    runner.run_rounds(ctx);
   });
 }
 
