@@ -124,11 +124,12 @@ class CaseRunner {
 
   // Times every registered variant, in rounds: each round runs each variant once, in the order
   // registered, each call bracketed by a barrier and device events; per call the slowest rank's
-  // time. Rounds rather than one variant after another because under a sustained load the GPUs
-  // sit at their power limit and their clocks sink as they warm: measured one after another, the
-  // variants measured last ran slower for that alone (on 2 x H200, a kernel measured last ran
-  // 5-15% slower than in a run that alternated it with cuBLAS). Every rank registers the same
-  // variants in the same order.
+  // time. Rounds rather than one variant after another: under this sustained load the GPUs run
+  // at their power limit (2 x H200: 700 W, SM clocks near 1500 MHz instead of 1980, warming from
+  // 36 to 61 C within the run), and measured one after another the variants measured last ran
+  // slower for that alone (the tile GEMM, last: 1.12-1.24x cuBLAS's time; in rounds, 0.99-1.05x,
+  // as in bench gemm, which alternates the two). Every rank registers the same variants in the
+  // same order.
   void run_rounds(RankContext& ctx) {
     auto& mine = pending_[static_cast<std::size_t>(ctx.rank)];
     auto& ms = per_rank_[static_cast<std::size_t>(ctx.rank)];
