@@ -9,7 +9,7 @@
 #ifdef CARAVAN_HAVE_SM90_GEMM
 #include "kernels/gpu/flag_gemm_sm90.h"
 #endif
-#include "kernels/gpu/symmetric.cuh"
+#include "kernels/gpu/flag_gemm_rows.cuh"
 
 #include <mma.h>
 
@@ -35,8 +35,7 @@ __global__ void __launch_bounds__(kThreads)
   const int m_tile = tile_order ? tile_order[blockIdx.y] : static_cast<int>(blockIdx.y);
   const long m0 = static_cast<long>(m_tile) * kTileM, n0 = static_cast<long>(blockIdx.x) * kTileN;
   if (flags != nullptr && threadIdx.x == 0) {
-    const long first = m0 / rows_per_flag, last = (min(m0 + kTileM, m) - 1) / rows_per_flag;
-    for (long f = first; f <= last; ++f) dev::wait_until(flags + f, dev::Compare::ge, epoch);
+    dev::wait_for_tile_rows(flags, rows_per_flag, epoch, m0, kTileM, m);
   }
   __syncthreads();  // the rows this tile needs have landed: every thread may load them now
 
@@ -95,13 +94,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   if (done != nullptr) {
     __syncthreads();  // every thread's part of the tile is written
-    if (threadIdx.x == 0) {
-      __threadfence_system();
-      const long last = min(m0 + kTileM, m) - 1;
-      for (long w = m0 / rows_per_done; w <= last / rows_per_done; ++w)
-        atomicAdd(reinterpret_cast<unsigned long long*>(done + w),
-                  static_cast<unsigned long long>(min(n0 + kTileN, n) - n0));
-    }
+    if (threadIdx.x == 0) dev::count_tile_rows_done(done, rows_per_done, m0, kTileM, m, min(n0 + kTileN, n) - n0);
   }
 }
 

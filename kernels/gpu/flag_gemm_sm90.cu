@@ -19,7 +19,7 @@
 // taken in `tile_order`, so rows are consumed in the order they arrive, a group at a time.
 #include "kernels/gpu/flag_gemm_sm90.h"
 
-#include "kernels/gpu/symmetric.cuh"
+#include "kernels/gpu/flag_gemm_rows.cuh"
 
 #include <caravan/error.h>
 
@@ -199,8 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (threadIdx.x == 0) {
       if (flags != nullptr) {
-        const long first = m0 / rows_per_flag, last = (min(m0 + kTileM, m) - 1) / rows_per_flag;
-        for (long f = first; f <= last; ++f) dev::wait_until(flags + f, dev::Compare::ge, epoch);
+        dev::wait_for_tile_rows(flags, rows_per_flag, epoch, m0, kTileM, m);
         asm volatile("fence.proxy.async;\n" ::: "memory");  // the acquire above before the TMA reads below
       }
       for (int kt = 0; kt < k_tiles; ++kt) {
@@ -278,13 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (done != nullptr) {
     named_barrier_sync(1, 256);  // both consumers' rows are written
-    if (threadIdx.x == 128) {
-      __threadfence_system();
-      const long last = min(m0 + kTileM, m) - 1;
-      for (long w = m0 / rows_per_done; w <= last / rows_per_done; ++w)
-        atomicAdd(reinterpret_cast<unsigned long long*>(done + w),
-                  static_cast<unsigned long long>(min(n0 + TileN, n) - n0));
-    }
+    if (threadIdx.x == 128)
+      dev::count_tile_rows_done(done, rows_per_done, m0, kTileM, m, min(n0 + TileN, n) - n0);
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
