@@ -213,12 +213,13 @@ BenchReport make_report(const nlohmann::json& run, const LlmOptions& o) {
   double baseline = 0;
   for (const auto& v : results)
     if (v["variant"] == baseline_name) baseline = summarize(v["total"].get<std::vector<double>>()).median;
-  BenchTable totals{fmt::format("layer M={} H={} heads={}{} F={}, TP {}: time per layer, ms (slowest rank; median of {} "
-                                "launches after {} warm-up)",
-                                o.tokens, o.hidden, o.heads, o.kv_heads > 0 ? fmt::format(" kv_heads={}", o.kv_heads) : "",
-                                o.ffn, run["world"].get<int>(), o.iterations, o.warmup),
-                    {"variant", "median", "p10..p90", "speedup vs bulk", "check"},
-                    {}};
+  BenchTable totals{
+      fmt::format("layer M={} H={} heads={}{} F={}, TP {}: time per layer, ms (slowest rank; median of {} "
+                  "rounds after {} warm-up; a round runs each variant once)",
+                  o.tokens, o.hidden, o.heads, o.kv_heads > 0 ? fmt::format(" kv_heads={}", o.kv_heads) : "", o.ffn,
+                  run["world"].get<int>(), o.iterations, o.warmup),
+      {"variant", "median", "p10..p90", "speedup vs bulk", "check"},
+      {}};
   if (gpu) totals.columns.push_back("diff vs baseline");
   std::string best;
   double best_median = INFINITY, bound_median = 0;

@@ -15,9 +15,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <random>
 
@@ -63,6 +65,11 @@ std::vector<LayerCommunication> all_variants() {
            .reduce_scatter = GemmRsVariant::ce_push,
            .reduce_scatter_lanes = 2,
            .reduce_scatter_splits = 2},
+          {.name = "ce-push 2 lanes, tile-scatter x4",
+           .all_gather = AgGemmVariant::ce_push,
+           .all_gather_lanes = 2,
+           .reduce_scatter = GemmRsVariant::tile_scatter,
+           .reduce_scatter_splits = 4},
           {.name = kBound, .skip_communication = true}};
 }
 
@@ -75,11 +82,12 @@ constexpr long kCheckQueryBlock = 48;
 
 class LayerBench {
  public:
-  LayerBench(const LlmGpuRequest& request)
+  LayerBench(const LlmGpuRequest& request, std::size_t variant_count)
       : request_(request), world_(request.world), barrier_(request.world) {
     std::vector<int> devices(static_cast<std::size_t>(world_));
     for (int d = 0; d < world_; ++d) devices[static_cast<std::size_t>(d)] = d;
-    const std::uint64_t heap = gpu::GpuTpLayer::heap_bytes(request.shape, world_) +
+    // Every variant's layer lives at once (they are measured in rounds), plus the check's.
+    const std::uint64_t heap = gpu::GpuTpLayer::heap_bytes(request.shape, world_) * variant_count +
                                gpu::GpuTpLayer::heap_bytes(check_shape(world_), world_) + (64u << 20);
     team_ = std::make_unique<gpu::GpuTeam>(devices, heap);
     comms_.resize(static_cast<std::size_t>(world_));
@@ -133,10 +141,10 @@ class LayerBench {
       auto x = make_buffer<bf16>(mine), y = make_buffer<bf16>(mine);
       auto ref = make_buffer<float>(mine);
       for (int call = 0; call < 2; ++call) {
-        CARAVAN_HIP_CHECK(hipMemcpy(x.get(), inputs[static_cast<std::size_t>(call)].data() + r * mine, mine * sizeof(bf16),
-                                    hipMemcpyDefault));
-        CARAVAN_HIP_CHECK(hipMemcpy(ref.get(), refs[static_cast<std::size_t>(call)].data() + r * mine, mine * sizeof(float),
-                                    hipMemcpyDefault));
+        CARAVAN_HIP_CHECK(hipMemcpy(x.get(), inputs[static_cast<std::size_t>(call)].data() + r * mine,
+                                    mine * sizeof(bf16), hipMemcpyDefault));
+        CARAVAN_HIP_CHECK(hipMemcpy(ref.get(), refs[static_cast<std::size_t>(call)].data() + r * mine,
+                                    mine * sizeof(float), hipMemcpyDefault));
         CARAVAN_HIP_CHECK(hipMemsetAsync(y.get(), 0xFF, mine * sizeof(bf16), rank.stream));  // bf16 NaN
         barrier_.arrive_and_wait();
         layer.run(r, x.get(), y.get(), rank.stream);
@@ -154,63 +162,90 @@ class LayerBench {
     return request_.attention == "unfused" ? gpu::AttentionKind::unfused : gpu::AttentionKind::fused;
   }
 
-  // One variant at the measured shape: the difference from the baseline's output (the baseline
-  // records it), then the timed layers. Appends to `results`.
-  nlohmann::json measure(const LayerCommunication& variant, double error) {
+  // Every variant at the measured shape, in rounds: each variant's layer is built first (same
+  // weights), run once for its difference from the baseline's output (the baseline, first,
+  // records it), then every round runs every layer once, each call between a barrier and device
+  // events, the round's first variant rotating. Rounds rather than one variant after another for
+  // the reason bench overlap gives (bench_overlap_gpu.cpp, run_rounds): under sustained load the
+  // H200s sit at their power limit and clock down as they warm, so what is measured later runs
+  // slower for that alone. One entry per variant, in order.
+  nlohmann::json measure(const std::vector<LayerCommunication>& variants, const std::vector<double>& errors) {
     const kernels::TpLayerShape& shape = request_.shape;
     const long rows = shape.tokens / world_;
     const std::size_t mine = static_cast<std::size_t>(rows * shape.hidden);
-    const bool baseline = variant.name == kBaseline, bound = variant.skip_communication;
+    const std::size_t n_variants = variants.size();
     HeapScope scope(team_->heap(), "bench llm");
-    gpu::GpuTpLayer layer(*team_, shape, with_collectives(variant), 1024, attention_kind());
-    layer.set_random_weights(seed_);
+    std::vector<std::unique_ptr<gpu::GpuTpLayer>> layers;
+    for (const auto& v : variants) {
+      fmt::print(stderr, "bench llm: {}: building the layer\n", v.name);
+      layers.push_back(std::make_unique<gpu::GpuTpLayer>(*team_, shape, with_collectives(v), 1024, attention_kind()));
+      layers.back()->set_random_weights(seed_);
+    }
     const int total_runs = request_.warmup + request_.iterations;
-    std::vector<std::vector<double>> totals(static_cast<std::size_t>(world_)), steps(static_cast<std::size_t>(world_));
-    std::vector<double> diffs(static_cast<std::size_t>(world_), 0.0);
+    fmt::print(stderr, "bench llm: {} rounds of {} layers\n", total_runs, n_variants);
+    // [variant][rank]: seconds per timed run, and the step times of each run, run after run.
+    using PerRank = std::vector<std::vector<double>>;
+    std::vector<PerRank> totals(n_variants, PerRank(static_cast<std::size_t>(world_)));
+    std::vector<PerRank> steps(n_variants, PerRank(static_cast<std::size_t>(world_)));
+    std::vector<std::vector<double>> diffs(n_variants, std::vector<double>(static_cast<std::size_t>(world_), 0.0));
     on_ranks([&](int r, RankState& rank) {
       if (!rank.x) {
         rank.x = make_buffer<bf16>(mine);
         rank.y = make_buffer<bf16>(mine);
         rank.baseline = make_buffer<float>(mine);
-        gpu::fill_random(rank.x.get(), rows, shape.hidden, shape.hidden, seed_ ^ 0x5eed, r * rows, 0, 1.0f, rank.stream);
+        gpu::fill_random(rank.x.get(), rows, shape.hidden, shape.hidden, seed_ ^ 0x5eed, r * rows, 0, 1.0f,
+                         rank.stream);
       }
-      CARAVAN_HIP_CHECK(hipMemsetAsync(rank.y.get(), 0xFF, mine * sizeof(bf16), rank.stream));
-      barrier_.arrive_and_wait();
-      layer.run(r, rank.x.get(), rank.y.get(), rank.stream);
-      finish(r, rank, variant.name);
-      if (baseline) gpu::to_float(rank.y.get(), rank.baseline.get(), mine, rank.stream);
-      else if (!bound) diffs[static_cast<std::size_t>(r)] = relative_error(rank, rank.y.get(), rows, shape.hidden, rank.baseline.get());
-      for (int it = 0; it < total_runs; ++it) {
+      for (std::size_t v = 0; v < n_variants; ++v) {
+        const LayerCommunication& variant = variants[v];
+        CARAVAN_HIP_CHECK(hipMemsetAsync(rank.y.get(), 0xFF, mine * sizeof(bf16), rank.stream));
         barrier_.arrive_and_wait();
-        CARAVAN_HIP_CHECK(hipEventRecord(rank.begin, rank.stream));
-        layer.run(r, rank.x.get(), rank.y.get(), rank.stream);
-        CARAVAN_HIP_CHECK(hipEventRecord(rank.end, rank.stream));
+        layers[v]->run(r, rank.x.get(), rank.y.get(), rank.stream);
         finish(r, rank, variant.name);
-        float ms = 0;
-        CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, rank.begin, rank.end));
-        if (it < request_.warmup) continue;
-        totals[static_cast<std::size_t>(r)].push_back(static_cast<double>(ms) * 1e-3);
-        const kernels::LayerTimes t = layer.step_times(r);
-        steps[static_cast<std::size_t>(r)].insert(steps[static_cast<std::size_t>(r)].end(), t.begin(), t.end());
+        if (variant.name == kBaseline)
+          gpu::to_float(rank.y.get(), rank.baseline.get(), mine, rank.stream);
+        else if (!variant.skip_communication)
+          diffs[v][static_cast<std::size_t>(r)] =
+              relative_error(rank, rank.y.get(), rows, shape.hidden, rank.baseline.get());
       }
+      for (int it = 0; it < total_runs; ++it)
+        for (std::size_t j = 0; j < n_variants; ++j) {
+          const std::size_t v = (static_cast<std::size_t>(it) + j) % n_variants;
+          barrier_.arrive_and_wait();
+          CARAVAN_HIP_CHECK(hipEventRecord(rank.begin, rank.stream));
+          layers[v]->run(r, rank.x.get(), rank.y.get(), rank.stream);
+          CARAVAN_HIP_CHECK(hipEventRecord(rank.end, rank.stream));
+          finish(r, rank, variants[v].name);
+          float ms = 0;
+          CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, rank.begin, rank.end));
+          if (it < request_.warmup) continue;
+          totals[v][static_cast<std::size_t>(r)].push_back(static_cast<double>(ms) * 1e-3);
+          const kernels::LayerTimes t = layers[v]->step_times(r);
+          auto& s = steps[v][static_cast<std::size_t>(r)];
+          s.insert(s.end(), t.begin(), t.end());
+        }
       barrier_.arrive_and_wait();
     });
     // Per iteration, the slowest rank (the layer is done when its last rank is).
     const std::size_t n_steps = static_cast<std::size_t>(kernels::LayerStep::count);
-    std::vector<double> total(static_cast<std::size_t>(request_.iterations), 0.0);
-    std::vector<std::vector<double>> step(n_steps, std::vector<double>(total.size(), 0.0));
-    for (int r = 0; r < world_; ++r)
-      for (std::size_t i = 0; i < total.size(); ++i) {
-        total[i] = std::max(total[i], totals[static_cast<std::size_t>(r)][i]);
-        for (std::size_t s = 0; s < n_steps; ++s)
-          step[s][i] = std::max(step[s][i], steps[static_cast<std::size_t>(r)][i * n_steps + s]);
-      }
-    return {{"variant", variant.name},
-            {"bound", bound},
-            {"error", error},
-            {"diff_vs_baseline", baseline ? 0.0 : *std::max_element(diffs.begin(), diffs.end())},
-            {"total", total},
-            {"steps", step}};
+    nlohmann::json results = nlohmann::json::array();
+    for (std::size_t v = 0; v < n_variants; ++v) {
+      std::vector<double> total(static_cast<std::size_t>(request_.iterations), 0.0);
+      std::vector<std::vector<double>> step(n_steps, std::vector<double>(total.size(), 0.0));
+      for (std::size_t r = 0; r < static_cast<std::size_t>(world_); ++r)
+        for (std::size_t i = 0; i < total.size(); ++i) {
+          total[i] = std::max(total[i], totals[v][r][i]);
+          for (std::size_t s = 0; s < n_steps; ++s) step[s][i] = std::max(step[s][i], steps[v][r][i * n_steps + s]);
+        }
+      const bool baseline = variants[v].name == kBaseline;
+      results.push_back({{"variant", variants[v].name},
+                         {"bound", variants[v].skip_communication},
+                         {"error", errors[v]},
+                         {"diff_vs_baseline", baseline ? 0.0 : *std::max_element(diffs[v].begin(), diffs[v].end())},
+                         {"total", total},
+                         {"steps", step}});
+    }
+    return results;
   }
 
  private:
@@ -278,9 +313,10 @@ std::vector<std::string> llm_gpu_variant_names() {
 nlohmann::json run_llm_gpu(const LlmGpuRequest& request) {
   const GpuProbe probe = probe_gpus();
   if (probe.device_count < request.world)
-    throw Error(Errc::invalid_argument, fmt::format("bench llm --backend gpu: --world {} needs {} GPUs; this machine has {}{}",
-                                               request.world, request.world, probe.device_count,
-                                               probe.device_count == 0 ? " (" + probe.reason + ")" : ""));
+    throw Error(
+        Errc::invalid_argument,
+        fmt::format("bench llm --backend gpu: --world {} needs {} GPUs; this machine has {}{}", request.world,
+                    request.world, probe.device_count, probe.device_count == 0 ? " (" + probe.reason + ")" : ""));
   std::vector<LayerCommunication> variants;
   for (const auto& v : all_variants()) {
     const bool wanted = request.variants.empty() || v.name == kBaseline || v.name == kBound ||
@@ -290,20 +326,19 @@ nlohmann::json run_llm_gpu(const LlmGpuRequest& request) {
   for (const auto& name : request.variants) {
     const auto names = llm_gpu_variant_names();
     if (std::find(names.begin(), names.end(), name) == names.end())
-      throw Error(Errc::invalid_argument, fmt::format("bench llm --variant {}: unknown on the GPU backend (one of: {})", name,
-                                                      fmt::join(names, ", ")));
+      throw Error(Errc::invalid_argument, fmt::format("bench llm --variant {}: unknown on the GPU backend (one of: {})",
+                                                      name, fmt::join(names, ", ")));
   }
-  LayerBench bench(request);
-  nlohmann::json results = nlohmann::json::array();
+  LayerBench bench(request, variants.size());
+  std::vector<double> errors;
   for (const auto& v : variants) {
-    double error = -1;
+    errors.push_back(-1);
     if (request.check && !v.skip_communication) {
       fmt::print(stderr, "bench llm: {}: float32 check\n", v.name);
-      error = bench.check(v);
+      errors.back() = bench.check(v);
     }
-    fmt::print(stderr, "bench llm: {}: {} layers\n", v.name, request.warmup + request.iterations);
-    results.push_back(bench.measure(v, error));
   }
+  const nlohmann::json results = bench.measure(variants, errors);
   const auto c = check_shape(request.world);
   return {{"backend", "gpu"},
           {"world", request.world},
@@ -313,8 +348,8 @@ nlohmann::json run_llm_gpu(const LlmGpuRequest& request) {
           {"seed", bench.seed()},
           {"baseline", kBaseline},
           {"attention", request.attention},
-          {"check_shape", {{"tokens", c.tokens}, {"hidden", c.hidden}, {"heads", c.heads}, {"kv_heads", c.kv_heads},
-                           {"ffn", c.ffn}}},
+          {"check_shape",
+           {{"tokens", c.tokens}, {"hidden", c.hidden}, {"heads", c.heads}, {"kv_heads", c.kv_heads}, {"ffn", c.ffn}}},
           {"results", results}};
 }
 

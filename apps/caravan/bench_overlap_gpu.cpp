@@ -123,13 +123,12 @@ class CaseRunner {
   }
 
   // Times every registered variant, in rounds: each round runs each variant once, in the order
-  // registered, each call bracketed by a barrier and device events; per call the slowest rank's
-  // time. Rounds rather than one variant after another: under this sustained load the GPUs run
-  // at their power limit (2 x H200: 700 W, SM clocks near 1500 MHz instead of 1980, warming from
-  // 36 to 61 C within the run), and measured one after another the variants measured last ran
-  // slower for that alone (the tile GEMM, last: 1.12-1.24x cuBLAS's time; in rounds, 0.99-1.05x,
-  // as in bench gemm, which alternates the two). Every rank registers the same variants in the
-  // same order.
+  // registered but starting one variant later than the round before, each call bracketed by a
+  // barrier and device events; per call the slowest rank's time. Rounds rather than one variant after another: under
+  // this sustained load the GPUs run at their power limit (2 x H200: 700 W, SM clocks near 1500 MHz instead of 1980,
+  // warming from 36 to 61 C within the run), and measured one after another the variants measured last ran slower for
+  // that alone (the tile GEMM, last: 1.12-1.24x cuBLAS's time; in rounds, 0.99-1.05x, as in bench gemm, which
+  // alternates the two). Every rank registers the same variants in the same order.
   void run_rounds(RankContext& ctx) {
     auto& mine = pending_[static_cast<std::size_t>(ctx.rank)];
     auto& ms = per_rank_[static_cast<std::size_t>(ctx.rank)];
@@ -137,7 +136,8 @@ class CaseRunner {
     ms.assign(mine.size(), {});
     host.assign(mine.size(), {});
     for (int i = 0; i < args_.warmup + args_.iterations; ++i)
-      for (std::size_t v = 0; v < mine.size(); ++v) {
+      for (std::size_t j = 0; j < mine.size(); ++j) {
+        const std::size_t v = (static_cast<std::size_t>(i) + j) % mine.size();  // each round starts one later
         const Pending& p = mine[v];
         barrier_.arrive_and_wait();
         CARAVAN_HIP_CHECK(hipEventRecord(ctx.begin, ctx.stream));
@@ -302,7 +302,7 @@ class OverlapBench {
   int world() const { return world_; }
 
  private:
-  static constexpr std::uint64_t kHeapBytes = 1ull << 30;
+  static constexpr std::uint64_t kHeapBytes = 4ull << 30;
   const BenchOverlapArgs& args_;
   int world_;
   RankBarrier barrier_;
@@ -473,6 +473,9 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
   HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::GemmReduceScatter op(bench.team(), s.m, s.k, s.n);
   gpu::GemmReduceScatter split(bench.team(), s.m, s.k, s.n, 2);
+  // tile-scatter sums its rows in `splits` ranges as they land: 4 where the rows divide so.
+  std::unique_ptr<gpu::GemmReduceScatter> split4;
+  if (s.m % (4L * world) == 0) split4 = std::make_unique<gpu::GemmReduceScatter>(bench.team(), s.m, s.k, s.n, 4);
   // Diagnostics of sm-pull's two halves (where op.pull()): its GEMM into symmetric memory, and
   // its exchange alone (partials left as they are, flags and epochs of their own).
   SymmetricRegion diag_partial, diag_flags;
@@ -480,6 +483,13 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     diag_partial = bench.team().heap().allocate(static_cast<std::uint64_t>(s.m) * s.n * sizeof(bf16));
     diag_flags = bench.team().heap().allocate(static_cast<std::uint64_t>(world) * sizeof(std::uint64_t));
   }
+  // Diagnostic of tile-scatter's GEMM: the same tile GEMM storing each destination's rows into
+  // that destination's memory (a region of its own), against the same GEMM storing locally.
+  SymmetricRegion diag_scatter;
+  const std::uint64_t scatter_bytes = static_cast<std::uint64_t>(s.m) * s.n * sizeof(bf16);
+  if (op.scatter() && world <= gpu::FlagGemmParts::kMaxParts &&
+      bench.team().heap().capacity() - bench.team().heap().used() >= scatter_bytes + (1u << 20))
+    diag_scatter = bench.team().heap().allocate(scatter_bytes);
   StampedCalls stamped_nccl, stamped_push, stamped_pull;
   for (StampedCalls* c : {&stamped_nccl, &stamped_push, &stamped_pull}) c->per_rank.resize(static_cast<std::size_t>(world));
   CaseRecord record = bench.run_case("GEMM+RS", s, [&](RankContext& ctx, CaseRunner& runner) {
@@ -532,6 +542,34 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     runner.measure(ctx, "tile-push x2 parts",
                    [&] { split.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::tile_push, ctx.stream); },
                    poison_out, check_out);
+    const std::pair<const char*, gpu::GemmReduceScatter*> scatters[] = {
+        {"tile-scatter", &op}, {"tile-scatter x2 parts", &split}, {"tile-scatter x4 parts", split4.get()}};
+    for (const auto& [name, scatter_op] : scatters)
+      if (scatter_op != nullptr && scatter_op->scatter())
+        runner.measure(
+            ctx, name,
+            [&, scatter_op] {
+              scatter_op->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::tile_scatter, ctx.stream);
+            },
+            poison_out, check_out);
+    if (diag_scatter.bytes > 0) {
+      runner.measure(ctx, "diag: tile GEMM, stored here",
+                     [&] {
+                       gpu::flag_gemm(a.get(), s.k, b.get(), s.n, partial.get(), s.n, s.m, s.n, s.k, nullptr, 0, 0,
+                                      nullptr, nullptr, 0, ctx.stream);
+                     },
+                     {}, {});
+      gpu::FlagGemmParts parts;
+      parts.count = world;
+      parts.rows = rows;
+      for (int d = 0; d < world; ++d) parts.c[d] = bench.team().heap().at<bf16>(diag_scatter, d) + r * rows * s.n;
+      runner.measure(ctx, "diag: tile GEMM, stored to destinations",
+                     [&, parts] {
+                       gpu::flag_gemm_parts(a.get(), s.k, b.get(), s.n, parts, s.n, s.m, s.n, s.k, nullptr, 0, 0,
+                                            nullptr, 0, ctx.stream);
+                     },
+                     {}, {});
+    }
     if (op.low_latency())
       runner.measure(ctx, "ll-bulk", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ll_bulk, ctx.stream); },
                      poison_out, check_out);

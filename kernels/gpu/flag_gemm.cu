@@ -26,9 +26,9 @@ constexpr int kPadA = kTileK + 8, kPadB = kTileN + 8;  // 16 bytes of padding pe
 
 // Warps in a 2 x 4 grid over the tile: each warp owns 64 rows x 32 columns = 4 x 2 fragments.
 __global__ void __launch_bounds__(kThreads)
-    flag_gemm_kernel(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
-                     std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-                     std::uint64_t* done, long rows_per_done) {
+    flag_gemm_kernel(const bf16* a, long lda, const bf16* b, long ldb, const dev::OutputParts out, long m, long n,
+                     long k, std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
+                     long rows_per_done) {
   __shared__ __align__(128) bf16 as[kTileM][kPadA];
   __shared__ __align__(128) bf16 bs[kTileK][kPadB];
   __shared__ __align__(128) float cs[kThreads / 32][16][16];
@@ -88,24 +88,27 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = lane; e < 256; e += 32) {
         const int r = e / 16, col = e % 16;
         const long gr = m0 + wm * 64 + i * 16 + r, gc = n0 + wn * 32 + j * 16 + col;
-        if (gr < m && gc < n) c[gr * ldc + gc] = __float2bfloat16(cs[warp][r][col]);
+        if (gr < m && gc < n) dev::row_address(out, gr)[gc] = __float2bfloat16(cs[warp][r][col]);
       }
       __syncwarp();
     }
-  if (done != nullptr) {
+  if (out.counted) {
     __syncthreads();  // every thread's part of the tile is written
-    if (threadIdx.x == 0) dev::count_tile_rows_done(done, rows_per_done, m0, kTileM, m, min(n0 + kTileN, n) - n0);
+    if (threadIdx.x == 0) dev::count_tile_rows_done(out, rows_per_done, m0, kTileM, m, min(n0 + kTileN, n) - n0);
   }
 }
 
 // The Hopper kernel takes these arguments: its epilogue writes C 16 bytes (8 columns) at a time,
-// so ldc must be a multiple of 8 and C 16-byte aligned (the portable kernel takes any).
-bool hopper_kernel_for(long ldc, const bf16* c, FlagGemmKernel kernel) {
+// so ldc must be a multiple of 8 and every part of C 16-byte aligned (the portable kernel takes
+// any). `parts` null: only ldc is asked about.
+bool hopper_kernel_for(long ldc, const FlagGemmParts* parts, FlagGemmKernel kernel) {
 #ifdef CARAVAN_HAVE_SM90_GEMM
-  return kernel == FlagGemmKernel::best && ldc % 8 == 0 && reinterpret_cast<std::uintptr_t>(c) % 16 == 0 &&
-         sm90::available();
+  if (kernel != FlagGemmKernel::best || ldc % 8 != 0) return false;
+  for (int p = 0; parts != nullptr && p < parts->count; ++p)
+    if (reinterpret_cast<std::uintptr_t>(parts->c[p]) % 16 != 0) return false;
+  return sm90::available();
 #else
-  (void)ldc, (void)c, (void)kernel;
+  (void)ldc, (void)parts, (void)kernel;
   return false;
 #endif
 }
@@ -137,24 +140,41 @@ long flag_gemm_tiles_over(long m, long first, long rows) {
 long flag_gemm_row_tiles(long m) { return (m + kTileM - 1) / kTileM; }
 long flag_gemm_tile_rows() { return kTileM; }
 
-void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
-               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-               std::uint64_t* done, long rows_per_done, hipStream_t stream, FlagGemmKernel kernel) {
+void flag_gemm_parts(const bf16* a, long lda, const bf16* b, long ldb, const FlagGemmParts& parts, long ldc, long m,
+                     long n, long k, std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch,
+                     const int* tile_order, long rows_per_done, hipStream_t stream, FlagGemmKernel kernel) {
   if (m <= 0 || n <= 0 || k <= 0 || k % 8 != 0 || n % 8 != 0 || lda % 8 != 0 || ldb % 8 != 0 || lda < k || ldb < n || ldc < n)
     throw Error(Errc::invalid_argument,
                 "flag_gemm: m, n, k must be positive, k and n multiples of 8, lda >= k and ldb >= n multiples of 8, "
                 "ldc >= n; got m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k));
   if (reinterpret_cast<std::uintptr_t>(a) % 16 != 0 || reinterpret_cast<std::uintptr_t>(b) % 16 != 0)
     throw Error(Errc::invalid_argument, "flag_gemm: a and b must be 16-byte aligned (rows are loaded 16 bytes at a time)");
-  if (done != nullptr && rows_per_done <= 0)
+  if (parts.count < 1 || parts.count > FlagGemmParts::kMaxParts || parts.rows <= 0 ||
+      (m + parts.rows - 1) / parts.rows != parts.count)
+    throw Error(Errc::invalid_argument,
+                "flag_gemm: parts.count must be 1 to " + std::to_string(FlagGemmParts::kMaxParts) +
+                    " and equal to the parts of parts.rows rows that m takes; got count " +
+                    std::to_string(parts.count) + ", rows " + std::to_string(parts.rows) + ", m " + std::to_string(m));
+  dev::OutputParts out{};
+  out.part_rows = parts.rows;
+  out.ldc = ldc;
+  out.counted = false;
+  for (int p = 0; p < parts.count; ++p) {
+    if (parts.c[p] == nullptr)
+      throw Error(Errc::invalid_argument, "flag_gemm: parts.c[" + std::to_string(p) + "] is null");
+    out.c[p] = parts.c[p];
+    out.done[p] = parts.done[p];
+    out.counted = out.counted || parts.done[p] != nullptr;
+  }
+  if (out.counted && rows_per_done <= 0)
     throw Error(Errc::invalid_argument, "flag_gemm: rows_per_done must be positive when done words are given");
   if (flags != nullptr && rows_per_flag <= 0)
     throw Error(Errc::invalid_argument, "flag_gemm: rows_per_flag must be positive when flags are given");
   if (m > (1L << 31) - kTileM || n > (1L << 31) || k > (1L << 31))
     throw Error(Errc::invalid_argument, "flag_gemm: m, n and k must each be below 2^31");
 #ifdef CARAVAN_HAVE_SM90_GEMM
-  if (hopper_kernel_for(ldc, c, kernel)) {
-    sm90::flag_gemm(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order, done, rows_per_done,
+  if (hopper_kernel_for(ldc, &parts, kernel)) {
+    sm90::flag_gemm(a, lda, b, ldb, out, m, n, k, flags, rows_per_flag, epoch, tile_order, rows_per_done,
                     sm90::choose_tile_n(m, n), stream);
     return;
   }
@@ -163,9 +183,21 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
     throw Error(Errc::invalid_argument, "flag_gemm: the portable kernel takes at most 65535 row tiles (m up to " +
                                             std::to_string(65535L * kTileM) + "); got m " + std::to_string(m));
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>(flag_gemm_row_tiles(m)));
-  flag_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, lda, b, ldb, c, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order,
-                                                        done, rows_per_done);
+  flag_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, lda, b, ldb, out, m, n, k, flags, rows_per_flag, epoch, tile_order,
+                                                  rows_per_done);
   CARAVAN_HIP_CHECK(hipGetLastError());
+}
+
+void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
+               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
+               std::uint64_t* done, long rows_per_done, hipStream_t stream, FlagGemmKernel kernel) {
+  FlagGemmParts whole;
+  whole.count = 1;
+  whole.rows = std::max(m, 1L);
+  whole.c[0] = c;
+  whole.done[0] = done;
+  flag_gemm_parts(a, lda, b, ldb, whole, ldc, m, n, k, flags, rows_per_flag, epoch, tile_order, rows_per_done, stream,
+                  kernel);
 }
 
 }  // namespace caravan::gpu

@@ -1,13 +1,30 @@
-// The per-row signals of flag_gemm (kernels.h), shared by its two kernels (flag_gemm.cu,
-// flag_gemm_sm90.cu): a tile covers rows [m0, min(m0 + tile_rows, m)) of A and C, and each
-// signal word covers a fixed range of rows, so a tile meets one word or several.
+// The per-row signals and row addressing of flag_gemm (kernels.h), shared by its two kernels
+// (flag_gemm.cu, flag_gemm_sm90.cu): a tile covers rows [m0, min(m0 + tile_rows, m)) of A and C,
+// each signal word covers a fixed range of rows, so a tile meets one word or several, and C's
+// rows may live in several parts at addresses of their own (another GPU's memory, for one).
 #pragma once
 
+#include "kernels/gpu/kernels.h"
 #include "kernels/gpu/symmetric.cuh"
 
 #include <cstdint>
 
 namespace caravan::gpu::dev {
+
+// C as the kernels see it: rows [p * part_rows, (p + 1) * part_rows) at c[p], ldc elements
+// apart, their done words at done[p] (null: not counted). One part of m rows is a plain C.
+struct OutputParts {
+  bf16* c[FlagGemmParts::kMaxParts];
+  std::uint64_t* done[FlagGemmParts::kMaxParts];
+  long part_rows;
+  long ldc;
+  bool counted;  // some part has done words
+};
+
+__device__ inline bf16* row_address(const OutputParts& out, long row) {
+  const long p = row / out.part_rows;
+  return out.c[p] + (row - p * out.part_rows) * out.ldc;
+}
 
 // One thread: waits (acquire) until every flag word over the tile's rows holds at least `epoch`.
 __device__ inline void wait_for_tile_rows(std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, long m0,
@@ -16,14 +33,21 @@ __device__ inline void wait_for_tile_rows(std::uint64_t* flags, long rows_per_fl
   for (long f = m0 / rows_per_flag; f <= last; ++f) wait_until(flags + f, Compare::ge, epoch);
 }
 
-// One thread, after the whole block's part of C is written: makes it visible at system scope,
-// then adds `columns` to the done word of every row range the tile overlaps.
-__device__ inline void count_tile_rows_done(std::uint64_t* done, long rows_per_done, long m0, long tile_rows, long m,
+// One thread, after the whole block's part of C is written: makes it visible at system scope
+// (a part may be another GPU's memory, its waiter that GPU's copy engine), then adds `columns` to
+// the done word of every row range the tile overlaps, ranges counted from each part's first row.
+__device__ inline void count_tile_rows_done(const OutputParts& out, long rows_per_done, long m0, long tile_rows, long m,
                                             long columns) {
   __threadfence_system();
-  const long last = (min(m0 + tile_rows, m) - 1) / rows_per_done;
-  for (long w = m0 / rows_per_done; w <= last; ++w)
-    atomicAdd(reinterpret_cast<unsigned long long*>(done + w), static_cast<unsigned long long>(columns));
+  const long end = min(m0 + tile_rows, m);
+  for (long p = m0 / out.part_rows; p * out.part_rows < end; ++p) {
+    if (out.done[p] == nullptr) continue;
+    const long base = p * out.part_rows;
+    const long first = max(m0, base) - base, last = min(end, base + out.part_rows) - 1 - base;
+    for (long w = first / rows_per_done; w <= last / rows_per_done; ++w)
+      atomicAdd_system(reinterpret_cast<unsigned long long*>(out.done[p] + w),
+                       static_cast<unsigned long long>(columns));
+  }
 }
 
 }  // namespace caravan::gpu::dev

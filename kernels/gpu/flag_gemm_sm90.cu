@@ -158,10 +158,10 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[TileN / 2], std::uint64_t 
 
 template <int TileN>
 __global__ void __launch_bounds__(kThreads, 1)
-    flag_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, bf16* c,
-                          long ldc, long m, long n, long k, long col_tiles, long group_rows, std::uint64_t* flags,
-                          long rows_per_flag, std::uint64_t epoch, const int* tile_order, std::uint64_t* done,
-                          long rows_per_done) {
+    flag_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                          const __grid_constant__ dev::OutputParts out, long m, long n, long k, long col_tiles,
+                          long group_rows, std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch,
+                          const int* tile_order, long rows_per_done) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Config<TileN>;
   extern __shared__ unsigned char shared_raw[];
@@ -268,17 +268,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   named_barrier_sync(2 + consumer, 128);
   constexpr int kChunksPerRow = TileN * 2 / 16;
   const int thread = threadIdx.x % 128;
+  // Each row goes to its part of C, which may be this GPU's memory or a peer's.
   for (int i = thread; i < 64 * kChunksPerRow; i += 128) {
     const int r = i / kChunksPerRow, chunk = i % kChunksPerRow;
     const long row = m0 + consumer * 64 + r, col = n0 + chunk * 8;
     if (row < m && col < n)  // n is a multiple of 8: a chunk is wholly in or out
-      *reinterpret_cast<uint4*>(c + row * ldc + col) =
+      *reinterpret_cast<uint4*>(dev::row_address(out, row) + col) =
           *reinterpret_cast<const uint4*>(staged + r * kPitch + chunk * 16);
   }
-  if (done != nullptr) {
+  if (out.counted) {
     named_barrier_sync(1, 256);  // both consumers' rows are written
-    if (threadIdx.x == 128)
-      dev::count_tile_rows_done(done, rows_per_done, m0, kTileM, m, min(n0 + TileN, n) - n0);
+    if (threadIdx.x == 128) dev::count_tile_rows_done(out, rows_per_done, m0, kTileM, m, min(n0 + TileN, n) - n0);
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
@@ -375,9 +375,9 @@ int choose_tile_n(long m, long n) {
   return narrow < wide ? 128 : 256;
 }
 
-void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
-               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-               std::uint64_t* done, long rows_per_done, int tile_n, hipStream_t stream) {
+void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, const dev::OutputParts& out, long m, long n, long k,
+               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, long rows_per_done,
+               int tile_n, hipStream_t stream) {
   const CUtensorMap map_a = tensor_map(a, m, k, lda, kTileK, kTileM);
   const CUtensorMap map_b = tensor_map(b, k, n, ldb, kBlockN, kTileK);
   const long col_tiles = (n + tile_n - 1) / tile_n;
@@ -385,12 +385,10 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
   const dim3 grid(static_cast<unsigned>(col_tiles * ((m + kTileM - 1) / kTileM)));
   if (tile_n == 256)
     flag_gemm_sm90_kernel<256><<<grid, kThreads, Config<256>::kSharedBytes, stream>>>(
-        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, done,
-        rows_per_done);
+        map_a, map_b, out, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, rows_per_done);
   else
     flag_gemm_sm90_kernel<128><<<grid, kThreads, Config<128>::kSharedBytes, stream>>>(
-        map_a, map_b, c, ldc, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, done,
-        rows_per_done);
+        map_a, map_b, out, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, rows_per_done);
   CARAVAN_HIP_CHECK(cudaGetLastError());
 }
 

@@ -2,6 +2,7 @@
 // for that one architecture: flag_gemm.cu calls it when the current device can run it.
 #pragma once
 
+#include "kernels/gpu/flag_gemm_rows.cuh"
 #include "kernels/gpu/kernels.h"
 
 namespace caravan::gpu::sm90 {
@@ -14,10 +15,11 @@ bool available();
 // The tile width (256 or 128 columns of C) that takes the fewest waves of blocks for m x n.
 int choose_tile_n(long m, long n);
 
-// flag_gemm's contract, with 128 x tile_n tiles; the caller has checked the arguments and that
-// available() holds. ldc a multiple of 8 and c 16-byte aligned (C is written 16 bytes at a time).
-void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
-               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
-               std::uint64_t* done, long rows_per_done, int tile_n, hipStream_t stream);
+// flag_gemm_parts's contract, with 128 x tile_n tiles; the caller has checked the arguments and
+// that available() holds. out.ldc a multiple of 8 and every part 16-byte aligned (C is written 16
+// bytes at a time).
+void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, const dev::OutputParts& out, long m, long n, long k,
+               std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, long rows_per_done,
+               int tile_n, hipStream_t stream);
 
 }  // namespace caravan::gpu::sm90

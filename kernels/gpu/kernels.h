@@ -162,6 +162,23 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
                std::uint64_t* done, long rows_per_done, hipStream_t stream,
                FlagGemmKernel kernel = FlagGemmKernel::best);
+// flag_gemm with C's rows in `count` parts of `rows` rows each (the last may be shorter; m must
+// need exactly `count` parts), part p at c[p] (any memory the device can write: a peer GPU's
+// symmetric heap, for one, so a GEMM+ReduceScatter's epilogue stores each destination's rows
+// straight into that destination) with ldc between rows. done[p] (or null) are part p's done
+// words, as flag_gemm's `done` with rows counted from the part's first row; they are added to
+// with system-scope atomics, so they too may be another GPU's. Pointers 16-byte aligned.
+struct FlagGemmParts {
+  static constexpr int kMaxParts = 8;
+  int count = 1;
+  long rows = 0;
+  bf16* c[kMaxParts] = {};
+  std::uint64_t* done[kMaxParts] = {};
+};
+void flag_gemm_parts(const bf16* a, long lda, const bf16* b, long ldb, const FlagGemmParts& out, long ldc, long m,
+                     long n, long k, std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch,
+                     const int* tile_order, long rows_per_done, hipStream_t stream,
+                     FlagGemmKernel kernel = FlagGemmKernel::best);
 // The row tiles of an m-row C that overlap rows [first, first + rows).
 long flag_gemm_tiles_over(long m, long first, long rows);
 // What flag_gemm runs for these arguments on the current device: "wgmma 128x256", "wmma 128x128", ...

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <exception>
+#include <limits>
 #include <string_view>
 #include <thread>
 #include <type_traits>
@@ -710,6 +711,7 @@ std::string_view to_string(GemmRsVariant v) {
     case GemmRsVariant::sm_pull: return "sm-pull";
     case GemmRsVariant::sm_push: return "sm-push";
     case GemmRsVariant::tile_push: return "tile-push";
+    case GemmRsVariant::tile_scatter: return "tile-scatter";
     default: return "ce-bulk";
   }
 }
@@ -752,6 +754,13 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   // Zero, as the flags start.
   push_arrived_ = team.heap().allocate(static_cast<std::uint64_t>(world) * static_cast<std::uint64_t>(push_blocks_) *
                                        sizeof(std::uint64_t));
+  // tile_scatter's inboxes last, where they fit (the same decision on every rank, as above).
+  const std::uint64_t scatter_words = static_cast<std::uint64_t>(world) * splits * sizeof(std::uint64_t);
+  if (world <= FlagGemmParts::kMaxParts &&
+      team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + scatter_words + (1u << 20)) {
+    scatter_inboxes_ = team.heap().allocate(2 * partial_bytes);
+    scatter_done_ = team.heap().allocate(scatter_words);  // zero, as the heap starts
+  }
   try {
     partial_.resize(static_cast<std::size_t>(world), nullptr);
     for (int r : team.driven_ranks()) {
@@ -780,6 +789,9 @@ void GemmReduceScatter::build_tile_orders() {
   tile_orders_.assign(static_cast<std::size_t>(world), nullptr);
   parts_done_.assign(static_cast<std::size_t>(world), nullptr);
   tile_calls_.assign(static_cast<std::size_t>(world), 0);
+  scatter_orders_.assign(static_cast<std::size_t>(world), nullptr);
+  scatter_calls_.assign(static_cast<std::size_t>(world), 0);
+  const long range_rows = rows / splits_;
   for (int r : team_.driven_ranks()) {
     team_.use(r);
     preload_flag_gemm();
@@ -798,6 +810,25 @@ void GemmReduceScatter::build_tile_orders() {
     void* p = nullptr;
     CARAVAN_HIP_CHECK(hipMalloc(&p, order.size() * sizeof(int)));
     tile_orders_[static_cast<std::size_t>(r)] = static_cast<int*>(p);
+    CARAVAN_HIP_CHECK(hipMemcpy(p, order.data(), order.size() * sizeof(int), hipMemcpyDefault));
+    // tile_scatter: range 0 of every destination (rank+1, rank+2, ..., its own last), then range
+    // 1, ...: every rank finishes range j of every destination at about the same time, so each
+    // destination sums range j while the GEMMs compute range j+1. A tile over two ranges runs
+    // with the earlier.
+    const auto first_turn = [&](long tile) {
+      const long first = tile * flag_gemm_tile_rows(), last = std::min(first + flag_gemm_tile_rows(), m_) - 1;
+      long turn = std::numeric_limits<long>::max();
+      for (long row = first; row <= last;) {
+        const long dst = row / rows, range = (row - dst * rows) / range_rows;
+        const long step = (dst - r + world) % world;
+        turn = std::min(turn, range * world + (step == 0 ? world - 1 : step - 1));
+        row = dst * rows + (range + 1) * range_rows;  // the next range's first row
+      }
+      return turn;
+    };
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return first_turn(x) < first_turn(y); });
+    CARAVAN_HIP_CHECK(hipMalloc(&p, order.size() * sizeof(int)));
+    scatter_orders_[static_cast<std::size_t>(r)] = static_cast<int*>(p);
     CARAVAN_HIP_CHECK(hipMemcpy(p, order.data(), order.size() * sizeof(int), hipMemcpyDefault));
     const std::size_t parts = static_cast<std::size_t>(world) * static_cast<std::size_t>(splits_);
     CARAVAN_HIP_CHECK(hipMalloc(&p, parts * sizeof(std::uint64_t)));
@@ -819,6 +850,7 @@ void GemmReduceScatter::free_partials() {
   release(partial_);
   release(tile_orders_);
   release(parts_done_);
+  release(scatter_orders_);
 }
 
 GemmReduceScatter::~GemmReduceScatter() { free_partials(); }
@@ -842,14 +874,21 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   });
   // tile_push's GEMM (flag_gemm) loads A and B 16 bytes at a time; refused here, before the call
   // takes its epoch, so that a refusal leaves nothing half done.
-  require(variant != GemmRsVariant::tile_push ||
+  require((variant != GemmRsVariant::tile_push && variant != GemmRsVariant::tile_scatter) ||
               (k_ % 8 == 0 && n_ % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
                reinterpret_cast<std::uintptr_t>(b) % 16 == 0),
           [&] {
-            return fmt::format("GemmReduceScatter: tile-push needs k and n multiples of 8 and a, b 16-byte aligned; "
-                               "got k {}, n {}",
-                               k_, n_);
+            return fmt::format(
+                "GemmReduceScatter: {} needs k and n multiples of 8 and a, b 16-byte aligned; "
+                "got k {}, n {}",
+                to_string(variant), k_, n_);
           });
+  require(variant != GemmRsVariant::tile_scatter || scatter(), [&] {
+    return fmt::format(
+        "GemmReduceScatter: tile-scatter needs at most {} ranks and room in the symmetric heap for two "
+        "inboxes of m x n ({} bytes) after the operation's other buffers",
+        FlagGemmParts::kMaxParts, 2 * static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
+  });
   const bool one_kernel = variant == GemmRsVariant::sm_pull || variant == GemmRsVariant::sm_push;
   require(!one_kernel || (variant == GemmRsVariant::sm_pull ? pull() : push()), [&] {
     return fmt::format("GemmReduceScatter: {} needs a partial of at most {} bytes and twice that free in the heap; "
@@ -905,6 +944,47 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
 
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
+  if (variant == GemmRsVariant::tile_scatter) {
+    // The GEMM stores this rank's share of destination d's rows into d's inbox slot `rank` and
+    // counts it into d's words [rank][range]: a word per source, so that one source's next call
+    // can never make up for another's missing tiles. Inboxes alternate by epoch parity: the one
+    // written now was last summed by its owner in call e-2, and this rank's call e-1 waited for
+    // every peer's contribution of e-1, which that peer's GEMM made after its call e-2 had
+    // ended. Sums run on the communication stream, beside the GEMM, a range at a time.
+    const std::uint64_t calls = scatter_calls_[static_cast<std::size_t>(rank)] + 1;
+    const long range_rows = rows / splits_;
+    const std::size_t inbox_elems = static_cast<std::size_t>(m_) * n_;
+    auto inbox = [&](int owner) { return team_.heap().at<bf16>(scatter_inboxes_, owner) + (e & 1) * inbox_elems; };
+    auto words = [&](int owner, int from) {
+      return team_.heap().at<std::uint64_t>(scatter_done_, owner) + from * splits_;
+    };
+    FlagGemmParts parts;
+    parts.count = world;
+    parts.rows = rows;
+    for (int d = 0; d < world; ++d) {
+      parts.c[d] = inbox(d) + rank * chunk_elems;
+      parts.done[d] = words(d, rank);
+    }
+    flag_gemm_parts(a, k_, b, n_, parts, n_, m_, n_, k_, nullptr, 0, 0, scatter_orders_[static_cast<std::size_t>(rank)],
+                    range_rows, stream);
+    scatter_calls_[static_cast<std::size_t>(rank)] = calls;  // counted once its GEMM is launched
+    for (int j = 0; j < splits_; ++j) {
+      const long row0 = j * range_rows;  // within this rank's rows
+      const auto columns = static_cast<std::uint64_t>(n_ * flag_gemm_tiles_over(m_, rank * rows + row0, range_rows));
+      ReduceInputs inputs;
+      inputs.count = world;
+      for (int q = 0; q < world; ++q) {
+        wait_flag(comm, words(rank, q) + j, calls * columns);
+        inputs.in[q] = inbox(rank) + q * chunk_elems + row0 * n_;
+      }
+      reduce_sum(out + row0 * n_, inputs, static_cast<std::size_t>(range_rows) * n_, comm);
+    }
+    // For the copy-engine variants' next call, which waits for it before pushing here.
+    for (int step = 1; step < world; ++step) write_flag(comm, flags((rank + step) % world).at(rs_freed, rank), e);
+    CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
+    CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+    return;
+  }
   // Pushes parts [first, end) of the rows destined to rank+step once `computed` has happened;
   // the destination's flag rises with the last part.
   auto push = [&](int step, int first, int end, hipEvent_t computed) {

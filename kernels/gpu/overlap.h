@@ -189,6 +189,12 @@ enum class GemmRsVariant {
               // block adding its columns to a done word per part; the copy engine pushes each
               // part once its word is complete (one stream wait-value), as ce_push does per
               // chunk GEMM
+  // One tile-level GEMM whose epilogue stores each destination's rows straight into that
+  // destination's inbox over the peer links (flag_gemm_parts) and counts them into a word there
+  // per source and range of rows (splits ranges per destination); each rank sums a range of its
+  // rows as soon as every rank's share of it has landed, while the GEMMs go on. No copy engine,
+  // no second copy of the data (inboxes of m x n, two by epoch parity, when they fit: scatter()).
+  tile_scatter,
 };
 std::string_view to_string(GemmRsVariant v);
 
@@ -207,6 +213,9 @@ class GemmReduceScatter {
   bool pull() const { return pull_partials_.bytes > 0; }
   // Whether the sm_push variant is available (it uses the same two buffers as inboxes).
   bool push() const { return pull(); }
+  // Whether the tile_scatter variant is available: room in the heap for its two inboxes of
+  // m x n (taken at construction, after everything else), at most FlagGemmParts::kMaxParts ranks.
+  bool scatter() const { return scatter_inboxes_.bytes > 0; }
   static constexpr std::uint64_t kPullMaxBytes = std::uint64_t{32} << 20;
   static constexpr std::uint64_t kPushMaxBlocks = 128;  // sm_push's grid at most
   // Diagnostics: with `after_gemm` (device memory of rank's GPU), the sm_pull and sm_push calls
@@ -241,6 +250,13 @@ class GemmReduceScatter {
   std::vector<int*> tile_orders_;
   std::vector<std::uint64_t*> parts_done_;
   std::vector<std::uint64_t> tile_calls_;
+  // tile_scatter: per rank, two inboxes of world slots of m/world x n (by epoch parity), a done
+  // word per source and range of rows (world x splits; each source's GEMM adds to its own), and,
+  // per rank, the row tiles in range order (range 0 of every destination, then range 1, ...) and
+  // its calls so far.
+  SymmetricRegion scatter_inboxes_, scatter_done_;
+  std::vector<int*> scatter_orders_;
+  std::vector<std::uint64_t> scatter_calls_;
   std::vector<std::unique_ptr<RankSync>> sync_;
 };
 

@@ -59,8 +59,8 @@ std::uint64_t GpuTpLayer::heap_bytes(const kernels::TpLayerShape& s, int world) 
   const std::uint64_t shard = m / static_cast<std::uint64_t>(world) * h * sizeof(bf16);
   const std::uint64_t lines = shard <= kLlMaxBytes ? ll_buffer_bytes(world, shard) + 4096 : 0;
   // Two gathered A (AllGather+GEMM) and two received partials (GEMM+ReduceScatter) of M x H,
-  // flags and alignment.
-  return 4 * m * h * sizeof(bf16) + 2 * lines + (8u << 20);
+  // the two GEMM+ReduceScatters' tile-scatter inboxes (two of M x H each), flags and alignment.
+  return 8 * m * h * sizeof(bf16) + 2 * lines + (8u << 20);
 }
 
 GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommunication communication, long query_block,

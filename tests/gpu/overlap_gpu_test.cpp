@@ -462,20 +462,28 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   ASSERT_TRUE(op.low_latency());
   ASSERT_TRUE(op.pull());
   ASSERT_TRUE(op.push());
+  ASSERT_TRUE(op.scatter());
   // Every variant after every other, sm_pull and sm_push also twice in a row (both of their
   // buffers), and each after the other (they share the buffers); tile_push twice in a row and
-  // after other variants (its done words count its own calls only). Rows per rank (192) are
+  // after other variants (its done words count its own calls only); tile_scatter likewise, both
+  // inbox parities after each other and after other variants, its two ranges per rank (96 rows)
+  // smaller than a row tile, so tiles add to two ranges and to two destinations. Rows per rank (192) are
   // 1.5 row tiles and parts (96 rows) 0.75: tile_push's tiles serve two destinations, and its
   // parts span two tiles.
   const std::vector<std::pair<GemmRsVariant, int>> runs = {
-      {GemmRsVariant::ce_push, 1}, {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::ll_bulk, 1},
-      {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::ce_push, 2}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::sm_pull, 1},
-      {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ce_push, 1}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ll_bulk, 1},
-      {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::ce_bulk, 1}, {GemmRsVariant::sm_push, 1}, {GemmRsVariant::sm_push, 1},
-      {GemmRsVariant::ce_push, 1}, {GemmRsVariant::sm_push, 1}, {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::sm_push, 1},
-      {GemmRsVariant::ll_bulk, 1}, {GemmRsVariant::sm_push, 1}, {GemmRsVariant::tile_push, 1},
-      {GemmRsVariant::tile_push, 1}, {GemmRsVariant::ce_push, 1}, {GemmRsVariant::tile_push, 1},
-      {GemmRsVariant::sm_pull, 1}, {GemmRsVariant::tile_push, 1}};
+      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::ce_bulk, 1},
+      {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::ce_push, 2},
+      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_pull, 1},
+      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::ll_bulk, 1},
+      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::ce_bulk, 1},      {GemmRsVariant::sm_push, 1},
+      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::sm_push, 1},
+      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::ll_bulk, 1},
+      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_push, 1},
+      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::sm_pull, 1},
+      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::tile_scatter, 1},
+      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::sm_push, 1},
+      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::tile_scatter, 1},
+      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
     const long rows = m / world, kk = k * world;
