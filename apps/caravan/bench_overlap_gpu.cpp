@@ -553,22 +553,26 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
             },
             poison_out, check_out);
     if (diag_scatter.bytes > 0) {
-      runner.measure(ctx, "diag: tile GEMM, stored here",
-                     [&] {
-                       gpu::flag_gemm(a.get(), s.k, b.get(), s.n, partial.get(), s.n, s.m, s.n, s.k, nullptr, 0, 0,
-                                      nullptr, nullptr, 0, ctx.stream);
-                     },
-                     {}, {});
       gpu::FlagGemmParts parts;
       parts.count = world;
       parts.rows = rows;
       for (int d = 0; d < world; ++d) parts.c[d] = bench.team().heap().at<bf16>(diag_scatter, d) + r * rows * s.n;
-      runner.measure(ctx, "diag: tile GEMM, stored to destinations",
-                     [&, parts] {
-                       gpu::flag_gemm_parts(a.get(), s.k, b.get(), s.n, parts, s.n, s.m, s.n, s.k, nullptr, 0, 0,
-                                            nullptr, 0, ctx.stream);
-                     },
-                     {}, {});
+      // The tile GEMM alone, storing locally and to the destinations, with either epilogue.
+      for (const auto& [kernel, label] :
+           {std::pair{gpu::FlagGemmKernel::best, ""}, std::pair{gpu::FlagGemmKernel::persistent, " persistent"}}) {
+        runner.measure(ctx, fmt::format("diag: tile GEMM{}, stored here", label),
+                       [&, kernel] {
+                         gpu::flag_gemm(a.get(), s.k, b.get(), s.n, partial.get(), s.n, s.m, s.n, s.k, nullptr, 0, 0,
+                                        nullptr, nullptr, 0, ctx.stream, kernel);
+                       },
+                       {}, {});
+        runner.measure(ctx, fmt::format("diag: tile GEMM{}, stored to destinations", label),
+                       [&, parts, kernel] {
+                         gpu::flag_gemm_parts(a.get(), s.k, b.get(), s.n, parts, s.n, s.m, s.n, s.k, nullptr, 0, 0,
+                                              nullptr, 0, ctx.stream, kernel);
+                       },
+                       {}, {});
+      }
     }
     if (op.low_latency())
       runner.measure(ctx, "ll-bulk", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ll_bulk, ctx.stream); },

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
 // any). `parts` null: only ldc is asked about.
 bool hopper_kernel_for(long ldc, const FlagGemmParts* parts, FlagGemmKernel kernel) {
 #ifdef CARAVAN_HAVE_SM90_GEMM
-  if (kernel != FlagGemmKernel::best || ldc % 8 != 0) return false;
+  if (kernel == FlagGemmKernel::portable || ldc % 8 != 0) return false;
   for (int p = 0; parts != nullptr && p < parts->count; ++p)
     if (reinterpret_cast<std::uintptr_t>(parts->c[p]) % 16 != 0) return false;
   return sm90::available();
@@ -125,7 +125,9 @@ void preload_flag_gemm() {
 
 std::string flag_gemm_kernel_name(long m, long n, long ldc, FlagGemmKernel kernel) {
 #ifdef CARAVAN_HAVE_SM90_GEMM
-  if (hopper_kernel_for(ldc, nullptr, kernel)) return "wgmma 128x" + std::to_string(sm90::choose_tile_n(m, n));
+  if (hopper_kernel_for(ldc, nullptr, kernel))
+    return "wgmma 128x" + std::to_string(sm90::choose_tile_n(m, n)) +
+           (kernel == FlagGemmKernel::persistent ? " persistent" : "");
 #else
   (void)m, (void)n, (void)ldc, (void)kernel;
 #endif
@@ -175,7 +177,7 @@ void flag_gemm_parts(const bf16* a, long lda, const bf16* b, long ldb, const Fla
 #ifdef CARAVAN_HAVE_SM90_GEMM
   if (hopper_kernel_for(ldc, &parts, kernel)) {
     sm90::flag_gemm(a, lda, b, ldb, out, m, n, k, flags, rows_per_flag, epoch, tile_order, rows_per_done,
-                    sm90::choose_tile_n(m, n), stream);
+                    sm90::choose_tile_n(m, n), kernel == FlagGemmKernel::persistent, stream);
     return;
   }
 #endif

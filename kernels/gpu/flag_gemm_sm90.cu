@@ -11,6 +11,16 @@
 // warpgroups: a producer (one thread issues every load; the others give their registers to the
 // consumers through setmaxnreg) and two consumers of 64 rows each.
 //
+// Two epilogues. The plain one (a grid of one block per tile) stages the tile in the stages'
+// memory and the consumers store it: the block's SM runs nothing else until the stores are done,
+// which is cheap for local C but costs up to two thirds more when C is another GPU's
+// (GEMM+ReduceScatter tile-scatter at K = 2048). The persistent one (one block per SM, each
+// taking tiles in turn) hands the staged tile to the producer warpgroup's three idle warps, which
+// store it and count it done while the consumers go on to the next tile's products, whose loads
+// the producer has already issued. Its staging buffer costs a stage (three stages for 256-column
+// tiles, five for 128). Sending the rows with bulk copies (cp.async.bulk, shared to global)
+// instead was slower than the plain epilogue: they share the TMA unit with the stages' loads.
+//
 // Flags: before the producer issues the first load of A for its tile, it waits (acquire, system
 // scope) for the flags of the tile's rows, then orders that acquire before its TMA reads with a
 // proxy fence (TMA reads through the async proxy; without the fence the hardware need not order
@@ -25,6 +35,7 @@
 
 #include <cuda.h>  // CUtensorMap and the encoder's signature only: the driver is reached through the runtime
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <string>
@@ -38,15 +49,22 @@ constexpr int kABytes = kTileM * kTileK * 2;      // 16 KiB per stage
 constexpr int kBBoxBytes = kTileK * kBlockN * 2;  // 8 KiB per box of B
 constexpr int kThreads = 3 * 128;                 // producer + two consumer warpgroups
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+constexpr int kStoreThreads = 96;  // the persistent epilogue's store warps: the producer warpgroup's warps 1-3
 constexpr int kGroupRows = 16;  // row tiles per group of the block order (4, 8, 16, 32 measured within 5%)
 
-template <int TileN>
+template <int TileN, bool Persistent>
 struct Config {
-  static constexpr int kStages = TileN == 256 ? 4 : 6;
+  static constexpr int kStages = (TileN == 256 ? 4 : 6) - (Persistent ? 1 : 0);
   static constexpr int kBBytes = TileN / kBlockN * kBBoxBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  // Stages start at a 1024-byte boundary (the swizzle pattern's period); the barriers follow.
-  static constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  // A staged row of C: padded by 16 bytes, so that the 8 rows one warp's store touches fall in
+  // distinct banks.
+  static constexpr int kPitch = TileN * 2 + 16;
+  static constexpr int kEpilogueBytes = Persistent ? 2 * 64 * kPitch : 0;
+  // Stages start at a 1024-byte boundary (the swizzle pattern's period); the persistent
+  // epilogue's buffer, then the barriers (full and empty per stage, staged and drained) follow.
+  static constexpr int kSharedBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + (2 * kStages + 2) * 8;
+  static_assert(kSharedBytes <= 227 * 1024, "fits in an SM's shared memory");
 };
 
 __device__ __forceinline__ std::uint32_t shared_address(const void* p) {
@@ -156,41 +174,58 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[TileN / 2], std::uint64_t 
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int TileN>
+// The tile with linear index `tile` in launch order: blocks in groups of `group_rows` row tiles
+// (consecutive in `tile_order`), each group swept column by column, so the tiles computed at
+// once share a few columns of B and a few rows of A in L2. Sweeping whole rows instead streams
+// all of B from memory for every few rows (a 8192 x 14336 B is 235 MB; that order ran at half
+// of cuBLAS's speed on an H100).
+struct TileAt {
+  long m0, n0;
+};
+__device__ __forceinline__ TileAt tile_at(long tile, long m, long col_tiles, long group_rows, const int* tile_order,
+                                          int tile_n) {
+  const long row_tiles = (m + kTileM - 1) / kTileM;
+  const long group = tile / (group_rows * col_tiles), first_row = group * group_rows;
+  const long rows_in_group = min(group_rows, row_tiles - first_row);
+  const long in_group = tile - group * group_rows * col_tiles;
+  const long row_index = first_row + in_group % rows_in_group;
+  const int m_tile = tile_order ? tile_order[row_index] : static_cast<int>(row_index);
+  return {static_cast<long>(m_tile) * kTileM, (in_group / rows_in_group) * tile_n};
+}
+
+template <int TileN, bool Persistent>
 __global__ void __launch_bounds__(kThreads, 1)
     flag_gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ dev::OutputParts out, long m, long n, long k, long col_tiles,
                           long group_rows, std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch,
                           const int* tile_order, long rows_per_done) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Config<TileN>;
+  using C = Config<TileN, Persistent>;
   extern __shared__ unsigned char shared_raw[];
   unsigned char* stages =
       reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(shared_raw) + 1023) & ~std::uintptr_t{1023});
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(stages + C::kStages * C::kStageBytes);
+  unsigned char* epilogue_buffer = stages + C::kStages * C::kStageBytes;
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(epilogue_buffer + C::kEpilogueBytes);
   std::uint64_t* empty = full + C::kStages;
+  // The persistent epilogue's hand-over: the consumers have staged a tile (staged), the store
+  // warps have read it out (drained).
+  std::uint64_t* staged_full = empty + C::kStages;
+  std::uint64_t* staged_drained = staged_full + 1;
   const auto stage_a = [&](int s) { return stages + s * C::kStageBytes; };
   const auto stage_b = [&](int s) { return stages + s * C::kStageBytes + kABytes; };
 
   const int warpgroup = threadIdx.x / 128;
-  // Blocks in groups of `group_rows` row tiles (consecutive in `tile_order`), each group swept
-  // column by column: the blocks resident at once share a few columns of B and a few rows of A
-  // in L2. Sweeping whole rows instead streams all of B from memory for every few rows (a
-  // 8192 x 14336 B is 235 MB; that order ran at half of cuBLAS's speed on an H100).
-  const long row_tiles = (m + kTileM - 1) / kTileM, block = blockIdx.x;
-  const long group = block / (group_rows * col_tiles), first_row = group * group_rows;
-  const long rows_in_group = min(group_rows, row_tiles - first_row);
-  const long in_group = block - group * group_rows * col_tiles;
-  const long row_index = first_row + in_group % rows_in_group;
-  const int m_tile = tile_order ? tile_order[row_index] : static_cast<int>(row_index);
-  const long m0 = static_cast<long>(m_tile) * kTileM, n0 = (in_group / rows_in_group) * TileN;
+  const long tiles = col_tiles * ((m + kTileM - 1) / kTileM);
   const int k_tiles = static_cast<int>((k + kTileK - 1) / kTileK);
+  // Without Persistent the grid has a block per tile and the loops below run once.
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       barrier_init(&full[s], 1);
       barrier_init(&empty[s], 2 * 4);  // one arrival per consumer warp
     }
+    barrier_init(staged_full, 256);  // every consumer thread
+    barrier_init(staged_drained, kStoreThreads);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -198,87 +233,137 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (threadIdx.x == 0) {
-      if (flags != nullptr) {
-        dev::wait_for_tile_rows(flags, rows_per_flag, epoch, m0, kTileM, m);
-        asm volatile("fence.proxy.async;\n" ::: "memory");  // the acquire above before the TMA reads below
-      }
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        const int s = kt % C::kStages;
-        if (kt >= C::kStages) barrier_wait(&empty[s], ((kt / C::kStages) - 1) & 1);
-        barrier_expect_bytes(&full[s], C::kStageBytes);
-        const int k0 = kt * kTileK;
-        tma_load(stage_a(s), &map_a, &full[s], k0, static_cast<int>(m0));
+      int step = 0;  // k-steps loaded by this block over all its tiles: the stage ring's position
+      for (long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const TileAt at = tile_at(tile, m, col_tiles, group_rows, tile_order, TileN);
+        if (flags != nullptr) {
+          dev::wait_for_tile_rows(flags, rows_per_flag, epoch, at.m0, kTileM, m);
+          asm volatile("fence.proxy.async;\n" ::: "memory");  // the acquire above before the TMA reads below
+        }
+        for (int kt = 0; kt < k_tiles; ++kt, ++step) {
+          const int s = step % C::kStages;
+          if (step >= C::kStages) barrier_wait(&empty[s], ((step / C::kStages) - 1) & 1);
+          barrier_expect_bytes(&full[s], C::kStageBytes);
+          const int k0 = kt * kTileK;
+          tma_load(stage_a(s), &map_a, &full[s], k0, static_cast<int>(at.m0));
 #pragma unroll
-        for (int j = 0; j < TileN / kBlockN; ++j)
-          tma_load(stage_b(s) + j * kBBoxBytes, &map_b, &full[s], static_cast<int>(n0) + j * kBlockN, k0);
+          for (int j = 0; j < TileN / kBlockN; ++j)
+            tma_load(stage_b(s) + j * kBBoxBytes, &map_b, &full[s], static_cast<int>(at.n0) + j * kBlockN, k0);
+        }
+      }
+    }
+    if constexpr (Persistent) {
+      if (threadIdx.x >= 32) {  // the store warps: each tile of this block, as the consumers stage it
+        const int t = threadIdx.x - 32;
+        constexpr int kChunksPerRow = TileN * 2 / 16;
+        static_assert(kStoreThreads % kChunksPerRow == 0, "each store thread keeps one chunk of a row");
+        const int chunk = t % kChunksPerRow;
+        const unsigned char* staged = epilogue_buffer;
+        int handed = 0;
+        for (long tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++handed) {
+          const TileAt at = tile_at(tile, m, col_tiles, group_rows, tile_order, TileN);
+          barrier_wait(staged_full, handed & 1);
+          // Each row goes to its part of C, which may be this GPU's memory or a peer's.
+          // A thread keeps one 16-byte chunk of a row (kStoreThreads is a multiple of the chunks).
+          const long col = at.n0 + chunk * 8;
+          if (col < n) {  // n is a multiple of 8: a chunk is wholly in or out
+            const long rows = min(static_cast<long>(kTileM), m - at.m0);
+            for (int r = t / kChunksPerRow; r < rows; r += kStoreThreads / kChunksPerRow)
+              *reinterpret_cast<uint4*>(dev::row_address(out, at.m0 + r) + col) =
+                  *reinterpret_cast<const uint4*>(staged + r * C::kPitch + chunk * 16);
+          }
+          barrier_arrive(staged_drained);  // this thread's reads of the buffer are done
+          if (out.counted) {
+            named_barrier_sync(4, kStoreThreads);  // every store warp's rows are written
+            if (t == 0) dev::count_tile_rows_done(out, rows_per_done, at.m0, kTileM, m, min(at.n0 + TileN, n) - at.n0);
+          }
+        }
       }
     }
     return;
   }
-
   // Consumers: warpgroup 1 owns rows 0..63 of the tile, warpgroup 2 rows 64..127.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
   const int consumer = warpgroup - 1;
-  float d[TileN / 2];
-#pragma unroll
-  for (int i = 0; i < TileN / 2; ++i) d[i] = 0.0f;
   const bool warp_leader = threadIdx.x % 32 == 0;
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int s = kt % C::kStages;
-    barrier_wait(&full[s], (kt / C::kStages) & 1);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kTileK / 16; ++kk) {
-      // A: this consumer's 64 rows (8 KiB in), 16 columns of k = 32 bytes along the swizzled row.
-      const std::uint64_t a = descriptor(stage_a(s) + consumer * 64 * 128 + kk * 32, 16, 1024);
-      // B: 16 rows of k = two 8-row groups of 1024 bytes; boxes of 64 columns 8 KiB apart.
-      const std::uint64_t b = descriptor(stage_b(s) + kk * 2048, kBBoxBytes, 1024);
-      wgmma_tile<TileN>(d, a, b, kt > 0 || kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    // Keep this stage's products in flight; the previous stage's are done once at most one
-    // group is pending, so its buffers go back to the producer.
-    wgmma_wait<1>();
-    if (kt > 0 && warp_leader) barrier_arrive(&empty[(kt - 1) % C::kStages]);
-  }
-  wgmma_wait<0>();
-
-  // The epilogue goes through shared memory: stored straight from the accumulators, each warp
-  // store would touch 16 rows 16 bytes apiece, and that cost 5-12% of the whole GEMM on an H100.
-  // Every stage is free once both consumers are done with the last one (the producer issued
-  // exactly the k-steps they waited for): each consumer stages its 64 rows in its own stage,
-  // rows padded by 16 bytes (so the 8 rows one warp store touches fall in distinct banks), then
-  // copies them out a whole 16-byte-per-lane row per warp.
-  named_barrier_sync(1, 256);
-  constexpr int kPitch = TileN * 2 + 16;  // bytes per staged row
-  static_assert(64 * kPitch <= C::kStageBytes, "a consumer's rows fit in one stage");
-  unsigned char* staged = stages + consumer * C::kStageBytes;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, thread = threadIdx.x % 128;
   // Accumulator layout of m64nNk16: warp w of the warpgroup holds rows 16w + lane/4 and +8; in
   // each group of 8 columns, columns 2 * (lane % 4) and +1.
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
   const int local_row = warp * 16 + lane / 4;
+  constexpr int kPitch = C::kPitch;
+  float d[TileN / 2];
+  // This consumer's 64 rows of the tile, rounded to bf16, into `staged` (rows kPitch apart).
+  const auto stage_accumulators = [&](unsigned char* staged) {
 #pragma unroll
-  for (int j = 0; j < TileN / 8; ++j) {
-    const int col = j * 8 + (lane % 4) * 2;
-    *reinterpret_cast<__nv_bfloat162*>(staged + local_row * kPitch + col * 2) =
-        __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
-    *reinterpret_cast<__nv_bfloat162*>(staged + (local_row + 8) * kPitch + col * 2) =
-        __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
-  }
-  named_barrier_sync(2 + consumer, 128);
-  constexpr int kChunksPerRow = TileN * 2 / 16;
-  const int thread = threadIdx.x % 128;
-  // Each row goes to its part of C, which may be this GPU's memory or a peer's.
-  for (int i = thread; i < 64 * kChunksPerRow; i += 128) {
-    const int r = i / kChunksPerRow, chunk = i % kChunksPerRow;
-    const long row = m0 + consumer * 64 + r, col = n0 + chunk * 8;
-    if (row < m && col < n)  // n is a multiple of 8: a chunk is wholly in or out
-      *reinterpret_cast<uint4*>(dev::row_address(out, row) + col) =
-          *reinterpret_cast<const uint4*>(staged + r * kPitch + chunk * 16);
-  }
-  if (out.counted) {
-    named_barrier_sync(1, 256);  // both consumers' rows are written
-    if (threadIdx.x == 128) dev::count_tile_rows_done(out, rows_per_done, m0, kTileM, m, min(n0 + TileN, n) - n0);
+    for (int j = 0; j < TileN / 8; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      *reinterpret_cast<__nv_bfloat162*>(staged + local_row * kPitch + col * 2) =
+          __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(staged + (local_row + 8) * kPitch + col * 2) =
+          __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
+    }
+  };
+  int handed = 0;  // tiles staged for the persistent epilogue's store warps
+  int step = 0;
+#pragma unroll
+  for (int i = 0; i < TileN / 2; ++i) d[i] = 0.0f;
+  for (long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const TileAt at = tile_at(tile, m, col_tiles, group_rows, tile_order, TileN);
+    for (int kt = 0; kt < k_tiles; ++kt, ++step) {
+      const int s = step % C::kStages;
+      barrier_wait(&full[s], (step / C::kStages) & 1);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTileK / 16; ++kk) {
+        // A: this consumer's 64 rows (8 KiB in), 16 columns of k = 32 bytes along the swizzled row.
+        const std::uint64_t a = descriptor(stage_a(s) + consumer * 64 * 128 + kk * 32, 16, 1024);
+        // B: 16 rows of k = two 8-row groups of 1024 bytes; boxes of 64 columns 8 KiB apart.
+        const std::uint64_t b = descriptor(stage_b(s) + kk * 2048, kBBoxBytes, 1024);
+        wgmma_tile<TileN>(d, a, b, kt > 0 || kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      // Keep this stage's products in flight; the previous stage's are done once at most one
+      // group is pending, so its buffers go back to the producer.
+      wgmma_wait<1>();
+      if (kt > 0 && warp_leader) barrier_arrive(&empty[(step - 1) % C::kStages]);
+    }
+    wgmma_wait<0>();
+    if (warp_leader) barrier_arrive(&empty[(step - 1) % C::kStages]);  // the last stage, for the next tile
+
+    if constexpr (!Persistent) {
+      // The epilogue goes through shared memory: stored straight from the accumulators, each warp
+      // store would touch 16 rows 16 bytes apiece, and that cost 5-12% of the whole GEMM on an
+      // H100. Every stage is free once both consumers are done with the last one (the producer
+      // issued exactly the k-steps they waited for, for this block's one tile): each consumer
+      // stages its 64 rows in its own stage, then copies them out a whole 16-byte-per-lane row
+      // per warp.
+      named_barrier_sync(1, 256);
+      static_assert(64 * kPitch <= C::kStageBytes, "a consumer's rows fit in one stage");
+      unsigned char* staged = stages + consumer * C::kStageBytes;
+      stage_accumulators(staged);
+      named_barrier_sync(2 + consumer, 128);
+      constexpr int kChunksPerRow = TileN * 2 / 16;
+      // Each row goes to its part of C, which may be this GPU's memory or a peer's.
+      for (int i = thread; i < 64 * kChunksPerRow; i += 128) {
+        const int r = i / kChunksPerRow, chunk = i % kChunksPerRow;
+        const long row = at.m0 + consumer * 64 + r, col = at.n0 + chunk * 8;
+        if (row < m && col < n)  // n is a multiple of 8: a chunk is wholly in or out
+          *reinterpret_cast<uint4*>(dev::row_address(out, row) + col) =
+              *reinterpret_cast<const uint4*>(staged + r * kPitch + chunk * 16);
+      }
+      if (out.counted) {
+        named_barrier_sync(1, 256);  // both consumers' rows are written
+        if (threadIdx.x == 128)
+          dev::count_tile_rows_done(out, rows_per_done, at.m0, kTileM, m, min(at.n0 + TileN, n) - at.n0);
+      }
+    } else {
+      // Stage the tile once the store warps have read out the previous one, and hand it over.
+      if (handed > 0) barrier_wait(staged_drained, (handed - 1) & 1);
+      unsigned char* staged = epilogue_buffer + consumer * 64 * kPitch;
+      stage_accumulators(staged);
+      barrier_arrive(staged_full);
+      ++handed;
+    }
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
@@ -321,10 +406,11 @@ CUtensorMap tensor_map(const bf16* base, long rows, long cols, long ld, int box_
 constexpr int kMaxDevices = 64;
 std::array<std::atomic<int>, kMaxDevices> g_ready{};  // per device: 0 unknown, 1 Hopper, set up; -1 not Hopper
 
-template <int TileN>
+template <int TileN, bool Persistent>
 void grant_shared_memory() {
-  CARAVAN_HIP_CHECK(cudaFuncSetAttribute(&flag_gemm_sm90_kernel<TileN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Config<TileN>::kSharedBytes));
+  CARAVAN_HIP_CHECK(cudaFuncSetAttribute(&flag_gemm_sm90_kernel<TileN, Persistent>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Config<TileN, Persistent>::kSharedBytes));
 }
 
 int current_device() {
@@ -353,8 +439,10 @@ bool available() {
     // sm_90a code runs on compute capability 9.0 exactly.
     state = properties.major == 9 && properties.minor == 0 ? 1 : -1;
     if (state == 1) {
-      grant_shared_memory<256>();
-      grant_shared_memory<128>();
+      grant_shared_memory<256, false>();
+      grant_shared_memory<128, false>();
+      grant_shared_memory<256, true>();
+      grant_shared_memory<128, true>();
       // The encoder is looked up once per process; finding it now keeps the first call's
       // latency and its failure here.
       encoder();
@@ -375,21 +463,35 @@ int choose_tile_n(long m, long n) {
   return narrow < wide ? 128 : 256;
 }
 
+namespace {
+
+template <int TileN, bool Persistent>
+void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const dev::OutputParts& out, long m, long n, long k,
+            std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, long rows_per_done,
+            hipStream_t stream) {
+  const long col_tiles = (n + TileN - 1) / TileN, tiles = col_tiles * ((m + kTileM - 1) / kTileM);
+  long blocks = tiles;
+  if (Persistent) {
+    int sms = 132;
+    CARAVAN_HIP_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()));
+    blocks = std::min<long>(tiles, sms);
+  }
+  flag_gemm_sm90_kernel<TileN, Persistent>
+      <<<dim3(static_cast<unsigned>(blocks)), kThreads, Config<TileN, Persistent>::kSharedBytes, stream>>>(
+          map_a, map_b, out, m, n, k, col_tiles, kGroupRows, flags, rows_per_flag, epoch, tile_order, rows_per_done);
+  CARAVAN_HIP_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, const dev::OutputParts& out, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, long rows_per_done,
-               int tile_n, hipStream_t stream) {
+               int tile_n, bool persistent, hipStream_t stream) {
   const CUtensorMap map_a = tensor_map(a, m, k, lda, kTileK, kTileM);
   const CUtensorMap map_b = tensor_map(b, k, n, ldb, kBlockN, kTileK);
-  const long col_tiles = (n + tile_n - 1) / tile_n;
-  const long group_rows = kGroupRows;
-  const dim3 grid(static_cast<unsigned>(col_tiles * ((m + kTileM - 1) / kTileM)));
-  if (tile_n == 256)
-    flag_gemm_sm90_kernel<256><<<grid, kThreads, Config<256>::kSharedBytes, stream>>>(
-        map_a, map_b, out, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, rows_per_done);
-  else
-    flag_gemm_sm90_kernel<128><<<grid, kThreads, Config<128>::kSharedBytes, stream>>>(
-        map_a, map_b, out, m, n, k, col_tiles, group_rows, flags, rows_per_flag, epoch, tile_order, rows_per_done);
-  CARAVAN_HIP_CHECK(cudaGetLastError());
+  const auto run = tile_n == 256 ? (persistent ? &launch<256, true> : &launch<256, false>)
+                                 : (persistent ? &launch<128, true> : &launch<128, false>);
+  run(map_a, map_b, out, m, n, k, flags, rows_per_flag, epoch, tile_order, rows_per_done, stream);
 }
 
 }  // namespace caravan::gpu::sm90

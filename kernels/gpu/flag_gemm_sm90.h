@@ -17,9 +17,10 @@ int choose_tile_n(long m, long n);
 
 // flag_gemm_parts's contract, with 128 x tile_n tiles; the caller has checked the arguments and
 // that available() holds. out.ldc a multiple of 8 and every part 16-byte aligned (C is written 16
-// bytes at a time).
+// bytes at a time). `persistent`: one block per multiprocessor, the epilogue's stores overlapping
+// the next tile (FlagGemmKernel::persistent).
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, const dev::OutputParts& out, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, long rows_per_done,
-               int tile_n, hipStream_t stream);
+               int tile_n, bool persistent, hipStream_t stream);
 
 }  // namespace caravan::gpu::sm90

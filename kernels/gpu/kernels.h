@@ -150,14 +150,20 @@ namespace caravan::gpu {
 // the number of columns it wrote to the word of every such row range its tile overlaps. The
 // rows of word w are complete when it has grown by n x (the row tiles overlapping them,
 // flag_gemm_tiles_over), so a stream (or another GPU) can wait for them with one wait-value on
-// a running total, call after call, with no reset.
+// a running total, call after call, with no reset. Waiting blocks hold their multiprocessors
+// (with more tiles than SMs, or a persistent grid, all of them): what raises the flags must not
+// need this GPU's SMs (a copy engine, another GPU), or it may never start.
 //
 // Two kernels: on Hopper (compute capability 9.0) TMA loads and wgmma products in a pipeline of
 // shared-memory stages, 128 x 256 or 128 x 128 tiles (flag_gemm_sm90.cu; taken where ldc is a
 // multiple of 8 and c 16-byte aligned); the portable one otherwise, WMMA on 128 x 128 tiles, one
-// stage, at most 65535 row tiles. `kernel` = portable forces the
-// latter (for comparison).
-enum class FlagGemmKernel { best, portable };
+// stage, at most 65535 row tiles. `kernel` = portable forces the latter (for comparison).
+// `kernel` = persistent runs the Hopper kernel as a persistent grid, one block per
+// multiprocessor taking tiles in turn, whose epilogue sends C's rows with asynchronous bulk copies
+// that travel while the block computes its next tile (one pipeline stage fewer pays for their
+// buffer): for C on another GPU, whose stores would otherwise hold the SM. Its done words are
+// counted once a tile's copies have completed. Without the Hopper kernel it is `best`.
+enum class FlagGemmKernel { best, portable, persistent };
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
                std::uint64_t* done, long rows_per_done, hipStream_t stream,

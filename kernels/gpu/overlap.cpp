@@ -965,8 +965,9 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
       parts.c[d] = inbox(d) + rank * chunk_elems;
       parts.done[d] = words(d, rank);
     }
+    // Persistent: the rows travel to the destinations while the next tile is computed.
     flag_gemm_parts(a, k_, b, n_, parts, n_, m_, n_, k_, nullptr, 0, 0, scatter_orders_[static_cast<std::size_t>(rank)],
-                    range_rows, stream);
+                    range_rows, stream, FlagGemmKernel::persistent);
     scatter_calls_[static_cast<std::size_t>(rank)] = calls;  // counted once its GEMM is launched
     for (int j = 0; j < splits_; ++j) {
       const long row0 = j * range_rows;  // within this rank's rows

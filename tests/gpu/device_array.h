@@ -1,4 +1,5 @@
-// A device allocation that frees itself, for GPU tests that own a few buffers on the current GPU.
+// Allocations that free themselves, for GPU tests that own a few buffers: device memory on the
+// current GPU, and pinned host memory (copies from it run on a copy engine, never on the SMs).
 #pragma once
 
 #include "runtime/gpu/platform.h"
@@ -19,6 +20,19 @@ struct DeviceArray {
   ~DeviceArray() { (void)hipFree(data); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
+};
+
+template <class T>
+struct PinnedArray {
+  T* data = nullptr;
+  explicit PinnedArray(std::size_t count) {
+    void* p = nullptr;
+    CARAVAN_HIP_CHECK(hipHostMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T), hipHostMallocPortable));
+    data = static_cast<T*>(p);
+  }
+  ~PinnedArray() { (void)hipHostFree(data); }
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
 };
 
 }  // namespace caravan::gpu::test

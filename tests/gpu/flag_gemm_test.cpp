@@ -1,8 +1,9 @@
 // The tile-level GEMM fed by flags (kernels/gpu/flag_gemm.cu, flag_gemm_sm90.cu) on one GPU:
-// both kernels (the Hopper one where the device is compute capability 9.0, and the portable
-// one) against the float32 reference on fresh random inputs, outputs poisoned first, over shapes
-// with tails in every dimension and padded leading dimensions whose padding must stay untouched;
-// then with flags raised while the GEMM waits, rows landing out of order. Skips without a GPU.
+// every kernel (the Hopper one where the device is compute capability 9.0, with its plain and
+// its persistent epilogue, and the portable one) against the float32 reference on fresh random
+// inputs, outputs poisoned first, over shapes with tails in every dimension and padded leading
+// dimensions whose padding must stay untouched; then with flags raised while the GEMM waits,
+// rows landing out of order. Skips without a GPU.
 #include "kernels/gpu/blas.h"
 #include "kernels/gpu/kernels.h"
 #include "tests/gpu/device_array.h"
@@ -30,22 +31,33 @@ namespace {
 
 using test::DeviceArray;
 
+constexpr FlagGemmKernel kKernels[] = {FlagGemmKernel::best, FlagGemmKernel::persistent, FlagGemmKernel::portable};
+
 struct Shape {
   long m, n, k;
   long pad_a, pad_b, pad_c;  // leading dimension = width + pad
   FlagGemmKernel kernel;
 };
 
+std::string kernel_label(FlagGemmKernel kernel) {
+  switch (kernel) {
+    case FlagGemmKernel::best: return "best";
+    case FlagGemmKernel::portable: return "portable";
+    case FlagGemmKernel::persistent: return "persistent";
+  }
+  return "unknown";
+}
+
 void PrintTo(const Shape& s, std::ostream* os) {
-  *os << s.m << " x " << s.n << " x " << s.k << ", pads " << s.pad_a << "/" << s.pad_b << "/" << s.pad_c
-      << (s.kernel == FlagGemmKernel::portable ? ", portable kernel" : ", best kernel");
+  *os << s.m << " x " << s.n << " x " << s.k << ", pads " << s.pad_a << "/" << s.pad_b << "/" << s.pad_c << ", "
+      << kernel_label(s.kernel) << " kernel";
 }
 
 std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
   const Shape& s = info.param;
   return "m" + std::to_string(s.m) + "_n" + std::to_string(s.n) + "_k" + std::to_string(s.k) + "_pads" +
-         std::to_string(s.pad_a) + "_" + std::to_string(s.pad_b) + "_" + std::to_string(s.pad_c) +
-         (s.kernel == FlagGemmKernel::portable ? "_portable" : "_best");
+         std::to_string(s.pad_a) + "_" + std::to_string(s.pad_b) + "_" + std::to_string(s.pad_c) + "_" +
+         kernel_label(s.kernel);
 }
 
 struct Measured {
@@ -134,13 +146,13 @@ TEST_P(FlagGemm, MatchesTheFloat32Reference) {
 }
 
 // Tails in m, n and k, exact tiles, one row, k shorter than a stage, long k, padded leading
-// dimensions; each for both kernels. On the Hopper kernel (132 multiprocessors), shapes of one
+// dimensions; each for every kernel. On the Hopper kernel (132 multiprocessors), shapes of one
 // wave of blocks take 128-column tiles and 4096 x 2560 x 512 (3 waves of 256 columns) takes
 // 256-column ones; an ldc of n + 2 is not a multiple of 8, so "best" falls back to the portable
 // kernel there.
 std::vector<Shape> shapes() {
   std::vector<Shape> out;
-  for (FlagGemmKernel kernel : {FlagGemmKernel::best, FlagGemmKernel::portable})
+  for (FlagGemmKernel kernel : kKernels)
     for (Shape s : {Shape{1000, 520, 200, 0, 0, 0}, Shape{300, 1032, 1000, 8, 16, 8}, Shape{256, 512, 128, 0, 0, 0},
                     Shape{1, 8, 8, 0, 0, 8}, Shape{129, 264, 24, 8, 8, 8}, Shape{512, 2560, 4096, 0, 0, 0},
                     Shape{2048, 640, 512, 0, 0, 0}, Shape{4096, 2560, 512, 0, 0, 0}, Shape{300, 264, 64, 0, 0, 2}}) {
@@ -166,19 +178,22 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
   preload_flag_gemm();
   const std::uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  for (FlagGemmKernel kernel : {FlagGemmKernel::best, FlagGemmKernel::portable}) {
-    const Shape s{1800, 1024, 512, 0, 0, 0, kernel};
+  for (FlagGemmKernel kernel : kKernels) {
+    const Shape s{1800, 4096, 512, 0, 0, 0, kernel};  // 240 tiles of 256 columns: the persistent grid's blocks take two
     Problem p(s, seed);
     SCOPED_TRACE("kernel " + flag_gemm_kernel_name(s.m, s.n, p.ldc, kernel));
     const long rows_per_flag = 200, flag_count = (s.m + rows_per_flag - 1) / rows_per_flag;
     const std::size_t a_bytes = Problem::count(s.m, p.lda) * sizeof(bf16);
-    DeviceArray<bf16> staged(Problem::count(s.m, p.lda));
+    // In pinned host memory: the rows come in on a copy engine. A device-to-device copy may run as
+    // a kernel, and with every SM held by the GEMM's waiting blocks it would never start.
+    test::PinnedArray<bf16> staged(Problem::count(s.m, p.lda));
     DeviceArray<std::uint64_t> flags(static_cast<std::size_t>(flag_count));
     const long tiles = flag_gemm_row_tiles(s.m);
     std::vector<int> order(static_cast<std::size_t>(tiles));
     for (long t = 0; t < tiles; ++t) order[static_cast<std::size_t>(t)] = static_cast<int>(tiles - 1 - t);
     DeviceArray<int> tile_order(order.size());
     CARAVAN_HIP_CHECK(hipMemcpyAsync(staged.data, p.a.data, a_bytes, hipMemcpyDefault, p.stream));
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(p.stream));
     CARAVAN_HIP_CHECK(hipMemsetAsync(p.a.data, 0xff, a_bytes, p.stream));
     CARAVAN_HIP_CHECK(hipMemsetAsync(flags.data, 0, static_cast<std::size_t>(flag_count) * 8, p.stream));
     CARAVAN_HIP_CHECK(
@@ -232,7 +247,7 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
   }
 }
 
-// C in parts (flag_gemm_parts): 1000 rows in parts of 300 (the last of 100), each part its own
+// C in parts (flag_gemm_parts): 4000 rows in parts of 1200 (the last of 400), each part its own
 // poisoned buffer with padded rows, each with its own done words (128 rows each, counted from
 // the part's first row, so row tiles straddle parts and words). Gathered back into one C, the
 // result must match the reference with the padding untouched, and every word must end at n per
@@ -243,11 +258,11 @@ TEST(FlagGemmParts, EachPartsRowsLandInItsOwnBufferAndWords) {
   preload_flag_gemm();
   const std::uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  for (FlagGemmKernel kernel : {FlagGemmKernel::best, FlagGemmKernel::portable}) {
-    const Shape s{1000, 520, 200, 0, 0, 8, kernel};
+  for (FlagGemmKernel kernel : kKernels) {
+    const Shape s{4000, 520, 200, 0, 0, 8, kernel};  // 160 tiles: the persistent grid's blocks take one or two
     Problem p(s, seed);
     SCOPED_TRACE("kernel " + flag_gemm_kernel_name(s.m, s.n, p.ldc, kernel));
-    const long part_rows = 300, rows_per_done = 128, words_per_part = (part_rows + rows_per_done - 1) / rows_per_done;
+    const long part_rows = 1200, rows_per_done = 128, words_per_part = (part_rows + rows_per_done - 1) / rows_per_done;
     FlagGemmParts parts;
     parts.count = static_cast<int>((s.m + part_rows - 1) / part_rows);
     parts.rows = part_rows;
