@@ -70,6 +70,12 @@ std::vector<LayerCommunication> all_variants() {
            .all_gather_lanes = 2,
            .reduce_scatter = GemmRsVariant::tile_scatter,
            .reduce_scatter_splits = 4},
+          {.name = "ce-push 2 lanes, blas-scatter x2 2 lanes",
+           .all_gather = AgGemmVariant::ce_push,
+           .all_gather_lanes = 2,
+           .reduce_scatter = GemmRsVariant::blas_scatter,
+           .reduce_scatter_lanes = 2,
+           .reduce_scatter_splits = 2},
           {.name = kBound, .skip_communication = true}};
 }
 

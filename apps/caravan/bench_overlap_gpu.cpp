@@ -30,6 +30,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <tuple>
 
 namespace caravan::app {
 namespace {
@@ -552,11 +553,36 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
               scatter_op->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::tile_scatter, ctx.stream);
             },
             poison_out, check_out);
+    const std::tuple<const char*, gpu::GemmReduceScatter*, int> blas_scatters[] = {
+        {"blas-scatter", &op, 1},
+        {"blas-scatter 2 lanes", &op, 2},
+        {"blas-scatter x2 parts 2 lanes", &split, 2},
+        {"blas-scatter x4 parts 2 lanes", split4.get(), 2}};
+    for (const auto& [name, scatter_op, lanes] : blas_scatters)
+      if (scatter_op != nullptr && scatter_op->scatter())
+        runner.measure(
+            ctx, name,
+            [&, scatter_op, lanes] {
+              scatter_op->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::blas_scatter, ctx.stream, lanes);
+            },
+            poison_out, check_out);
     if (diag_scatter.bytes > 0) {
       gpu::FlagGemmParts parts;
       parts.count = world;
       parts.rows = rows;
       for (int d = 0; d < world; ++d) parts.c[d] = bench.team().heap().at<bf16>(diag_scatter, d) + r * rows * s.n;
+      // cuBLAS, one GEMM per destination's rows, storing locally and to the destinations: whether
+      // the vendor GEMM's epilogue hides remote stores better than the tile GEMM's.
+      for (const bool remote : {false, true})
+        runner.measure(ctx, fmt::format("diag: cuBLAS per destination, stored {}", remote ? "to destinations" : "here"),
+                       [&, parts, remote] {
+                         for (int step = 1; step <= world; ++step) {
+                           const int d = (r + step) % world;
+                           bf16* c = remote ? parts.c[d] : partial.get() + d * rows * s.n;
+                           blas.gemm(ctx.stream, rows, s.n, s.k, a.get() + d * rows * s.k, s.k, b.get(), s.n, c, s.n);
+                         }
+                       },
+                       {}, {});
       // The tile GEMM alone, storing locally and to the destinations, with either epilogue.
       for (const auto& [kernel, label] :
            {std::pair{gpu::FlagGemmKernel::best, ""}, std::pair{gpu::FlagGemmKernel::persistent, " persistent"}}) {

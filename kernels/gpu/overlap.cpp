@@ -712,6 +712,7 @@ std::string_view to_string(GemmRsVariant v) {
     case GemmRsVariant::sm_push: return "sm-push";
     case GemmRsVariant::tile_push: return "tile-push";
     case GemmRsVariant::tile_scatter: return "tile-scatter";
+    case GemmRsVariant::blas_scatter: return "blas-scatter";
     default: return "ce-bulk";
   }
 }
@@ -883,11 +884,12 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
                 "got k {}, n {}",
                 to_string(variant), k_, n_);
           });
-  require(variant != GemmRsVariant::tile_scatter || scatter(), [&] {
+  const bool scatters = variant == GemmRsVariant::tile_scatter || variant == GemmRsVariant::blas_scatter;
+  require(!scatters || scatter(), [&] {
     return fmt::format(
-        "GemmReduceScatter: tile-scatter needs at most {} ranks and room in the symmetric heap for two "
+        "GemmReduceScatter: {} needs at most {} ranks and room in the symmetric heap for two "
         "inboxes of m x n ({} bytes) after the operation's other buffers",
-        FlagGemmParts::kMaxParts, 2 * static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
+        to_string(variant), FlagGemmParts::kMaxParts, 2 * static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
   });
   const bool one_kernel = variant == GemmRsVariant::sm_pull || variant == GemmRsVariant::sm_push;
   require(!one_kernel || (variant == GemmRsVariant::sm_pull ? pull() : push()), [&] {
@@ -944,13 +946,14 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
 
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
-  if (variant == GemmRsVariant::tile_scatter) {
+  if (scatters) {
     // The GEMM stores this rank's share of destination d's rows into d's inbox slot `rank` and
     // counts it into d's words [rank][range]: a word per source, so that one source's next call
-    // can never make up for another's missing tiles. Inboxes alternate by epoch parity: the one
-    // written now was last summed by its owner in call e-2, and this rank's call e-1 waited for
-    // every peer's contribution of e-1, which that peer's GEMM made after its call e-2 had
-    // ended. Sums run on the communication stream, beside the GEMM, a range at a time.
+    // can never make up for another's missing tiles. blas_scatter sets a word to the count the
+    // tile GEMM's blocks would have reached, so the two variants share the words. Inboxes alternate by epoch parity:
+    // the one written now was last summed by its owner in call e-2, and this rank's call e-1 waited for every peer's
+    // contribution of e-1, which that peer's GEMM made after its call e-2 had ended. Sums run on the communication
+    // stream, beside the GEMM, a range at a time.
     const std::uint64_t calls = scatter_calls_[static_cast<std::size_t>(rank)] + 1;
     const long range_rows = rows / splits_;
     const std::size_t inbox_elems = static_cast<std::size_t>(m_) * n_;
@@ -965,9 +968,24 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
       parts.c[d] = inbox(d) + rank * chunk_elems;
       parts.done[d] = words(d, rank);
     }
-    // Persistent: the rows travel to the destinations while the next tile is computed.
-    flag_gemm_parts(a, k_, b, n_, parts, n_, m_, n_, k_, nullptr, 0, 0, scatter_orders_[static_cast<std::size_t>(rank)],
-                    range_rows, stream, FlagGemmKernel::persistent);
+    if (variant == GemmRsVariant::tile_scatter) {
+      // Persistent: the rows travel to the destinations while the next tile is computed.
+      flag_gemm_parts(a, k_, b, n_, parts, n_, m_, n_, k_, nullptr, 0, 0,
+                      scatter_orders_[static_cast<std::size_t>(rank)], range_rows, stream, FlagGemmKernel::persistent);
+    } else {
+      Lanes lane(team_, rank, s, stream, lanes);
+      int chunk = 0;
+      for (int j = 0; j < splits_; ++j)
+        for (int step = 1; step <= world; ++step, ++chunk) {
+          const int d = (rank + step) % world;
+          const long row0 = d * rows + j * range_rows;
+          hipStream_t on = lane.stream(chunk);
+          lane.blas(chunk).gemm(on, range_rows, n_, k_, a + row0 * k_, k_, b, n_, parts.c[d] + j * range_rows * n_, n_);
+          const auto columns = static_cast<std::uint64_t>(n_ * flag_gemm_tiles_over(m_, row0, range_rows));
+          write_flag(on, parts.done[d] + j, calls * columns);
+        }
+      lane.finish();
+    }
     scatter_calls_[static_cast<std::size_t>(rank)] = calls;  // counted once its GEMM is launched
     for (int j = 0; j < splits_; ++j) {
       const long row0 = j * range_rows;  // within this rank's rows

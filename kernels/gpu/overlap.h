@@ -175,16 +175,16 @@ class AllGatherGemm {
 };
 
 enum class GemmRsVariant {
-  ce_push,  // GEMM row chunks in destination order; each chunk pushed as it is done; fp32 reduce
-  ce_bulk,  // one GEMM, then push every chunk, then reduce: Caravan without overlap
-  ll_bulk,  // one GEMM, then the low-latency ReduceScatter (SM-driven, flags inside the data):
-            // for small outputs (at most kLlMaxBytes per rank), where copy-engine latency dominates
-  sm_pull,  // one GEMM into symmetric memory, then one kernel on every SM that waits for every
-            // peer's GEMM and sums this rank's rows of all partials, read over the peer links:
-            // one flag exchange and no second copy of the data (partials of at most kPullMaxBytes)
-  sm_push,  // one GEMM, then one kernel that stores every peer's rows into the peer's inbox and
-            // counts itself there, then sums this rank's rows once every peer's count is in: a
-            // rank's data moves as soon as its own GEMM is done (same size limit as sm_pull)
+  ce_push,    // GEMM row chunks in destination order; each chunk pushed as it is done; fp32 reduce
+  ce_bulk,    // one GEMM, then push every chunk, then reduce: Caravan without overlap
+  ll_bulk,    // one GEMM, then the low-latency ReduceScatter (SM-driven, flags inside the data):
+              // for small outputs (at most kLlMaxBytes per rank), where copy-engine latency dominates
+  sm_pull,    // one GEMM into symmetric memory, then one kernel on every SM that waits for every
+              // peer's GEMM and sums this rank's rows of all partials, read over the peer links:
+              // one flag exchange and no second copy of the data (partials of at most kPullMaxBytes)
+  sm_push,    // one GEMM, then one kernel that stores every peer's rows into the peer's inbox and
+              // counts itself there, then sums this rank's rows once every peer's count is in: a
+              // rank's data moves as soon as its own GEMM is done (same size limit as sm_pull)
   tile_push,  // one tile-level GEMM (flag_gemm) whose row tiles run in destination order, each
               // block adding its columns to a done word per part; the copy engine pushes each
               // part once its word is complete (one stream wait-value), as ce_push does per
@@ -195,6 +195,10 @@ enum class GemmRsVariant {
   // rows as soon as every rank's share of it has landed, while the GEMMs go on. No copy engine,
   // no second copy of the data (inboxes of m x n, two by epoch parity, when they fit: scatter()).
   tile_scatter,
+  // As tile_scatter, with the vendor GEMM: one GEMM per range of each destination's rows (range
+  // 0 of every destination first, own rows last), stored straight into the destination's inbox,
+  // then its done word set by a stream write; lanes alternate the GEMMs over two streams.
+  blas_scatter,
 };
 std::string_view to_string(GemmRsVariant v);
 
@@ -213,7 +217,7 @@ class GemmReduceScatter {
   bool pull() const { return pull_partials_.bytes > 0; }
   // Whether the sm_push variant is available (it uses the same two buffers as inboxes).
   bool push() const { return pull(); }
-  // Whether the tile_scatter variant is available: room in the heap for its two inboxes of
+  // Whether the tile_scatter and blas_scatter variants are available: room in the heap for their two inboxes of
   // m x n (taken at construction, after everything else), at most FlagGemmParts::kMaxParts ranks.
   bool scatter() const { return scatter_inboxes_.bytes > 0; }
   static constexpr std::uint64_t kPullMaxBytes = std::uint64_t{32} << 20;

@@ -467,7 +467,8 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   // buffers), and each after the other (they share the buffers); tile_push twice in a row and
   // after other variants (its done words count its own calls only); tile_scatter likewise, both
   // inbox parities after each other and after other variants, its two ranges per rank (96 rows)
-  // smaller than a row tile, so tiles add to two ranges and to two destinations. Rows per rank (192) are
+  // smaller than a row tile, so tiles add to two ranges and to two destinations; blas_scatter,
+  // which shares tile_scatter's inboxes and words, after it, before it and after others. Rows per rank (192) are
   // 1.5 row tiles and parts (96 rows) 0.75: tile_push's tiles serve two destinations, and its
   // parts span two tiles.
   const std::vector<std::pair<GemmRsVariant, int>> runs = {
@@ -483,7 +484,9 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
       {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::tile_scatter, 1},
       {GemmRsVariant::ce_push, 1},      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::sm_push, 1},
       {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::tile_scatter, 1},
-      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}};
+      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::blas_scatter, 1},
+      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ce_push, 1},
+      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::blas_scatter, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
     const long rows = m / world, kk = k * world;
@@ -749,9 +752,18 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
   GpuTeam team(first_devices(world), 2 * GpuTpLayer::heap_bytes(shape, world));
   const std::vector<LayerCommunication> variants = {
       {.name = "ce-push", .all_gather = AgGemmVariant::ce_push, .reduce_scatter = GemmRsVariant::ce_push},
-      {.name = "ce-pull 2 lanes, x2 parts 2 lanes", .all_gather = AgGemmVariant::ce_pull, .all_gather_lanes = 2,
-       .reduce_scatter = GemmRsVariant::ce_push, .reduce_scatter_lanes = 2, .reduce_scatter_splits = 2},
-      {.name = "ll-bulk, ce-bulk", .all_gather = AgGemmVariant::ll_bulk, .reduce_scatter = GemmRsVariant::ce_bulk}};
+      {.name = "ce-pull 2 lanes, x2 parts 2 lanes",
+       .all_gather = AgGemmVariant::ce_pull,
+       .all_gather_lanes = 2,
+       .reduce_scatter = GemmRsVariant::ce_push,
+       .reduce_scatter_lanes = 2,
+       .reduce_scatter_splits = 2},
+      {.name = "ll-bulk, ce-bulk", .all_gather = AgGemmVariant::ll_bulk, .reduce_scatter = GemmRsVariant::ce_bulk},
+      {.name = "ce-push, blas-scatter x2 parts 2 lanes",
+       .all_gather = AgGemmVariant::ce_push,
+       .reduce_scatter = GemmRsVariant::blas_scatter,
+       .reduce_scatter_lanes = 2,
+       .reduce_scatter_splits = 2}};
   for (const auto& variant : variants) {
     SCOPED_TRACE(variant.name);
     const std::uint64_t mark = team.heap().mark();
