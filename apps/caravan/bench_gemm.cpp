@@ -37,6 +37,7 @@ struct GemmBenchOptions {
   std::vector<int> tensor_parallel{4, 2};
   int repetitions = 20;
   bool portable = false;
+  bool persistent = false;
   bool check = true;
 };
 GemmBenchOptions g_gemm;
@@ -120,9 +121,18 @@ BenchReport run_on_gpu() {
     return host.nonfinite > 0 ? 1.0 : error_of(host);
   };
 
+  // Kernels timed beside the best one, each a column of its own after "kernel".
+  struct OtherKernel {
+    gpu::FlagGemmKernel kernel;
+    std::string column, key;
+  };
+  std::vector<OtherKernel> others;
+  if (o.portable) others.push_back({gpu::FlagGemmKernel::portable, "portable (wmma)", "portable"});
+  if (o.persistent) others.push_back({gpu::FlagGemmKernel::persistent, "persistent", "persistent"});
   std::vector<std::string> columns = {"shape",         "TP",      "M x K x N", "cuBLAS", "tile GEMM", "kernel",
                                       "tile / cuBLAS", "TFLOP/s", "check"};
-  if (o.portable) columns.insert(columns.begin() + 6, "portable (wmma)");
+  for (std::size_t i = 0; i < others.size(); ++i)
+    columns.insert(columns.begin() + 6 + static_cast<long>(i), others[i].column);
   BenchTable table{"tile GEMM fed by flags (all raised) vs cuBLAS on GPU 0, ms per call (median, p10..p90)", columns};
   nlohmann::json results = nlohmann::json::array();
   std::string failures;
@@ -138,9 +148,9 @@ BenchReport run_on_gpu() {
         const auto tile = [&] {
           gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, nullptr, 0, stream);
         };
-        const auto portable = [&] {
+        const auto other = [&](gpu::FlagGemmKernel kernel) {
           gpu::flag_gemm(a.get(), k, b.get(), n, c_tile.get(), n, m, n, k, nullptr, 0, 0, nullptr, nullptr, 0, stream,
-                         gpu::FlagGemmKernel::portable);
+                         kernel);
         };
         const auto vendor = [&] { blas.gemm(stream, m, n, k, a.get(), k, b.get(), n, c_blas.get(), n); };
         double reference_error = -1;
@@ -153,37 +163,43 @@ BenchReport run_on_gpu() {
           gpu::compare(c_tile.get(), rows, n, n, ref.get(), n, sums.get(), stream);
           reference_error = fetch_error();
         }
-        std::vector<double> tile_s, vendor_s, portable_s;
+        std::vector<double> tile_s, vendor_s;
+        std::vector<std::vector<double>> other_s(others.size());
         for (int rep = -1; rep < o.repetitions; ++rep) {  // rep -1: warm-up
           const double v = timed(vendor);
           const double t = timed(tile);
-          const double p = o.portable ? timed(portable) : 0;
+          std::vector<double> ts;
+          for (const OtherKernel& x : others) ts.push_back(timed([&] { other(x.kernel); }));
           if (rep < 0) continue;
           vendor_s.push_back(v);
           tile_s.push_back(t);
-          if (o.portable) portable_s.push_back(p);
+          for (std::size_t i = 0; i < others.size(); ++i) other_s[i].push_back(ts[i]);
         }
         // Each kernel's output, whole, against cuBLAS's.
         gpu::to_float(c_blas.get(), c_blas_f.get(), count(m, n), stream);
-        double portable_difference = -1;
-        if (o.portable) {
-          portable();
+        std::vector<double> other_difference;
+        double worst_other = 0;
+        for (const OtherKernel& x : others) {
+          other(x.kernel);
           gpu::compare(c_tile.get(), m, n, n, c_blas_f.get(), n, sums.get(), stream);
-          portable_difference = fetch_error();
+          other_difference.push_back(fetch_error());
+          worst_other = std::max(worst_other, other_difference.back());
         }
         tile();
         gpu::compare(c_tile.get(), m, n, n, c_blas_f.get(), n, sums.get(), stream);
         const double difference = fetch_error();
         const Summary ts = summarize(tile_s), vs = summarize(vendor_s);
         const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-        const bool ok = difference < 1e-2 && reference_error < 1e-2 && portable_difference < 1e-2;
-        worst_error = std::max({worst_error, difference, reference_error, portable_difference});
+        const bool ok = difference < 1e-2 && reference_error < 1e-2 && worst_other < 1e-2;
+        worst_error = std::max({worst_error, difference, reference_error, worst_other});
+        std::string others_text;
+        for (std::size_t i = 0; i < others.size(); ++i)
+          others_text += fmt::format(", {} {:.1e}", others[i].key, other_difference[i]);
         worst_ratio = std::max(worst_ratio, ts.median / vs.median);
         const std::string kernel = gpu::flag_gemm_kernel_name(m, n, n);
         if (!ok)
-          failures += fmt::format("{}{} TP {} M {}: vs float32 {:.2e}, vs cuBLAS {:.2e}, wmma vs cuBLAS {:.2e}",
-                                  failures.empty() ? "" : "; ", s.name, tp, m, reference_error, difference,
-                                  portable_difference);
+          failures += fmt::format("{}{} TP {} M {}: vs float32 {:.2e}, vs cuBLAS {:.2e}{}", failures.empty() ? "" : "; ",
+                                  s.name, tp, m, reference_error, difference, others_text);
         std::vector<std::string> row = {
             s.name,
             std::to_string(tp),
@@ -195,7 +211,7 @@ BenchReport run_on_gpu() {
             fmt::format("{:.0f}", flops / ts.median / 1e12),
             fmt::format("{} (f32 {}, cuBLAS {:.1e}{})", ok ? "ok" : "FAIL",
                         reference_error < 0 ? std::string("-") : fmt::format("{:.1e}", reference_error), difference,
-                        o.portable ? fmt::format(", wmma {:.1e}", portable_difference) : std::string())};
+                        others_text)};
         nlohmann::json result = {{"shape", s.name},
                                  {"tp", tp},
                                  {"m", m},
@@ -208,11 +224,12 @@ BenchReport run_on_gpu() {
                                  {"tile_tflops", flops / ts.median / 1e12},
                                  {"error_vs_float32", reference_error},
                                  {"difference_vs_cublas", difference}};
-        if (o.portable) {
-          const Summary ps = summarize(portable_s);
-          row.insert(row.begin() + 6,
+        for (std::size_t i = 0; i < others.size(); ++i) {
+          const Summary ps = summarize(other_s[i]);
+          row.insert(row.begin() + 6 + static_cast<long>(i),
                      fmt::format("{:.3f} ({:.3f}..{:.3f})", ps.median * 1e3, ps.p10 * 1e3, ps.p90 * 1e3));
-          result["portable_s"] = portable_s;
+          result[others[i].key + "_s"] = other_s[i];
+          result[others[i].key + "_difference_vs_cublas"] = other_difference[i];
         }
         table.rows.push_back(std::move(row));
         results.push_back(std::move(result));
@@ -262,6 +279,8 @@ void add_bench_gemm(CLI::App& bench) {
       ->capture_default_str();
   c.add_option("--reps", g_gemm.repetitions, "Timed calls of each")->capture_default_str();
   c.add_flag("--portable", g_gemm.portable, "Also time the portable WMMA kernel (slow: about 7x cuBLAS)");
+  c.add_flag("--persistent", g_gemm.persistent,
+             "Also time the persistent Hopper kernel (one block per SM, stores beside the next tile's products)");
   c.add_flag("!--no-check", g_gemm.check, "Skip the float32 reference check");
 }
 
