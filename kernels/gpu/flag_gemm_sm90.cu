@@ -19,7 +19,8 @@
 // store it and count it done while the consumers go on to the next tile's products, whose loads
 // the producer has already issued. Its staging buffer costs a stage (three stages for 256-column
 // tiles, five for 128). Sending the rows with bulk copies (cp.async.bulk, shared to global)
-// instead was slower than the plain epilogue: they share the TMA unit with the stages' loads.
+// instead was slower than the plain epilogue on 4 x H200 (likely because they share the TMA unit
+// with the stages' loads).
 //
 // Flags: before the producer issues the first load of A for its tile, it waits (acquire, system
 // scope) for the flags of the tile's rows, then orders that acquire before its TMA reads with a
