@@ -88,7 +88,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = lane; e < 256; e += 32) {
         const int r = e / 16, col = e % 16;
         const long gr = m0 + wm * 64 + i * 16 + r, gc = n0 + wn * 32 + j * 16 + col;
-        if (gr < m && gc < n) dev::row_address(out, gr)[gc] = __float2bfloat16(cs[warp][r][col]);
+        if (gr < m && gc < n)
+          for (int copy = 0; copy < out.copies; ++copy)
+            dev::row_address(out, gr, copy)[gc] = __float2bfloat16(cs[warp][r][col]);
       }
       __syncwarp();
     }
@@ -104,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
 bool hopper_kernel_for(long ldc, const FlagGemmParts* parts, FlagGemmKernel kernel) {
 #ifdef CARAVAN_HAVE_SM90_GEMM
   if (kernel == FlagGemmKernel::portable || ldc % 8 != 0) return false;
-  for (int p = 0; parts != nullptr && p < parts->count; ++p)
+  for (int p = 0; parts != nullptr && p < parts->count * parts->copies; ++p)
     if (reinterpret_cast<std::uintptr_t>(parts->c[p]) % 16 != 0) return false;
   return sm90::available();
 #else
@@ -151,17 +153,20 @@ void flag_gemm_parts(const bf16* a, long lda, const bf16* b, long ldb, const Fla
                 "ldc >= n; got m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k));
   if (reinterpret_cast<std::uintptr_t>(a) % 16 != 0 || reinterpret_cast<std::uintptr_t>(b) % 16 != 0)
     throw Error(Errc::invalid_argument, "flag_gemm: a and b must be 16-byte aligned (rows are loaded 16 bytes at a time)");
-  if (parts.count < 1 || parts.count > FlagGemmParts::kMaxParts || parts.rows <= 0 ||
+  if (parts.count < 1 || parts.copies < 1 || parts.count * parts.copies > FlagGemmParts::kMaxParts || parts.rows <= 0 ||
       (m + parts.rows - 1) / parts.rows != parts.count)
     throw Error(Errc::invalid_argument,
-                "flag_gemm: parts.count must be 1 to " + std::to_string(FlagGemmParts::kMaxParts) +
-                    " and equal to the parts of parts.rows rows that m takes; got count " +
-                    std::to_string(parts.count) + ", rows " + std::to_string(parts.rows) + ", m " + std::to_string(m));
+                "flag_gemm: parts.count and parts.copies must be at least 1 with count x copies at most " +
+                    std::to_string(FlagGemmParts::kMaxParts) +
+                    ", and count equal to the parts of parts.rows rows that m takes; got count " +
+                    std::to_string(parts.count) + ", copies " + std::to_string(parts.copies) + ", rows " +
+                    std::to_string(parts.rows) + ", m " + std::to_string(m));
   dev::OutputParts out{};
   out.part_rows = parts.rows;
   out.ldc = ldc;
+  out.copies = parts.copies;
   out.counted = false;
-  for (int p = 0; p < parts.count; ++p) {
+  for (int p = 0; p < parts.count * parts.copies; ++p) {
     if (parts.c[p] == nullptr)
       throw Error(Errc::invalid_argument, "flag_gemm: parts.c[" + std::to_string(p) + "] is null");
     out.c[p] = parts.c[p];
@@ -195,6 +200,7 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
                std::uint64_t* done, long rows_per_done, hipStream_t stream, FlagGemmKernel kernel) {
   FlagGemmParts whole;
   whole.count = 1;
+  whole.copies = 1;
   whole.rows = std::max(m, 1L);
   whole.c[0] = c;
   whole.done[0] = done;

@@ -11,19 +11,21 @@
 
 namespace caravan::gpu::dev {
 
-// C as the kernels see it: rows [p * part_rows, (p + 1) * part_rows) at c[p], ldc elements
-// apart, their done words at done[p] (null: not counted). One part of m rows is a plain C.
+// C as the kernels see it: rows [p * part_rows, (p + 1) * part_rows) at c[p * copies + i] for
+// each copy i, ldc elements apart, their done words at done[p * copies + i] (null: not counted).
+// One part of m rows in one copy is a plain C.
 struct OutputParts {
   bf16* c[FlagGemmParts::kMaxParts];
   std::uint64_t* done[FlagGemmParts::kMaxParts];
   long part_rows;
   long ldc;
+  int copies;
   bool counted;  // some part has done words
 };
 
-__device__ inline bf16* row_address(const OutputParts& out, long row) {
+__device__ inline bf16* row_address(const OutputParts& out, long row, int copy) {
   const long p = row / out.part_rows;
-  return out.c[p] + (row - p * out.part_rows) * out.ldc;
+  return out.c[p * out.copies + copy] + (row - p * out.part_rows) * out.ldc;
 }
 
 // One thread: waits (acquire) until every flag word over the tile's rows holds at least `epoch`.
@@ -33,21 +35,23 @@ __device__ inline void wait_for_tile_rows(std::uint64_t* flags, long rows_per_fl
   for (long f = m0 / rows_per_flag; f <= last; ++f) wait_until(flags + f, Compare::ge, epoch);
 }
 
-// One thread, after the whole block's part of C is written: makes it visible at system scope
-// (a part may be another GPU's memory, its waiter that GPU's copy engine), then adds `columns` to
-// the done word of every row range the tile overlaps, ranges counted from each part's first row.
+// One thread, after the whole block's part of C is written (every copy): makes it visible at
+// system scope (a part may be another GPU's memory, its waiter that GPU's copy engine), then adds
+// `columns` to each copy's done word of every row range the tile overlaps, ranges counted from
+// each part's first row.
 __device__ inline void count_tile_rows_done(const OutputParts& out, long rows_per_done, long m0, long tile_rows, long m,
                                             long columns) {
   __threadfence_system();
   const long end = min(m0 + tile_rows, m);
-  for (long p = m0 / out.part_rows; p * out.part_rows < end; ++p) {
-    if (out.done[p] == nullptr) continue;
-    const long base = p * out.part_rows;
-    const long first = max(m0, base) - base, last = min(end, base + out.part_rows) - 1 - base;
-    for (long w = first / rows_per_done; w <= last / rows_per_done; ++w)
-      atomicAdd_system(reinterpret_cast<unsigned long long*>(out.done[p] + w),
-                       static_cast<unsigned long long>(columns));
-  }
+  for (long p = m0 / out.part_rows; p * out.part_rows < end; ++p)
+    for (int copy = 0; copy < out.copies; ++copy) {
+      std::uint64_t* done = out.done[p * out.copies + copy];
+      if (done == nullptr) continue;
+      const long base = p * out.part_rows;
+      const long first = max(m0, base) - base, last = min(end, base + out.part_rows) - 1 - base;
+      for (long w = first / rows_per_done; w <= last / rows_per_done; ++w)
+        atomicAdd_system(reinterpret_cast<unsigned long long*>(done + w), static_cast<unsigned long long>(columns));
+    }
 }
 
 }  // namespace caravan::gpu::dev

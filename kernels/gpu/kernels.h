@@ -174,9 +174,13 @@ void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long l
 // straight into that destination) with ldc between rows. done[p] (or null) are part p's done
 // words, as flag_gemm's `done` with rows counted from the part's first row; they are added to
 // with system-scope atomics, so they too may be another GPU's. Pointers 16-byte aligned.
+// `copies` > 1 writes each part to that many places (every rank's C, for GEMM+All-Scatter):
+// part p's copy i at c[p * copies + i], counted into done[p * copies + i]; count x copies at most
+// kMaxParts.
 struct FlagGemmParts {
   static constexpr int kMaxParts = 8;
   int count = 1;
+  int copies = 1;
   long rows = 0;
   bf16* c[kMaxParts] = {};
   std::uint64_t* done[kMaxParts] = {};

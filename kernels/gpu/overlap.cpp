@@ -1074,7 +1074,14 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
 }
 
 // ---------------------------------------------------------------------------------------------
-std::string_view to_string(GemmAsVariant v) { return v == GemmAsVariant::ce_push ? "ce-push" : "ce-bulk"; }
+std::string_view to_string(GemmAsVariant v) {
+  switch (v) {
+    case GemmAsVariant::ce_push: return "ce-push";
+    case GemmAsVariant::ce_bulk: return "ce-bulk";
+    case GemmAsVariant::tile_fused: return "tile-fused";
+  }
+  return "unknown";
+}
 
 // Flags of GemmAllScatter, per rank: arrived[p * chunks + c] (p's chunk c of its column block
 // is in my C), released[p] (p entered this epoch: its caller is done with p's C).
@@ -1092,6 +1099,12 @@ GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks
           [&] { return fmt::format("GemmAllScatter: chunks = {} must be >= 1 and divide m = {}", chunks, m); });
   c_ = team.heap().allocate(static_cast<std::uint64_t>(m) * n * sizeof(bf16));
   flags_ = team.heap().allocate((static_cast<std::uint64_t>(world) * chunks + world) * kFlagBytes);
+  fused_done_ = team.heap().allocate(static_cast<std::uint64_t>(world) * kFlagBytes);
+  fused_calls_.assign(static_cast<std::size_t>(world), 0);
+  for (int r : team.driven_ranks()) {
+    team.use(r);
+    preload_flag_gemm();  // tile_fused's GEMM: loaded now, not while peers wait
+  }
   sync_ = make_sync(team, chunks);
   warm_up(team, {{m, n / world, k, n}, {m / chunks, n / world, k, n}});
   team.construction_done();
@@ -1106,6 +1119,14 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   const int world = team_.world();
   const long block = n_ / world, rows = m_ / chunks_;
   require_call(team_, "GemmAllScatter", rank, lanes);
+  require(variant != GemmAsVariant::tile_fused ||
+              (world <= FlagGemmParts::kMaxParts && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
+               reinterpret_cast<std::uintptr_t>(b_shard) % 16 == 0),
+          [&] {
+            return fmt::format(
+                "GemmAllScatter: tile-fused needs at most {} ranks (got {}) and a, b_shard 16-byte aligned",
+                FlagGemmParts::kMaxParts, world);
+          });
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = s.enter(stream);
   CallScope scope(s, stream);
@@ -1122,6 +1143,28 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   // wrote into C) is done on this rank: tell the peers they may write this epoch's blocks. The
   // flag carries this epoch, so even the first call waits for every peer to get here.
   for (int step = 1; step < world; ++step) write_flag(stream, released((rank + step) % world, rank), e);
+  if (variant == GemmAsVariant::tile_fused) {
+    // The GEMM stores into every peer's C: it starts once every peer's caller is done with it.
+    // Each tile is counted into the word [rank] of every rank (its own included), and this
+    // rank's C is complete once every source's word holds calls x its columns.
+    for (int step = 1; step < world; ++step) wait_flag(stream, released(rank, (rank + step) % world), e);
+    const std::uint64_t calls = fused_calls_[static_cast<std::size_t>(rank)] + 1;
+    FlagGemmParts copies;
+    copies.count = 1;
+    copies.copies = world;
+    copies.rows = m_;
+    for (int d = 0; d < world; ++d) {
+      copies.c[d] = output(d) + rank * block;
+      copies.done[d] = team_.heap().at<std::uint64_t>(fused_done_, d) + rank;
+    }
+    flag_gemm_parts(a, k_, b_shard, block, copies, n_, m_, block, k_, nullptr, 0, 0, nullptr, m_, stream,
+                    FlagGemmKernel::persistent);
+    fused_calls_[static_cast<std::size_t>(rank)] = calls;  // counted once its GEMM is launched
+    const auto columns = static_cast<std::uint64_t>(block * flag_gemm_row_tiles(m_));
+    for (int step = 1; step < world; ++step)
+      wait_flag(stream, team_.heap().at<std::uint64_t>(fused_done_, rank) + (rank + step) % world, calls * columns);
+    return;
+  }
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
   for (int step = 1; step < world; ++step) wait_flag(comm, released(rank, (rank + step) % world), e);

@@ -267,6 +267,10 @@ class GemmReduceScatter {
 enum class GemmAsVariant {
   ce_push,  // producer-consumer on two streams: GEMM row chunks, each pushed to every peer when done
   ce_bulk,  // one GEMM, then push: Caravan without overlap
+  // Fused sequential: one tile GEMM (the persistent kernel) whose epilogue stores each tile into
+  // every rank's C and counts it into a word per source there; a rank's C is complete once every
+  // peer's word holds its count (at most FlagGemmParts::kMaxParts ranks). No copy engine.
+  tile_fused,
 };
 std::string_view to_string(GemmAsVariant v);
 
@@ -286,6 +290,11 @@ class GemmAllScatter {
   long m_, k_, n_;
   int chunks_;
   SymmetricRegion c_, flags_;
+  // tile_fused: per rank, a done word per source (a running count of the columns that source's
+  // tiles stored here), and per rank its tile_fused calls so far (a word's target is calls x the
+  // columns of one call).
+  SymmetricRegion fused_done_;
+  std::vector<std::uint64_t> fused_calls_;
   std::vector<std::unique_ptr<RankSync>> sync_;
 };
 

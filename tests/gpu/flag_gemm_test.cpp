@@ -249,59 +249,67 @@ TEST(FlagGemmFlags, BlocksWaitForTheFlagsOfTheirRows) {
 
 // C in parts (flag_gemm_parts): 4000 rows in parts of 1200 (the last of 400), each part its own
 // poisoned buffer with padded rows, each with its own done words (128 rows each, counted from
-// the part's first row, so row tiles straddle parts and words). Gathered back into one C, the
-// result must match the reference with the padding untouched, and every word must end at n per
-// row tile over its rows.
+// the part's first row, so row tiles straddle parts and words); then the same with every part
+// written twice (copies, as GEMM+All-Scatter writes every rank's C), each copy to buffers and
+// words of its own. Gathered back into one C, every copy must match the reference with the
+// padding untouched, and every word must end at n per row tile over its rows.
 TEST(FlagGemmParts, EachPartsRowsLandInItsOwnBufferAndWords) {
   CARAVAN_REQUIRE_GPU_COUNT(1);
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   preload_flag_gemm();
   const std::uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  for (FlagGemmKernel kernel : kKernels) {
-    const Shape s{4000, 520, 200, 0, 0, 8, kernel};  // 160 tiles: the persistent grid's blocks take one or two
-    Problem p(s, seed);
-    SCOPED_TRACE("kernel " + flag_gemm_kernel_name(s.m, s.n, p.ldc, kernel));
-    const long part_rows = 1200, rows_per_done = 128, words_per_part = (part_rows + rows_per_done - 1) / rows_per_done;
-    FlagGemmParts parts;
-    parts.count = static_cast<int>((s.m + part_rows - 1) / part_rows);
-    parts.rows = part_rows;
-    std::deque<DeviceArray<bf16>> buffers;  // not movable: a deque keeps them in place
-    std::deque<DeviceArray<std::uint64_t>> words;
-    for (int q = 0; q < parts.count; ++q) {
-      buffers.emplace_back(Problem::count(part_rows, p.ldc));
-      words.emplace_back(static_cast<std::size_t>(words_per_part));
-      CARAVAN_HIP_CHECK(
-          hipMemsetAsync(buffers.back().data, 0xff, Problem::count(part_rows, p.ldc) * sizeof(bf16), p.stream));
-      CARAVAN_HIP_CHECK(hipMemsetAsync(words.back().data, 0, static_cast<std::size_t>(words_per_part) * 8, p.stream));
-      parts.c[q] = buffers.back().data;
-      parts.done[q] = words.back().data;
-    }
-    flag_gemm_parts(p.a.data, p.lda, p.b.data, p.ldb, parts, p.ldc, s.m, s.n, s.k, nullptr, 0, 0, nullptr,
-                    rows_per_done, p.stream, kernel);
-    for (int q = 0; q < parts.count; ++q) {
-      const long first = q * part_rows, rows = std::min(part_rows, s.m - first);
-      CARAVAN_HIP_CHECK(hipMemcpyAsync(p.c.data + first * p.ldc, buffers[static_cast<std::size_t>(q)].data,
-                                       static_cast<std::size_t>(rows * p.ldc) * sizeof(bf16), hipMemcpyDefault,
-                                       p.stream));
-    }
-    const Measured m = p.check();
-    EXPECT_EQ(m.nonfinite, 0u) << "rows left poisoned: a part's rows went elsewhere";
-    EXPECT_LT(m.relative_error, 1e-2);
-    EXPECT_TRUE(m.padding_untouched) << "the kernel wrote into a part's padding columns";
-    for (int q = 0; q < parts.count; ++q) {
-      std::vector<std::uint64_t> counted(static_cast<std::size_t>(words_per_part));
-      CARAVAN_HIP_CHECK(
-          hipMemcpy(counted.data(), words[static_cast<std::size_t>(q)].data, counted.size() * 8, hipMemcpyDefault));
-      const long part_end = std::min((q + 1) * part_rows, s.m);
-      for (long w = 0; w < words_per_part; ++w) {
-        const long first = q * part_rows + w * rows_per_done, rows = std::min(rows_per_done, part_end - first);
-        const std::uint64_t target =
-            rows > 0 ? static_cast<std::uint64_t>(s.n * flag_gemm_tiles_over(s.m, first, rows)) : 0;
-        EXPECT_EQ(counted[static_cast<std::size_t>(w)], target) << "part " << q << ", done word " << w;
+  for (FlagGemmKernel kernel : kKernels)
+    for (int copies : {1, 2}) {
+      const Shape s{4000, 520, 200, 0, 0, 8, kernel};  // 160 tiles: the persistent grid's blocks take one or two
+      Problem p(s, seed);
+      SCOPED_TRACE("kernel " + flag_gemm_kernel_name(s.m, s.n, p.ldc, kernel) + ", copies " + std::to_string(copies));
+      const long part_rows = 1200, rows_per_done = 128,
+                 words_per_part = (part_rows + rows_per_done - 1) / rows_per_done;
+      FlagGemmParts parts;
+      parts.count = static_cast<int>((s.m + part_rows - 1) / part_rows);
+      parts.copies = copies;
+      parts.rows = part_rows;
+      const int entries = parts.count * copies;  // entry q * copies + i: part q, copy i
+      std::deque<DeviceArray<bf16>> buffers;     // not movable: a deque keeps them in place
+      std::deque<DeviceArray<std::uint64_t>> words;
+      for (int e = 0; e < entries; ++e) {
+        buffers.emplace_back(Problem::count(part_rows, p.ldc));
+        words.emplace_back(static_cast<std::size_t>(words_per_part));
+        CARAVAN_HIP_CHECK(
+            hipMemsetAsync(buffers.back().data, 0xff, Problem::count(part_rows, p.ldc) * sizeof(bf16), p.stream));
+        CARAVAN_HIP_CHECK(hipMemsetAsync(words.back().data, 0, static_cast<std::size_t>(words_per_part) * 8, p.stream));
+        parts.c[e] = buffers.back().data;
+        parts.done[e] = words.back().data;
+      }
+      flag_gemm_parts(p.a.data, p.lda, p.b.data, p.ldb, parts, p.ldc, s.m, s.n, s.k, nullptr, 0, 0, nullptr,
+                      rows_per_done, p.stream, kernel);
+      for (int copy = 0; copy < copies; ++copy) {
+        SCOPED_TRACE("copy " + std::to_string(copy));
+        for (int q = 0; q < parts.count; ++q) {
+          const long first = q * part_rows, rows = std::min(part_rows, s.m - first);
+          CARAVAN_HIP_CHECK(
+              hipMemcpyAsync(p.c.data + first * p.ldc, buffers[static_cast<std::size_t>(q * copies + copy)].data,
+                             static_cast<std::size_t>(rows * p.ldc) * sizeof(bf16), hipMemcpyDefault, p.stream));
+        }
+        const Measured m = p.check();
+        EXPECT_EQ(m.nonfinite, 0u) << "rows left poisoned: a part's rows went elsewhere";
+        EXPECT_LT(m.relative_error, 1e-2);
+        EXPECT_TRUE(m.padding_untouched) << "the kernel wrote into a part's padding columns";
+        for (int q = 0; q < parts.count; ++q) {
+          std::vector<std::uint64_t> counted(static_cast<std::size_t>(words_per_part));
+          CARAVAN_HIP_CHECK(hipMemcpy(counted.data(), words[static_cast<std::size_t>(q * copies + copy)].data,
+                                      counted.size() * 8, hipMemcpyDefault));
+          const long part_end = std::min((q + 1) * part_rows, s.m);
+          for (long w = 0; w < words_per_part; ++w) {
+            const long first = q * part_rows + w * rows_per_done, rows = std::min(rows_per_done, part_end - first);
+            const std::uint64_t target =
+                rows > 0 ? static_cast<std::uint64_t>(s.n * flag_gemm_tiles_over(s.m, first, rows)) : 0;
+            EXPECT_EQ(counted[static_cast<std::size_t>(w)], target) << "part " << q << ", done word " << w;
+          }
+        }
       }
     }
-  }
 }
 
 TEST(FlagGemmArguments, BadArgumentsAreRejectedNamingTheRule) {
