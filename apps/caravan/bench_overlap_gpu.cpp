@@ -700,7 +700,8 @@ CaseRecord run_gemm_as(OverlapBench& bench, const Shape& s) {
     runner.measure(ctx, "nccl-bulk", [&] { gemm_part(); nccl_gather(); }, {}, {});
     runner.measure(ctx, "gemm-alone", gemm_part, {}, {});
     runner.measure(ctx, "nccl-allgather-alone", nccl_gather, {}, {});
-    for (auto variant : {gpu::GemmAsVariant::ce_bulk, gpu::GemmAsVariant::ce_push, gpu::GemmAsVariant::tile_fused})
+    for (auto variant : {gpu::GemmAsVariant::ce_bulk, gpu::GemmAsVariant::ce_push, gpu::GemmAsVariant::tile_fused,
+                         gpu::GemmAsVariant::tile_specialized})
       runner.measure(ctx, std::string(gpu::to_string(variant)),
                      [&, variant] { op.run(r, a.get(), b.get(), variant, ctx.stream); }, poison_c, check_c);
     runner.measure(ctx, "ce-push 2 lanes",

@@ -1079,6 +1079,7 @@ std::string_view to_string(GemmAsVariant v) {
     case GemmAsVariant::ce_push: return "ce-push";
     case GemmAsVariant::ce_bulk: return "ce-bulk";
     case GemmAsVariant::tile_fused: return "tile-fused";
+    case GemmAsVariant::tile_specialized: return "tile-specialized";
   }
   return "unknown";
 }
@@ -1103,7 +1104,7 @@ GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks
   fused_calls_.assign(static_cast<std::size_t>(world), 0);
   for (int r : team.driven_ranks()) {
     team.use(r);
-    preload_flag_gemm();  // tile_fused's GEMM: loaded now, not while peers wait
+    preload_flag_gemm();  // the tile variants' GEMM: loaded now, not while peers wait
   }
   sync_ = make_sync(team, chunks);
   warm_up(team, {{m, n / world, k, n}, {m / chunks, n / world, k, n}});
@@ -1119,13 +1120,12 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   const int world = team_.world();
   const long block = n_ / world, rows = m_ / chunks_;
   require_call(team_, "GemmAllScatter", rank, lanes);
-  require(variant != GemmAsVariant::tile_fused ||
-              (world <= FlagGemmParts::kMaxParts && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
-               reinterpret_cast<std::uintptr_t>(b_shard) % 16 == 0),
+  const bool fused = variant == GemmAsVariant::tile_fused || variant == GemmAsVariant::tile_specialized;
+  require(!fused || (world <= FlagGemmParts::kMaxParts && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(b_shard) % 16 == 0),
           [&] {
-            return fmt::format(
-                "GemmAllScatter: tile-fused needs at most {} ranks (got {}) and a, b_shard 16-byte aligned",
-                FlagGemmParts::kMaxParts, world);
+            return fmt::format("GemmAllScatter: {} needs at most {} ranks (got {}) and a, b_shard 16-byte aligned",
+                               to_string(variant), FlagGemmParts::kMaxParts, world);
           });
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   const std::uint64_t e = s.enter(stream);
@@ -1143,7 +1143,7 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   // wrote into C) is done on this rank: tell the peers they may write this epoch's blocks. The
   // flag carries this epoch, so even the first call waits for every peer to get here.
   for (int step = 1; step < world; ++step) write_flag(stream, released((rank + step) % world, rank), e);
-  if (variant == GemmAsVariant::tile_fused) {
+  if (fused) {
     // The GEMM stores into every peer's C: it starts once every peer's caller is done with it.
     // Each tile is counted into the word [rank] of every rank (its own included), and this
     // rank's C is complete once every source's word holds calls x its columns.
@@ -1158,7 +1158,7 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
       copies.done[d] = team_.heap().at<std::uint64_t>(fused_done_, d) + rank;
     }
     flag_gemm_parts(a, k_, b_shard, block, copies, n_, m_, block, k_, nullptr, 0, 0, nullptr, m_, stream,
-                    FlagGemmKernel::persistent);
+                    variant == GemmAsVariant::tile_specialized ? FlagGemmKernel::persistent : FlagGemmKernel::best);
     fused_calls_[static_cast<std::size_t>(rank)] = calls;  // counted once its GEMM is launched
     const auto columns = static_cast<std::uint64_t>(block * flag_gemm_row_tiles(m_));
     for (int step = 1; step < world; ++step)

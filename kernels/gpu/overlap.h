@@ -267,10 +267,13 @@ class GemmReduceScatter {
 enum class GemmAsVariant {
   ce_push,  // producer-consumer on two streams: GEMM row chunks, each pushed to every peer when done
   ce_bulk,  // one GEMM, then push: Caravan without overlap
-  // Fused sequential: one tile GEMM (the persistent kernel) whose epilogue stores each tile into
-  // every rank's C and counts it into a word per source there; a rank's C is complete once every
-  // peer's word holds its count (at most FlagGemmParts::kMaxParts ranks). No copy engine.
+  // Fused sequential: one tile GEMM whose blocks each compute a tile, then store it into every
+  // rank's C and count it into a word per source there; a rank's C is complete once every peer's
+  // word holds its count (at most FlagGemmParts::kMaxParts ranks). No copy engine.
   tile_fused,
+  // Workgroup-specialized: as tile_fused, with the persistent tile GEMM, whose store warps store
+  // and count each tile while the block's consumer warps compute the next.
+  tile_specialized,
 };
 std::string_view to_string(GemmAsVariant v);
 

@@ -580,12 +580,13 @@ TEST(Overlap, GemmAllScatterMatchesReferenceCallAfterCall) {
   GpuTeam team(first_devices(world), 64 << 20);
   const long m = 256, k = 128, n = 96L * world, block = n / world;
   GemmAllScatter op(team, m, k, n, 4);
-  // tile_fused twice in a row (its done words are running counts), after and before the
-  // copy-engine variants.
+  // tile_fused and tile_specialized twice in a row each (their shared done words are running
+  // counts), after each other, and after and before the copy-engine variants.
   const std::vector<std::pair<GemmAsVariant, int>> runs = {
-      {GemmAsVariant::ce_push, 1}, {GemmAsVariant::ce_push, 2},    {GemmAsVariant::ce_bulk, 1},
-      {GemmAsVariant::ce_push, 1}, {GemmAsVariant::tile_fused, 1}, {GemmAsVariant::tile_fused, 1},
-      {GemmAsVariant::ce_push, 2}, {GemmAsVariant::tile_fused, 1}, {GemmAsVariant::ce_bulk, 1}};
+      {GemmAsVariant::ce_push, 1},          {GemmAsVariant::ce_push, 2},          {GemmAsVariant::ce_bulk, 1},
+      {GemmAsVariant::ce_push, 1},          {GemmAsVariant::tile_fused, 1},       {GemmAsVariant::tile_fused, 1},
+      {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::ce_push, 2},
+      {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::tile_fused, 1},       {GemmAsVariant::ce_bulk, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
     bf16 *a = device_alloc<bf16>(static_cast<std::size_t>(m) * k), *b = device_alloc<bf16>(static_cast<std::size_t>(k) * block);
