@@ -326,7 +326,9 @@ kernels::LayerTimes GpuTpLayer::step_times(int rank) {
     if (status == hipSuccess) break;
     if (status != hipErrorNotReady) CARAVAN_HIP_CHECK(status);
     if (std::chrono::steady_clock::now() > deadline)
-      throw Error(Errc::timeout, fmt::format("GpuTpLayer: rank {}'s layer did not finish within 60 s (a flag never raised?)", rank));
+      throw Error(Errc::timeout, fmt::format("GpuTpLayer: rank {}'s layer did not finish within 60 s (a flag never "
+                                             "raised?)\n{}",
+                                             rank, describe_progress()));
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   kernels::LayerTimes times{};
@@ -336,6 +338,37 @@ kernels::LayerTimes GpuTpLayer::step_times(int rank) {
     times[s] = static_cast<double>(ms) * 1e-3;
   }
   return times;
+}
+
+std::string GpuTpLayer::describe_progress() const {
+  std::lock_guard lock(describe_mutex_);
+  int current = 0;
+  (void)hipGetDevice(&current);
+  std::string out;
+  for (int r = 0; r < world_; ++r) {
+    const Rank* rank = ranks_[static_cast<std::size_t>(r)].get();
+    if (rank == nullptr) {
+      out += fmt::format("rank {}: driven by another process\n", r);
+      continue;
+    }
+    (void)hipSetDevice(rank->device);
+    // events[s + 1] marks the end of step s; the first one still pending is where the run is.
+    std::string where = "its last run is done (or it has not run)";
+    for (std::size_t s = 0; s <= static_cast<std::size_t>(LayerStep::count); ++s) {
+      const hipError_t status = hipEventQuery(rank->events[s]);
+      if (status == hipSuccess) continue;
+      where = s == 0 ? std::string("not started")
+                     : fmt::format("in step {} ({})", to_string(static_cast<LayerStep>(s - 1)),
+                                   status == hipErrorNotReady ? "pending" : hipGetErrorName(status));
+      break;
+    }
+    out += fmt::format("rank {}: {}\n", r, where);
+  }
+  (void)hipSetDevice(current);
+  for (const auto& [name, op] :
+       {std::pair{"qkv AllGather+GEMM", qkv_op_.get()}, std::pair{"up/gate AllGather+GEMM", up_gate_op_.get()}})
+    if (op != nullptr) out += fmt::format("{}:\n{}", name, op->describe_flags());
+  return out;
 }
 
 }  // namespace caravan::gpu

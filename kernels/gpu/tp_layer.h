@@ -20,6 +20,7 @@
 
 #include <caravan/kernels/tp_layer.h>
 
+#include <mutex>
 #include <string>
 
 namespace caravan::gpu {
@@ -81,8 +82,13 @@ class GpuTpLayer {
   // Enqueues the layer on `stream` of rank's device: y = layer(x), x and y this rank's rows
   // [M/W, H]. Every rank calls run() equally often.
   void run(int rank, const bf16* x, bf16* y, hipStream_t stream);
-  // The device time of each step of rank's last run (waits for that run).
+  // The device time of each step of rank's last run (waits for that run, at most 60 s; then
+  // throws Error(timeout) with describe_progress() in its message).
   kernels::LayerTimes step_times(int rank);
+  // For a hang report: how far each rank's last run has got (the steps whose end the GPU has
+  // passed, found by event queries, which never block) and the flag words of the AllGather+GEMM
+  // objects (AllGatherGemm::describe_flags). Thread-safe.
+  std::string describe_progress() const;
 
   const kernels::TpLayerShape& shape() const { return shape_; }
   const LayerCommunication& communication() const { return communication_; }
@@ -104,6 +110,7 @@ class GpuTpLayer {
   std::unique_ptr<AllGatherGemm> qkv_op_, up_gate_op_;
   std::unique_ptr<GemmReduceScatter> out_op_, down_op_;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  mutable std::mutex describe_mutex_;  // describe_progress() reuses the operations' report buffers
 };
 
 }  // namespace caravan::gpu

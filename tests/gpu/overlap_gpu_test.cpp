@@ -802,6 +802,10 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
         for (int call = 0; call < 2; ++call) (void)hipFree(x[call]), (void)hipFree(ref[call]);
         (void)hipFree(y);
       });
+      // The hang report of a finished layer: every rank past its last step.
+      const std::string progress = layer.describe_progress();
+      for (int r = 0; r < world; ++r)
+        EXPECT_NE(progress.find("rank " + std::to_string(r) + ": its last run is done"), std::string::npos) << progress;
     }
     team.heap().release_to(mark);
   }
