@@ -950,10 +950,11 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     // The GEMM stores this rank's share of destination d's rows into d's inbox slot `rank` and
     // counts it into d's words [rank][range]: a word per source, so that one source's next call
     // can never make up for another's missing tiles. blas_scatter sets a word to the count the
-    // tile GEMM's blocks would have reached, so the two variants share the words. Inboxes alternate by epoch parity:
-    // the one written now was last summed by its owner in call e-2, and this rank's call e-1 waited for every peer's
-    // contribution of e-1, which that peer's GEMM made after its call e-2 had ended. Sums run on the communication
-    // stream, beside the GEMM, a range at a time.
+    // tile GEMM's blocks would have reached, so the two variants share the words. Inboxes
+    // alternate by epoch parity: the one written now was last summed by its owner in call e-2,
+    // and this rank's call e-1 waited for every peer's contribution of e-1, which that peer's
+    // GEMM made after its call e-2 had ended. Sums run on the communication stream, beside the
+    // GEMM, a range at a time.
     const std::uint64_t calls = scatter_calls_[static_cast<std::size_t>(rank)] + 1;
     const long range_rows = rows / splits_;
     const std::size_t inbox_elems = static_cast<std::size_t>(m_) * n_;
