@@ -8,7 +8,9 @@
 #              remote_gpu_copy_tests are
 #              (default .devcarry; the Debian libraries they need are looked up there too)
 #     OUT_DIR: where each step's log goes (default gpu-checks)
-#     STEP:    any of tests run-ahead ipc remote copies overlap llm (default: all, in that order)
+#     STEP:    any of tests run-ahead ipc remote copies overlap llm (default: all, in that order),
+#              or scatter: the GEMMs that store to the peers themselves (tile tests, GEMM+RS and
+#              GEMM+AS at M = 8192, the layer, and the layer test six times for the TP 4 hang)
 #
 # Each step's log is OUT_DIR/<step>.log; a summary line per step is printed at the end. A step
 # that hangs is killed at its limit and reported as such; the next step still runs.
@@ -93,11 +95,19 @@ for step in "${steps[@]}"; do
     overlap)
       run bench-overlap 420 "$bin/caravan" bench overlap --backend gpu --json "$out/overlap.json"
       ;;
+    scatter)
+      run flag-gemm-tests 150 "$bin/flag_gemm_gpu_tests"
+      run bench-overlap-scatter 240 "$bin/caravan" bench overlap --backend gpu --op gemm_rs gemm_as --tokens 8192
+      run bench-llm-layer 150 "$bin/caravan" bench llm --backend gpu --json "$out/llm.json" --plot "$out/llm.svg"
+      for i in 1 2 3 4 5 6; do
+        run "layer-test-$i" 75 "$bin/overlap_gpu_tests" --gtest_filter='GpuTpLayer.*'
+      done
+      ;;
     llm)
       run bench-llm 500 "$bin/caravan" bench llm --sweep --iterations 6 --warmup 2 --json "$out/llm-sweep.json"
       ;;
     *)
-      echo "gpu-checks: unknown step '$step' (tests run-ahead ipc remote copies overlap llm)" >&2
+      echo "gpu-checks: unknown step '$step' (tests run-ahead ipc remote copies overlap llm scatter)" >&2
       exit 2
       ;;
   esac
