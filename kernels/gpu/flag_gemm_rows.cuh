@@ -28,6 +28,11 @@ __device__ inline bf16* row_address(const OutputParts& out, long row, int copy) 
   return out.c[p * out.copies + copy] + (row - p * out.part_rows) * out.ldc;
 }
 
+// 16 bytes (8 columns from `col`) of C's row `row`, into every copy.
+__device__ inline void store_to_copies(const OutputParts& out, long row, long col, uint4 value) {
+  for (int copy = 0; copy < out.copies; ++copy) *reinterpret_cast<uint4*>(row_address(out, row, copy) + col) = value;
+}
+
 // One thread: waits (acquire) until every flag word over the tile's rows holds at least `epoch`.
 __device__ inline void wait_for_tile_rows(std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, long m0,
                                           long tile_rows, long m) {

@@ -269,11 +269,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           const long col = at.n0 + chunk * 8;
           if (col < n) {  // n is a multiple of 8: a chunk is wholly in or out
             const long rows = min(static_cast<long>(kTileM), m - at.m0);
-            for (int r = t / kChunksPerRow; r < rows; r += kStoreThreads / kChunksPerRow) {
-              const uint4 v = *reinterpret_cast<const uint4*>(staged + r * C::kPitch + chunk * 16);
-              for (int copy = 0; copy < out.copies; ++copy)
-                *reinterpret_cast<uint4*>(dev::row_address(out, at.m0 + r, copy) + col) = v;
-            }
+            for (int r = t / kChunksPerRow; r < rows; r += kStoreThreads / kChunksPerRow)
+              dev::store_to_copies(out, at.m0 + r, col,
+                                   *reinterpret_cast<const uint4*>(staged + r * C::kPitch + chunk * 16));
           }
           barrier_arrive(staged_drained);  // this thread's reads of the buffer are done
           if (out.counted) {
@@ -350,11 +348,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = thread; i < 64 * kChunksPerRow; i += 128) {
         const int r = i / kChunksPerRow, chunk = i % kChunksPerRow;
         const long row = at.m0 + consumer * 64 + r, col = at.n0 + chunk * 8;
-        if (row < m && col < n) {  // n is a multiple of 8: a chunk is wholly in or out
-          const uint4 v = *reinterpret_cast<const uint4*>(staged + r * kPitch + chunk * 16);
-          for (int copy = 0; copy < out.copies; ++copy)
-            *reinterpret_cast<uint4*>(dev::row_address(out, row, copy) + col) = v;
-        }
+        if (row < m && col < n)  // n is a multiple of 8: a chunk is wholly in or out
+          dev::store_to_copies(out, row, col, *reinterpret_cast<const uint4*>(staged + r * kPitch + chunk * 16));
       }
       if (out.counted) {
         named_barrier_sync(1, 256);  // both consumers' rows are written

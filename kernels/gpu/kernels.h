@@ -159,10 +159,10 @@ namespace caravan::gpu {
 // multiple of 8 and c 16-byte aligned); the portable one otherwise, WMMA on 128 x 128 tiles, one
 // stage, at most 65535 row tiles. `kernel` = portable forces the latter (for comparison).
 // `kernel` = persistent runs the Hopper kernel as a persistent grid, one block per
-// multiprocessor taking tiles in turn, whose epilogue sends C's rows with asynchronous bulk copies
-// that travel while the block computes its next tile (one pipeline stage fewer pays for their
-// buffer): for C on another GPU, whose stores would otherwise hold the SM. Its done words are
-// counted once a tile's copies have completed. Without the Hopper kernel it is `best`.
+// multiprocessor taking tiles in turn: the producer warpgroup's idle warps store each finished
+// tile (and count it done) while the block's consumers compute the next one (one pipeline stage
+// fewer pays for the staging buffer). For C on other GPUs, whose stores would otherwise hold the
+// SM. Without the Hopper kernel it is `best`.
 enum class FlagGemmKernel { best, portable, persistent };
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order,
