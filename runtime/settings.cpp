@@ -133,11 +133,16 @@ const Definition kTable[] = {
    "Blocks (each on one SM) of the SM-driven push of the GPU AllGather+GEMM variant sm-push, which runs beside the "
    "GEMM: more push faster and leave fewer SMs to the GEMM (the bulk variant sm-bulk takes every SM)", 1, 1024},
   {"CARAVAN_OVERLAP_GPU_PACE", Kind::choice, "pulls",
-   "GPU overlapped operations: when a call waits on the host until the same object's previous call on that rank has "
-   "finished before it is queued. pulls: when it or that previous call pulls with the copy engines (AllGather+GEMM "
-   "ce-pull, ce-pull runs, ce-bulk, tile-pull; tile-push, GEMM+ReduceScatter ce-push, ce-bulk and ll-bulk, and every "
-   "GEMM+All-Scatter call, not measured unpaced yet; GEMM+ReduceScatter sm-pull and sm-push run ahead unpaced): queuing such calls back to back hangs on 4 x H200 (docs/overlap.md, 'Run-ahead'); all: every "
-   "call; none: no call (calls may then be captured in a graph, at the risk of that hang)", -kInf, kInf, "pulls|all|none"},
+   "GPU overlapped operations: when a call waits on the host until earlier calls on its rank have finished before it "
+   "is queued. pulls: a copy-engine pull (AllGather+GEMM ce-pull, ce-pull runs, ce-bulk, tile-pull) waits for every "
+   "operation's calls on its GPU, and the next call on that GPU, of any operation, waits for it; a call not measured "
+   "unpaced yet (AllGather+GEMM tile-push, GEMM+ReduceScatter ce-push, ce-bulk, ll-bulk, tile-push, tile-scatter, "
+   "blas-scatter, every GEMM+All-Scatter call) waits for its own operation's previous call, and that operation's next "
+   "call for it; the rest (AllGather+GEMM ce-push, ce-push runs, sm-push, sm-bulk, ll-bulk; GEMM+ReduceScatter "
+   "sm-pull, sm-push) run ahead. Pulls queued behind other copies that wait on flags "
+   "hang on 4 x H200 (docs/overlap.md, 'Run-ahead'). all: as pulls, and every call also waits for its own "
+   "operation's previous call; none: no call waits (calls may then be captured in a graph, at the risk of that hang)",
+   -kInf, kInf, "pulls|all|none"},
   {"CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", Kind::boolean, "true",
    "GPU GEMM+ReduceScatter sm-pull, sm-push and ll-bulk, and the LL AllGather: launch the exchange kernel as a programmatic "
    "dependent of the kernel before it (Hopper and later), so that its launch overlaps that kernel's end; off: an ordinary launch "

@@ -94,6 +94,7 @@ struct GpuTeam::Rank {
   int sm_count = 0;
   hipStream_t comm = nullptr, lane = nullptr;
   std::unique_ptr<Blas> blas, lane_blas;
+  PaceGroup pace_group;
 
   ~Rank() {
     (void)hipSetDevice(device);
@@ -185,9 +186,14 @@ Blas& GpuTeam::blas(int rank, int lane) {
   auto& r = *ranks_[static_cast<std::size_t>(rank)];
   return lane == 0 ? *r.blas : *r.lane_blas;
 }
+PaceGroup& GpuTeam::pace_group(int rank) {
+  require_driven(*this, rank);
+  return ranks_[static_cast<std::size_t>(rank)]->pace_group;
+}
 void GpuTeam::use(int rank) const { CARAVAN_HIP_CHECK(hipSetDevice(device(rank))); }
 
-RankSync::RankSync(int chunk_events, bool pace, bool pulls_only) : pace_(pace), pulls_only_(pulls_only) {
+RankSync::RankSync(int chunk_events, bool pace, bool pulls_only, PaceGroup* group)
+    : pace_(pace), pulls_only_(pulls_only), group_(pace ? group : nullptr) {
   chunk.resize(static_cast<std::size_t>(chunk_events));
   try {
     for (hipEvent_t* e : {&start, &comm_done, &lane_done, &call_done_, &call_end_})
@@ -200,32 +206,56 @@ RankSync::RankSync(int chunk_events, bool pace, bool pulls_only) : pace_(pace), 
       if (e) (void)hipEventDestroy(e);
     throw;
   }
+  if (group_) {
+    std::lock_guard lock(group_->mutex_);
+    group_->members_.push_back(this);
+  }
 }
 
-std::uint64_t RankSync::enter(hipStream_t stream, bool copy_engine_pull) {
-  // Pulls queued behind pulls hang (docs/overlap.md, "Run-ahead"): a pull waits for the call
-  // before it, and the call after a pull waits for the pull.
-  const bool wait = pace_ && epoch > 0 && (!pulls_only_ || copy_engine_pull || last_pulled_);
-  if (wait) {
-    // The previous call recorded call_end_ when it was queued (leave()): only a query here, so
-    // a caller that waits between calls anyway pays one event query.
+std::uint64_t RankSync::enter(hipStream_t stream, PaceAs how) {
+  // Pulls queued behind other copies that wait on flags hang (docs/overlap.md, "Run-ahead"): a
+  // pull waits for the calls before it, and the call after a pull waits for the pull; on this
+  // GPU, whatever operation made those calls.
+  std::vector<hipEvent_t> waits;
+  if (pace_ && epoch > 0 && (!pulls_only_ || how != PaceAs::run_ahead || last_paced_)) waits.push_back(call_end_);
+  if (group_) {
+    std::lock_guard lock(group_->mutex_);
+    if (how == PaceAs::copy_engine_pull) {
+      for (const RankSync* other : group_->members_)
+        if (other != this && other->epoch > 0) waits.push_back(other->call_end_);
+    } else if (group_->last_pull_ && group_->last_pull_ != this) {
+      waits.push_back(group_->last_pull_->call_end_);
+    }
+  }
+  if (!waits.empty()) {
+    // Each call recorded call_end_ when it was queued (leave()): only queries here, so a caller
+    // that waits between calls anyway pays one event query per wait.
     const auto limit = std::chrono::duration<double>(settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S"));
     const auto deadline = std::chrono::steady_clock::now() + limit;
-    for (;;) {
-      const hipError_t status = hipEventQuery(call_end_);
-      if (status == hipSuccess) break;
-      if (status != hipErrorNotReady) CARAVAN_HIP_CHECK(status);
-      if (std::chrono::steady_clock::now() > deadline)
-        throw Error(Errc::timeout,
-                    fmt::format("overlapped GPU operation: call {} of this rank did not finish within {} s "
-                                "(CARAVAN_OVERLAP_TIMEOUT_S; a peer missing or behind?)",
-                                epoch, limit.count()));
-      std::this_thread::sleep_for(std::chrono::microseconds(10));
+    for (hipEvent_t event : waits) {
+      for (;;) {
+        const hipError_t status = hipEventQuery(event);
+        if (status == hipSuccess) break;
+        if (status != hipErrorNotReady) CARAVAN_HIP_CHECK(status);
+        if (std::chrono::steady_clock::now() > deadline)
+          throw Error(Errc::timeout,
+                      fmt::format("overlapped GPU operation: call {} of this rank waited more than {} s for {} "
+                                  "(CARAVAN_OVERLAP_TIMEOUT_S; a peer missing or behind?)",
+                                  epoch + 1, limit.count(),
+                                  event == call_end_ ? "its operation's previous call"
+                                                     : "another operation's call on this GPU"));
+        std::this_thread::sleep_for(std::chrono::microseconds(10));
+      }
     }
   }
   order_after_last_call(stream);
   last_stream_ = stream;
-  last_pulled_ = copy_engine_pull;
+  last_paced_ = how != PaceAs::run_ahead;
+  if (group_) {
+    // Every call waits for the last pull (above), so from here only this call can be one.
+    std::lock_guard lock(group_->mutex_);
+    group_->last_pull_ = how == PaceAs::copy_engine_pull ? this : nullptr;
+  }
   return ++epoch;
 }
 
@@ -243,6 +273,11 @@ void RankSync::leave(hipStream_t stream) {
 }
 
 RankSync::~RankSync() {
+  if (group_) {
+    std::lock_guard lock(group_->mutex_);
+    std::erase(group_->members_, this);
+    if (group_->last_pull_ == this) group_->last_pull_ = nullptr;
+  }
   (void)hipEventDestroy(call_done_);
   (void)hipEventDestroy(call_end_);
   (void)hipEventDestroy(start);
@@ -352,7 +387,8 @@ std::vector<std::unique_ptr<RankSync>> make_sync(GpuTeam& team, int chunk_events
   std::vector<std::unique_ptr<RankSync>> sync(static_cast<std::size_t>(team.world()));
   for (int r : team.driven_ranks()) {
     team.use(r);
-    sync[static_cast<std::size_t>(r)] = std::make_unique<RankSync>(chunk_events, paced, mode == "pulls");
+    sync[static_cast<std::size_t>(r)] =
+        std::make_unique<RankSync>(chunk_events, paced, mode == "pulls", &team.pace_group(r));
   }
   return sync;
 }
@@ -516,11 +552,13 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
                        static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16));
   });
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
-  // Paced as pulls: the copy-engine pulls, and tile_push, which has not been measured unpaced.
   const bool copy_engine_pull = variant == AgGemmVariant::ce_pull || variant == AgGemmVariant::ce_pull_runs ||
-                                variant == AgGemmVariant::ce_bulk || variant == AgGemmVariant::tile_pull ||
-                                variant == AgGemmVariant::tile_push;
-  const std::uint64_t e = s.enter(stream, copy_engine_pull);
+                                variant == AgGemmVariant::ce_bulk || variant == AgGemmVariant::tile_pull;
+  // tile_push has not been measured unpaced.
+  const PaceAs pace = copy_engine_pull                      ? PaceAs::copy_engine_pull
+                      : variant == AgGemmVariant::tile_push ? PaceAs::unmeasured
+                                                            : PaceAs::run_ahead;
+  const std::uint64_t e = s.enter(stream, pace);
   CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
   Blas& blas = team_.blas(rank);
@@ -902,7 +940,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   // kernel waits for words the peers raise only once their previous call has ended), which takes
   // the host's event query out of the time before their GEMM; the copy-engine variants and
   // ll_bulk have not been measured unpaced.
-  const std::uint64_t e = s.enter(stream, /*copy_engine_pull=*/!one_kernel);
+  const std::uint64_t e = s.enter(stream, one_kernel ? PaceAs::run_ahead : PaceAs::unmeasured);
   CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
   bf16* partial = partial_[static_cast<std::size_t>(rank)];

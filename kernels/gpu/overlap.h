@@ -21,10 +21,13 @@
 #include "kernels/gpu/gpu_heap.h"
 
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
 namespace caravan::gpu {
+
+class PaceGroup;
 
 // The GPUs of a node, one rank each: the symmetric heap, and per rank this process drives a
 // communication stream and BLAS handles. Two forms, like the heap's: in-process (this process
@@ -62,6 +65,8 @@ class GpuTeam {
   // filled wave of tiles overlaps the next chunk's first.
   hipStream_t lane_stream(int rank) const;
   Blas& blas(int rank, int lane = 0);
+  // The paced operations of `rank` (every operation built on this team joins its ranks').
+  PaceGroup& pace_group(int rank);
   // Makes `rank`'s GPU current on the calling thread.
   void use(int rank) const;
 
@@ -72,14 +77,43 @@ class GpuTeam {
   std::vector<std::unique_ptr<Rank>> ranks_;  // null for ranks another process drives
 };
 
+// How a call is paced when CARAVAN_OVERLAP_GPU_PACE=pulls (docs/overlap.md, "Run-ahead").
+enum class PaceAs {
+  run_ahead,         // measured safe queued back to back: waits only for a copy-engine pull before it
+  unmeasured,        // not measured unpaced: waits for its own operation's previous call, and
+                     // that operation's next call waits for it
+  copy_engine_pull,  // pulls peers' data with the copy engines: waits until every operation's
+                     // calls on this GPU have finished, and the next call on this GPU waits for it
+};
+
+class RankSync;
+
+// The paced operations of one rank (GPU) of a team. Copy-engine pulls hang when other copies of
+// their GPU are queued behind flag waits, whichever operation queued them (docs/overlap.md,
+// "Run-ahead"), so a pull is paced against the calls of every operation on its GPU, not only
+// its own. Operations join at construction and leave at destruction (any thread); calls follow
+// the team's rule, one thread per rank.
+class PaceGroup {
+ public:
+  PaceGroup() = default;
+  PaceGroup(const PaceGroup&) = delete;
+  PaceGroup& operator=(const PaceGroup&) = delete;
+
+ private:
+  friend class RankSync;
+  std::mutex mutex_;
+  std::vector<RankSync*> members_;
+  RankSync* last_pull_ = nullptr;  // a member whose last call pulled, until a later call waited for it
+};
+
 // Per-rank events and epoch of one operation (internal helper, shared by the operations).
 class RankSync {
  public:
-  // `pace`: enter() may first wait (polling, bounded by CARAVAN_OVERLAP_TIMEOUT_S) until the
-  // rank's previous call has finished on the GPU; `pulls_only`: only when that call or this one
-  // pulls with the copy engines (CARAVAN_OVERLAP_GPU_PACE; docs/overlap.md, "Run-ahead"). The LL
+  // `pace`: enter() may first wait (polling, bounded by CARAVAN_OVERLAP_TIMEOUT_S) until earlier
+  // calls have finished on the GPU; `pulls_only`: only around copy-engine pulls and calls paced
+  // as unmeasured (CARAVAN_OVERLAP_GPU_PACE). `group`: the rank's PaceGroup, when paced. The LL
   // AllGather is never paced: its calls may be captured in a graph.
-  RankSync(int chunk_events, bool pace, bool pulls_only = false);
+  RankSync(int chunk_events, bool pace, bool pulls_only = false, PaceGroup* group = nullptr);
   ~RankSync();
   RankSync(const RankSync&) = delete;
   RankSync& operator=(const RankSync&) = delete;
@@ -90,10 +124,9 @@ class RankSync {
   // Starts a call on `stream`: the next epoch. A call on another stream than the previous one
   // first waits for the previous call, so the calls of one rank stay in order whatever streams
   // the caller uses (the previous call's stream must still exist then). Paced: waits on the
-  // host first (throws Error(timeout) without taking an epoch if that wait runs out).
-  // `copy_engine_pull`: this call pulls peers' data with the copy engines (or has not been
-  // measured unpaced), which paces it and the next call when pacing is for pulls only.
-  std::uint64_t enter(hipStream_t stream, bool copy_engine_pull = true);
+  // host first, as `how` says (throws Error(timeout) without taking an epoch if that wait runs
+  // out). Unpaced operations ignore `how`.
+  std::uint64_t enter(hipStream_t stream, PaceAs how = PaceAs::unmeasured);
   // Makes `stream` wait until the last call of this rank has finished.
   void order_after_last_call(hipStream_t stream);
   // Ends a call that entered on `stream`: paced, records where it ends, for the next enter().
@@ -105,7 +138,8 @@ class RankSync {
   hipStream_t last_stream_ = nullptr;
   bool pace_ = false;
   bool pulls_only_ = false;
-  bool last_pulled_ = false;  // the previous call pulled with the copy engines
+  bool last_paced_ = false;  // the previous call was paced as a pull or as unmeasured
+  PaceGroup* group_ = nullptr;
 };
 
 enum class AgGemmVariant {

@@ -413,6 +413,191 @@ TEST(Overlap, AllGatherGemmPushesRunAheadWithoutPacing) {
                                     {AgGemmVariant::ce_push, 2}});
 }
 
+// Several operations on one team, queued back to back as a layer queues them: a pulling
+// AllGather+GEMM, a pushing GEMM+ReduceScatter, a second AllGather+GEMM and GEMM+ReduceScatter
+// (2 lanes, two parts per destination), four rounds, each rank sleeping at random between calls
+// and waiting only at the end. Pacing is per object and rank for pushes, and per GPU around
+// copy-engine pulls (docs/overlap.md, "Run-ahead"): every call must land, and every output must
+// match the float32 reference.
+class OperationMix {
+ public:
+  static constexpr long kRowsPerRank = 64, kK = 128, kN = 192;
+  explicit OperationMix(GpuTeam& team)
+      : world_(team.world()),
+        m_(kRowsPerRank * world_),
+        qkv_(team, m_, kK, kN),
+        up_(team, m_, kK, kN + 64),
+        out_(team, m_, kK, kN),
+        down_(team, m_, kK, kN + 64, 2) {}
+
+  struct Call {
+    int op;  // 0 qkv, 1 out, 2 up, 3 down (the layer's order)
+    AgGemmVariant ag;
+    GemmRsVariant rs;
+    int lanes;
+  };
+  long n_of(int op) const { return op < 2 ? kN : kN + 64; }
+  // The output's rows on each rank: all m for AllGather+GEMM, m / world for GEMM+ReduceScatter.
+  long rows_of(int op) const { return op % 2 == 0 ? m_ : m_ / world_; }
+
+  // Queues `call` on rank r with fresh inputs from `seed`: the AllGather+GEMM shard and b, or the
+  // ReduceScatter's a (m x k per rank) and b; `a` is that call's own input buffer (unused by
+  // AllGather+GEMM), `c` its poisoned output.
+  void queue(int r, const Call& call, std::uint64_t seed, bf16* a, bf16* b, bf16* c, hipStream_t stream) {
+    const long n = n_of(call.op), rows = m_ / world_;
+    if (call.op % 2 == 0) {
+      AllGatherGemm& op = call.op == 0 ? qkv_ : up_;
+      op.wait_shard_free(r, stream);
+      fill_random(op.shard(r), rows, kK, kK, seed, r * rows, 0, 1.0f, stream);
+      fill_random(b, kK, n, n, seed + 1 + r, 0, 0, 1.0f, stream);
+      poison(c, static_cast<std::size_t>(m_) * n, stream);
+      op.run(r, b, c, call.ag, stream, call.lanes);
+    } else {
+      fill_random(a, m_, kK, kK, seed + r, 0, 0, 1.0f, stream);
+      fill_random(b, kK, n, n, seed + 50 + r, 0, 0, 1.0f, stream);
+      poison(c, static_cast<std::size_t>(rows) * n, stream);
+      (call.op == 1 ? out_ : down_).run(r, a, b, c, call.rs, stream, call.lanes);
+    }
+  }
+  // The float32 reference of the call queued with `seed` on rank r, into ref (a32, b32: scratch
+  // of m x k*world and k*world x n floats).
+  void reference(GpuTeam& team, int r, const Call& call, std::uint64_t seed, float* a32, float* b32, float* ref,
+                 hipStream_t stream) const {
+    const long n = n_of(call.op), rows = m_ / world_, kk = kK * world_;
+    if (call.op % 2 == 0) {
+      fill_random(a32, m_, kK, kK, seed, 0, 0, 1.0f, stream);
+      fill_random(b32, kK, n, n, seed + 1 + r, 0, 0, 1.0f, stream);
+      team.blas(r).gemm_reference(stream, m_, n, kK, a32, kK, b32, n, ref, n);
+    } else {
+      for (int q = 0; q < world_; ++q) {
+        fill_random(a32 + q * kK, rows, kK, kk, seed + q, r * rows, 0, 1.0f, stream);
+        fill_random(b32 + q * kK * n, kK, n, n, seed + 50 + q, 0, 0, 1.0f, stream);
+      }
+      team.blas(r).gemm_reference(stream, rows, n, kk, a32, kk, b32, n, ref, n);
+    }
+  }
+  std::string describe_flags() const { return "qkv: " + qkv_.describe_flags() + "up: " + up_.describe_flags(); }
+
+ private:
+  int world_;
+  long m_;
+  AllGatherGemm qkv_, up_;
+  GemmReduceScatter out_, down_;
+};
+
+TEST(Overlap, OperationsQueuedTogetherRunAheadAsALayerQueuesThem) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  CARAVAN_REQUIRE_RUN_AHEAD();
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 64 << 20);
+  OperationMix mix(team);
+  // The configuration the layer test named when it hung on 4 x H200 ("ce-pull 2 lanes, x2 parts
+  // 2 lanes"), then pushes, then the pulls again.
+  using Call = OperationMix::Call;
+  std::vector<Call> calls;
+  for (int round = 0; round < 4; ++round) {
+    const AgGemmVariant ag = round == 2 ? AgGemmVariant::ce_push : AgGemmVariant::ce_pull;
+    calls.push_back({0, ag, {}, 2});
+    calls.push_back({1, {}, GemmRsVariant::ce_push, 1});
+    calls.push_back({2, ag, {}, 2});
+    calls.push_back({3, {}, GemmRsVariant::ce_push, 2});
+  }
+  const std::uint64_t seed = fresh_seed();
+  const long big_n = OperationMix::kN + 64, kk = OperationMix::kK * world, m = OperationMix::kRowsPerRank * world;
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+    // Everything allocated before any rank's first call (see run_ahead_through_mixed_variants).
+    std::vector<bf16*> a(calls.size()), b(calls.size()), c(calls.size());
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      a[i] = device_alloc<bf16>(static_cast<std::size_t>(m) * OperationMix::kK);
+      b[i] = device_alloc<bf16>(static_cast<std::size_t>(OperationMix::kK) * big_n);
+      c[i] = device_alloc<bf16>(static_cast<std::size_t>(m) * big_n);
+    }
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * kk),
+          *b32 = device_alloc<float>(static_cast<std::size_t>(kk) * big_n),
+          *ref = device_alloc<float>(static_cast<std::size_t>(m) * big_n);
+    barrier.arrive_and_wait();
+    std::mt19937 rng(static_cast<unsigned>(seed) + static_cast<unsigned>(r));
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      mix.queue(r, calls[i], seed + 100 * i, a[i], b[i], c[i], stream);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    }
+    try {
+      finish(stream);
+    } catch (const Error& e) {
+      throw Error(e.code(), std::string(e.what()) + "\n" + mix.describe_flags());
+    }
+    barrier.arrive_and_wait();
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      mix.reference(team, r, calls[i], seed + 100 * i, a32, b32, ref, stream);
+      const double err = relative_error(c[i], mix.rows_of(calls[i].op), mix.n_of(calls[i].op), ref, stream);
+      if (!(err < 1e-2))
+        throw Error(Errc::internal, "call " + std::to_string(i) + " (operation " + std::to_string(calls[i].op) +
+                                        "): relative error " + std::to_string(err));
+    }
+    for (std::size_t i = 0; i < calls.size(); ++i)
+      for (bf16* p : {a[i], b[i], c[i]}) (void)hipFree(p);
+    for (float* p : {a32, b32, ref}) (void)hipFree(p);
+  });
+}
+
+// A copy-engine pull is paced against the calls of every operation on its GPU, not only its
+// own. Rank 1 comes 300 ms late: rank 0's call of another operation right after its pull may be
+// queued only once that pull is done, and in the second round its pull, queued right after
+// another operation's push, only once that push is done. Both outputs are checked as well.
+TEST(Overlap, CopyEnginePullIsPacedAgainstEveryOperationOnItsGpu) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  if (settings::get_string("CARAVAN_OVERLAP_GPU_PACE") == "none")
+    GTEST_SKIP() << "CARAVAN_OVERLAP_GPU_PACE=none: no call is paced";
+  GpuTeam team(first_devices(2), 64 << 20);
+  OperationMix mix(team);
+  using Call = OperationMix::Call;
+  const Call pull{0, AgGemmVariant::ce_pull, {}, 1}, push{2, AgGemmVariant::ce_push, {}, 1};
+  const std::vector<Call> calls = {pull, push, push, pull};
+  constexpr auto kLate = std::chrono::milliseconds(300);
+  std::vector<std::chrono::duration<double>> queued(calls.size());  // rank 0's time in each run()
+  const std::uint64_t seed = fresh_seed();
+  const long big_n = OperationMix::kN + 64, kk = OperationMix::kK * 2, m = OperationMix::kRowsPerRank * 2;
+  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+    std::vector<bf16*> a(calls.size()), b(calls.size()), c(calls.size());
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      a[i] = device_alloc<bf16>(static_cast<std::size_t>(m) * OperationMix::kK);
+      b[i] = device_alloc<bf16>(static_cast<std::size_t>(OperationMix::kK) * big_n);
+      c[i] = device_alloc<bf16>(static_cast<std::size_t>(m) * big_n);
+    }
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * kk),
+          *b32 = device_alloc<float>(static_cast<std::size_t>(kk) * big_n),
+          *ref = device_alloc<float>(static_cast<std::size_t>(m) * big_n);
+    barrier.arrive_and_wait();
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      // Rank 1 is late to each round's first call (0 and 2); rank 0's second call of the round
+      // can only be queued once its first is done, which needs rank 1.
+      if (r == 1 && i % 2 == 0) std::this_thread::sleep_for(kLate);
+      const auto start = std::chrono::steady_clock::now();
+      mix.queue(r, calls[i], seed + 100 * i, a[i], b[i], c[i], stream);
+      if (r == 0) queued[i] = std::chrono::steady_clock::now() - start;
+      if (i % 2 == 1) barrier.arrive_and_wait();  // rounds start together
+    }
+    finish(stream);
+    barrier.arrive_and_wait();  // no reference kernel's first launch while a peer waits on a flag
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      mix.reference(team, r, calls[i], seed + 100 * i, a32, b32, ref, stream);
+      const double err = relative_error(c[i], mix.rows_of(calls[i].op), mix.n_of(calls[i].op), ref, stream);
+      if (!(err < 1e-2))
+        throw Error(Errc::internal, "call " + std::to_string(i) + ": relative error " + std::to_string(err));
+    }
+    for (std::size_t i = 0; i < calls.size(); ++i)
+      for (bf16* p : {a[i], b[i], c[i]}) (void)hipFree(p);
+    for (float* p : {a32, b32, ref}) (void)hipFree(p);
+  });
+  const double late = std::chrono::duration<double>(kLate).count();
+  // The calls that may start at once take far less than the 300 ms (their own operation has no
+  // call in flight, and no pull is); the paced ones wait for rank 1.
+  EXPECT_LT(queued[0].count(), late / 2) << "the first pull waited for nothing on the GPU";
+  EXPECT_GT(queued[1].count(), late / 2) << "a push of another operation was queued while the pull was in flight";
+  EXPECT_LT(queued[2].count(), late / 2) << "a push after a push waits for nothing";
+  EXPECT_GT(queued[3].count(), late / 2) << "a pull was queued while another operation's push was in flight";
+}
+
 // The tile variants on shapes that leave partial tiles everywhere (72 rows per rank: tiles span
 // two shards; k = 136: a K tail of 8; n = 200: a partial column tile), with one rank writing
 // its shard late, so the other ranks' blocks really wait on their rows' flags.
