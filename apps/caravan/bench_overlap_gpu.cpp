@@ -537,6 +537,11 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
       runner.measure(ctx, std::string("ce-push x2 parts") + (lanes == 2 ? " 2 lanes" : ""),
                      [&, lanes] { split.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_push, ctx.stream, lanes); },
                      poison_out, check_out);
+    if (split4)  // with 2 lanes, each part of this rank's rows is summed beside the next part's GEMM
+      runner.measure(
+          ctx, "ce-push x4 parts 2 lanes",
+          [&] { split4->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_push, ctx.stream, 2); }, poison_out,
+          check_out);
     runner.measure(ctx, "tile-push",
                    [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::tile_push, ctx.stream); }, poison_out,
                    check_out);

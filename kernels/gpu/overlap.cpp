@@ -1043,8 +1043,24 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
     return;
   }
-  // Pushes parts [first, end) of the rows destined to rank+step once `computed` has happened;
-  // the destination's flag rises with the last part.
+  // A source's arrived flag counts its parts over the calls: call e's part j raises it to
+  // (e-1) x splits + j + 1, so a destination may sum part j before the later parts land.
+  auto parts_landed = [&](int parts) { return (e - 1) * static_cast<std::uint64_t>(splits_) + parts; };
+  // Sums part j (all parts: j = -1) of this rank's rows on `on` once every peer's has landed.
+  auto reduce_part = [&](int j, hipStream_t on) {
+    const std::size_t offset = j < 0 ? 0 : static_cast<std::size_t>(j) * part_elems;
+    ReduceInputs inputs;
+    inputs.count = world;
+    for (int q = 0; q < world; ++q) {
+      if (q != rank) wait_flag(on, my.at(rs_arrived, q), parts_landed(j < 0 ? splits_ : j + 1));
+      inputs.in[q] = (q == rank ? partial + rank * chunk_elems : slot(rank, q)) + offset;
+    }
+    reduce_sum(out + offset, inputs, j < 0 ? chunk_elems : part_elems, on);
+  };
+  // With one lane, a part's sum would wait for the peers in front of the next part's GEMM.
+  const bool sum_per_part = variant == GemmRsVariant::ce_push && splits_ > 1 && lanes == 2;
+  // Pushes parts [first, end) of the rows destined to rank+step once `computed` has happened,
+  // raising the destination's arrived flag to count them.
   auto push = [&](int step, int first, int end, hipEvent_t computed) {
     const int dst = (rank + step) % world;
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, computed, 0));
@@ -1052,7 +1068,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(dst, rank) + first * part_elems,
                                      partial + dst * chunk_elems + first * part_elems,
                                      (end - first) * part_elems * sizeof(bf16), hipMemcpyDefault, comm));
-    if (end == splits_) write_flag(comm, flags(dst).at(rs_arrived, rank), e);
+    write_flag(comm, flags(dst).at(rs_arrived, rank), parts_landed(end));
   };
   if (variant == GemmRsVariant::ce_bulk) {
     team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
@@ -1076,7 +1092,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
         if (part == 0) wait_flag(comm, my.at(rs_freed, dst), e - 1);
         CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(dst, rank) + part * part_elems, partial + row0 * n_,
                                          part_elems * sizeof(bf16), hipMemcpyDefault, comm));
-        if (part == splits_ - 1) write_flag(comm, flags(dst).at(rs_arrived, rank), e);
+        write_flag(comm, flags(dst).at(rs_arrived, rank), parts_landed(part + 1));
       }
     }
   } else {
@@ -1095,19 +1111,18 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
           hipEvent_t done = s.chunk[static_cast<std::size_t>(chunk)];
           CARAVAN_HIP_CHECK(hipEventRecord(done, on));
           push(step, part, part + 1, done);
+        } else if (sum_per_part) {
+          // This rank's own rows come last: each part is summed as soon as it is computed (and
+          // the peers' have landed), beside the GEMM of the next part on the other lane, so
+          // only the last part's sum follows the GEMMs.
+          reduce_part(part, on);
         }
       }
     }
     lane.finish();
   }
   CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
-  ReduceInputs inputs;
-  inputs.count = world;
-  for (int q = 0; q < world; ++q) {
-    if (q != rank) wait_flag(stream, my.at(rs_arrived, q), e);
-    inputs.in[q] = q == rank ? partial + rank * chunk_elems : slot(rank, q);
-  }
-  reduce_sum(out, inputs, chunk_elems, stream);
+  if (!sum_per_part) reduce_part(-1, stream);
   for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
 }

@@ -210,6 +210,7 @@ class AllGatherGemm {
 
 enum class GemmRsVariant {
   ce_push,    // GEMM row chunks in destination order; each chunk pushed as it is done; fp32 reduce
+              // (in parts, each beside the next part's GEMM, with splits > 1 and 2 lanes)
   ce_bulk,    // one GEMM, then push every chunk, then reduce: Caravan without overlap
   ll_bulk,    // one GEMM, then the low-latency ReduceScatter (SM-driven, flags inside the data):
               // for small outputs (at most kLlMaxBytes per rank), where copy-engine latency dominates
