@@ -243,7 +243,8 @@ std::uint64_t RankSync::enter(hipStream_t stream, PaceAs how) {
                                   "(CARAVAN_OVERLAP_TIMEOUT_S; a peer missing or behind?)",
                                   epoch + 1, limit.count(),
                                   event == call_end_ ? "its operation's previous call"
-                                                     : "another operation's call on this GPU"));
+                                                     : "another operation's call on this GPU (do all ranks "
+                                                       "call the team's operations in the same order?)"));
         std::this_thread::sleep_for(std::chrono::microseconds(10));
       }
     }

@@ -34,6 +34,10 @@ class PaceGroup;
 // drives every rank, one host thread per rank) and cross-process (each process of the node
 // drives its own rank; GpuSymmetricHeap::join_node). Operations are built and called the same
 // way in both; in the cross-process form a process calls run() for its own rank only.
+// Every rank calls the team's operations in the same order, as collectives of one communicator
+// are called: a copy-engine pull waits on the host for every earlier call on its GPU, whichever
+// operation made it (PaceGroup), so ranks that call two operations in different orders wait for
+// each other until CARAVAN_OVERLAP_TIMEOUT_S and fail with Error(timeout).
 // Thread-compatible per rank.
 class GpuTeam {
  public:
