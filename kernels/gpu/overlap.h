@@ -95,8 +95,9 @@ class RankSync;
 // The paced operations of one rank (GPU) of a team. Copy-engine pulls hang when other copies of
 // their GPU are queued behind flag waits, whichever operation queued them (docs/overlap.md,
 // "Run-ahead"), so a pull is paced against the calls of every operation on its GPU, not only
-// its own. Operations join at construction and leave at destruction (any thread); calls follow
-// the team's rule, one thread per rank.
+// its own. Operations join at construction and leave at destruction; like calls, these must not
+// run beside a call on that rank (the team is thread-compatible per rank), and an operation is
+// destroyed once its calls have finished (a pull queued later no longer waits for them).
 class PaceGroup {
  public:
   PaceGroup() = default;
