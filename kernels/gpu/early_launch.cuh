@@ -12,6 +12,9 @@ namespace caravan::gpu {
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), unsigned grid, unsigned threads, hipStream_t stream, bool early,
                    Args... args) {
+#if defined(CARAVAN_GPU_AMD)
+  (void)early;  // no programmatic dependent launch on AMD: always an ordinary launch
+#else
   if (early) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(grid);
@@ -23,10 +26,11 @@ void launch_kernel(void (*kernel)(Params...), unsigned grid, unsigned threads, h
     config.attrs = attribute;
     config.numAttrs = 1;
     CARAVAN_HIP_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
-  } else {
-    kernel<<<grid, threads, 0, stream>>>(args...);
-    CARAVAN_HIP_CHECK(hipGetLastError());
+    return;
   }
+#endif
+  kernel<<<grid, threads, 0, stream>>>(args...);
+  CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
 // The first instruction of a kernel that may be launched early: a no-op for an ordinary launch.

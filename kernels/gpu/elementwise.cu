@@ -3,6 +3,7 @@
 #include "kernels/gpu/bf16_vector.cuh"
 #include "kernels/gpu/early_launch.cuh"
 #include "kernels/gpu/kernels.h"
+#include "kernels/gpu/device.cuh"
 #include "kernels/gpu/symmetric.cuh"
 
 #include <cmath>
@@ -22,7 +23,7 @@ __device__ inline float random_value(std::uint64_t seed, long row, long col, flo
   const std::uint64_t h = splitmix64(seed ^ splitmix64(static_cast<std::uint64_t>(row) * 0x100000001B3ull +
                                                        static_cast<std::uint64_t>(col)));
   const float unit = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-  return __bfloat162float(__float2bfloat16((2.0f * unit - 1.0f) * scale));
+  return bf16_to_float(float_to_bf16((2.0f * unit - 1.0f) * scale));
 }
 
 template <class T>
@@ -33,7 +34,8 @@ __global__ void fill_random_kernel(T* out, long rows, long cols, long ld, std::u
        i += static_cast<long>(gridDim.x) * blockDim.x) {
     const long r = i / cols, c = i % cols;
     const float v = random_value(seed, row0 + r, col0 + c, scale);
-    if constexpr (sizeof(T) == 2) out[r * ld + c] = __float2bfloat16(v);
+    if constexpr (sizeof(T) == 2)
+      out[r * ld + c] = float_to_bf16(v);
     else out[r * ld + c] = v;
   }
 }
@@ -46,7 +48,7 @@ __global__ void compare_kernel(const bf16* out, long rows, long cols, long ld, c
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
     const long r = i / cols, c = i % cols;
-    const float o = __bfloat162float(out[r * ld + c]);
+    const float o = bf16_to_float(out[r * ld + c]);
     const float f = ref[r * ref_ld + c];
     if (!isfinite(o)) {
       ++nonfinite;
@@ -56,9 +58,9 @@ __global__ void compare_kernel(const bf16* out, long rows, long cols, long ld, c
     ref2 += static_cast<double>(f) * f;
   }
   for (int offset = 16; offset > 0; offset /= 2) {
-    diff2 += __shfl_down_sync(0xffffffffu, diff2, offset);
-    ref2 += __shfl_down_sync(0xffffffffu, ref2, offset);
-    nonfinite += __shfl_down_sync(0xffffffffu, nonfinite, offset);
+    diff2 += dev::shfl_down32(diff2, offset);
+    ref2 += dev::shfl_down32(ref2, offset);
+    nonfinite += dev::shfl_down32(nonfinite, offset);
   }
   if ((threadIdx.x & 31) == 0) {
     atomicAdd(&sums->diff2, diff2);
@@ -79,25 +81,39 @@ __global__ void reduce_sum_kernel(bf16* out, ReduceInputs inputs, std::size_t ve
 __global__ void reduce_sum_tail_kernel(bf16* out, ReduceInputs inputs, std::size_t begin, std::size_t end) {
   for (std::size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float acc = 0;
-    for (int j = 0; j < inputs.count; ++j) acc += __bfloat162float(inputs.in[j][i]);
-    out[i] = __float2bfloat16(acc);
+    for (int j = 0; j < inputs.count; ++j) acc += bf16_to_float(inputs.in[j][i]);
+    out[i] = float_to_bf16(acc);
   }
 }
 
 // One 16-byte line: {data0, flag, data1, flag}. Stored and loaded whole with volatile vector
 // accesses; the interconnect delivers each aligned 8-byte half atomically, so a line whose two
 // flags both equal the epoch holds that epoch's two data words.
+// (AMD: two volatile 8-byte accesses, one per half, which is all the rule above relies on.)
 __device__ inline void store_line(uint4* dst, uint4 line) {
+#if defined(CARAVAN_GPU_AMD)
+  auto* halves = reinterpret_cast<volatile std::uint64_t*>(dst);
+  halves[0] = (static_cast<std::uint64_t>(line.y) << 32) | line.x;
+  halves[1] = (static_cast<std::uint64_t>(line.w) << 32) | line.z;
+#else
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(line.x), "r"(line.y), "r"(line.z),
                "r"(line.w)
                : "memory");
+#endif
 }
 __device__ inline uint4 load_line(const uint4* src) {
   uint4 v;
+#if defined(CARAVAN_GPU_AMD)
+  const auto* halves = reinterpret_cast<const volatile std::uint64_t*>(src);
+  const std::uint64_t lo = halves[0], hi = halves[1];
+  v.x = static_cast<std::uint32_t>(lo), v.y = static_cast<std::uint32_t>(lo >> 32);
+  v.z = static_cast<std::uint32_t>(hi), v.w = static_cast<std::uint32_t>(hi >> 32);
+#else
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(src)
                : "memory");
+#endif
   return v;
 }
 
@@ -176,8 +192,8 @@ __global__ void ll_allgather_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, c
 }
 
 __device__ inline void add_pair(float (&acc)[4], std::uint32_t x, std::uint32_t y) {
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&y));
+  const float2 a = bf16x2_to_float2(*reinterpret_cast<const bf16x2*>(&x));
+  const float2 b = bf16x2_to_float2(*reinterpret_cast<const bf16x2*>(&y));
   acc[0] += a.x, acc[1] += a.y, acc[2] += b.x, acc[3] += b.y;
 }
 
@@ -212,7 +228,7 @@ __global__ void __launch_bounds__(kLlThreads, 8)
       if (q == me) add_pair(acc, part[q].x, part[q].y);
       else add_pair(acc, got[q].x, got[q].z);
     }
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[0], acc[1]), hi = __floats2bfloat162_rn(acc[2], acc[3]);
+    const bf16x2 lo = floats_to_bf16x2(acc[0], acc[1]), hi = floats_to_bf16x2(acc[2], acc[3]);
     out[i] = uint2{*reinterpret_cast<const std::uint32_t*>(&lo), *reinterpret_cast<const std::uint32_t*>(&hi)};
   }
 }

@@ -2,18 +2,15 @@
 // and throws Error(device) on failure; the work itself is asynchronous on `stream`.
 #pragma once
 
+#include "kernels/gpu/bf16.h"
 #include "kernels/gpu/heap_view.h"
 #include "runtime/gpu/platform.h"
-
-#include <cuda_bf16.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace caravan::gpu {
-
-using bf16 = __nv_bfloat16;
 
 // Loads this file's kernels on the current device now (the runtime loads a kernel on its first
 // launch otherwise, and loading waits for the device to be idle; see overlap.h).

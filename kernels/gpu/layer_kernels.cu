@@ -1,6 +1,7 @@
 // The element-wise kernels of the GPU transformer layer (kernels.h): RMSNorm, residual add,
 // SwiGLU and the causal softmax of attention. fp32 arithmetic on bf16 data, 16-byte vectors.
 #include "kernels/gpu/kernels.h"
+#include "kernels/gpu/device.cuh"
 
 #include <caravan/error.h>
 
@@ -17,11 +18,11 @@ struct Vec8 {
 };
 __device__ inline Vec8 load8(const bf16* p) {
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  const auto* h = reinterpret_cast<const bf16x2*>(&raw);
   Vec8 out;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float2 f = __bfloat1622float2(h[k]);
+    const float2 f = bf16x2_to_float2(h[k]);
     out.v[2 * k] = f.x;
     out.v[2 * k + 1] = f.y;
   }
@@ -29,15 +30,15 @@ __device__ inline Vec8 load8(const bf16* p) {
 }
 __device__ inline void store8(bf16* p, const Vec8& x) {
   uint4 raw;
-  auto* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+  auto* h = reinterpret_cast<bf16x2*>(&raw);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(x.v[2 * k], x.v[2 * k + 1]);
+  for (int k = 0; k < 4; ++k) h[k] = floats_to_bf16x2(x.v[2 * k], x.v[2 * k + 1]);
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
 // Sum over the block (every thread gets it); `scratch` holds one float per warp.
 __device__ inline float block_sum(float x, float* scratch) {
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  for (int o = 16; o > 0; o /= 2) x += dev::shfl_xor32(x, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   __syncthreads();
   if (lane == 0) scratch[warp] = x;
@@ -107,7 +108,7 @@ __global__ void causal_softmax_kernel(const float* scores, long cols, long rows_
   }
   // Combine (max, sum) pairs: first within warps, then across them.
   for (int o = 16; o > 0; o /= 2) {
-    const float other_top = __shfl_xor_sync(0xffffffffu, top, o), other_sum = __shfl_xor_sync(0xffffffffu, sum, o);
+    const float other_top = dev::shfl_xor32(top, o), other_sum = dev::shfl_xor32(sum, o);
     const float t = fmaxf(top, other_top);
     sum = (top == -INFINITY ? 0.0f : sum * expf(top - t)) + (other_top == -INFINITY ? 0.0f : other_sum * expf(other_top - t));
     top = t;
@@ -123,13 +124,13 @@ __global__ void causal_softmax_kernel(const float* scores, long cols, long rows_
   const float inverse = 1.0f / total;
   bf16* p = out + row * cols;
   for (long j = threadIdx.x; j < cols; j += blockDim.x)
-    p[j] = __float2bfloat16(j < valid ? expf(s[j] - t) * inverse : 0.0f);
+    p[j] = float_to_bf16(j < valid ? expf(s[j] - t) * inverse : 0.0f);
 }
 
 __global__ void to_float_kernel(const bf16* in, float* out, std::size_t count) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    out[i] = __bfloat162float(in[i]);
+    out[i] = bf16_to_float(in[i]);
 }
 
 int grid_for(long work, int cap = 4096) {

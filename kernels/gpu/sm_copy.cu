@@ -7,6 +7,7 @@
 // and a kernel's launch costs less than a copy-engine copy plus a stream write per chunk. The
 // price is the SMs it occupies, so the grid is small when a GEMM runs beside it.
 #include "kernels/gpu/bf16_vector.cuh"
+#include "kernels/gpu/device.cuh"
 #include "kernels/gpu/early_launch.cuh"
 #include "kernels/gpu/kernels.h"
 #include "kernels/gpu/symmetric.cuh"
@@ -22,23 +23,17 @@ namespace {
 
 constexpr int kThreads = 512;
 
-__device__ inline std::uint64_t global_ns() {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // One thread of a block records that it reached `which` (kernels.h: stamp_word).
 __device__ inline void stamp(std::uint64_t* stamps, int which) {
   if (stamps == nullptr) return;
-  const std::uint64_t now = global_ns();
+  const std::uint64_t now = dev::global_ns();
   atomicMax(reinterpret_cast<unsigned long long*>(stamps + which), static_cast<unsigned long long>(now));
   if (which == stamp_word::entry_last)
     atomicMax(reinterpret_cast<unsigned long long*>(stamps + stamp_word::entry_first),
               ~static_cast<unsigned long long>(now));
 }
 
-__global__ void stamp_time_kernel(std::uint64_t* word) { *word = global_ns(); }
+__global__ void stamp_time_kernel(std::uint64_t* word) { *word = dev::global_ns(); }
 
 // The block's share of a ReduceScatter's sums: out[v] = the sum over ranks q < world of
 // from[q][v], in rank order and fp32 (the order and rounding of reduce_sum), for the vectors
@@ -50,7 +45,7 @@ __device__ inline void sum_ranks(const uint4* const (&from)[kMaxHeapRanks], int 
     uint4 raw[kMaxHeapRanks];
 #pragma unroll
     for (int q = 0; q < kMaxHeapRanks; ++q)
-      if (q < world) raw[q] = __ldcg(from[q] + v);
+      if (q < world) raw[q] = dev::load_l2(from[q] + v);
     float acc[8] = {};
 #pragma unroll
     for (int q = 0; q < kMaxHeapRanks; ++q)
@@ -82,9 +77,9 @@ __device__ inline void publish_to_peers(const HeapView& heap, std::uint64_t* fla
 __device__ inline void block_stored_chunk(const HeapView& heap, std::uint32_t* counters, std::uint64_t* landed,
                                           int peer, int c, int chunks, std::uint64_t epoch) {
   __threadfence_system();
-  cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> count(counters[peer * chunks + c]);
-  if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
-    count.store(0, cuda::memory_order_relaxed);
+  std::uint32_t* count = &counters[peer * chunks + c];
+  if (dev::atomic_add<dev::Scope::gpu>(heap, count, 1u, heap.rank, dev::Order::acq_rel) == gridDim.x - 1) {
+    dev::atomic_store<dev::Scope::gpu>(heap, count, 0u, heap.rank, dev::Order::relaxed);
     __threadfence_system();  // with the relaxed store below, a release
     dev::notify(heap, landed + heap.rank * chunks + c, epoch, peer, dev::SignalOp::set, dev::Order::relaxed);
   }
@@ -97,9 +92,9 @@ __device__ inline void block_stored_chunk(const HeapView& heap, std::uint32_t* c
 __device__ inline void block_stored_chunk_everywhere(const HeapView& heap, std::uint32_t* counters,
                                                      std::uint64_t* landed, int c, int chunks, std::uint64_t epoch) {
   __threadfence_system();
-  cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> count(counters[heap.rank * chunks + c]);
-  if (count.fetch_add(1, cuda::memory_order_acq_rel) == gridDim.x - 1) {
-    count.store(0, cuda::memory_order_relaxed);
+  std::uint32_t* count = &counters[heap.rank * chunks + c];
+  if (dev::atomic_add<dev::Scope::gpu>(heap, count, 1u, heap.rank, dev::Order::acq_rel) == gridDim.x - 1) {
+    dev::atomic_store<dev::Scope::gpu>(heap, count, 0u, heap.rank, dev::Order::relaxed);
     __threadfence_system();  // with the relaxed stores of publish_to_peers, a release
     publish_to_peers(heap, landed + heap.rank * chunks + c, epoch);
   }
@@ -136,7 +131,7 @@ __global__ void __launch_bounds__(kThreads)
     // loaded once and stored to every peer, one fence per block and chunk for all of them: at
     // small shards the per-peer fences and the peer-by-peer order were most of the time.
     if (flags.freed != nullptr) {
-      if (threadIdx.x < world - 1)
+      if (static_cast<int>(threadIdx.x) < world - 1)
         dev::wait_until(flags.freed + (me + 1 + threadIdx.x) % world, dev::Compare::ge, epoch);
       __syncthreads();
     }

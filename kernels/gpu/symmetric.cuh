@@ -12,9 +12,12 @@
 // the block. Copy engines and stream memory operations order with these at system scope.
 #pragma once
 
+#include "kernels/gpu/device.cuh"
 #include "kernels/gpu/heap_view.h"
 
+#if !defined(CARAVAN_GPU_AMD)
 #include <cuda/atomic>
+#endif
 
 #include <cstdint>
 
@@ -30,6 +33,50 @@ __device__ inline T* translate(const HeapView& heap, T* local, int rank) {
 }
 
 namespace detail {
+// One atomic access of `*p` with an order and scope: libcu++'s atomic_ref on NVIDIA, clang's
+// HIP atomic builtins on AMD (their scopes: workgroup, agent, system).
+#if defined(CARAVAN_GPU_AMD)
+template <Scope S>
+constexpr int scope_of() {
+  return S == Scope::block ? __HIP_MEMORY_SCOPE_WORKGROUP
+                           : (S == Scope::gpu ? __HIP_MEMORY_SCOPE_AGENT : __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ constexpr int order_of(Order o) {
+  switch (o) {
+    case Order::relaxed: return __ATOMIC_RELAXED;
+    case Order::acquire: return __ATOMIC_ACQUIRE;
+    case Order::release: return __ATOMIC_RELEASE;
+    case Order::acq_rel: return __ATOMIC_ACQ_REL;
+    default: return __ATOMIC_SEQ_CST;
+  }
+}
+// A failed compare-exchange only loads: the strongest load order the requested order implies.
+__device__ constexpr int failure_order_of(Order o) {
+  return o == Order::seq_cst ? __ATOMIC_SEQ_CST
+                             : (o == Order::acquire || o == Order::acq_rel ? __ATOMIC_ACQUIRE : __ATOMIC_RELAXED);
+}
+template <Scope S, class T>
+__device__ inline T load(T* p, Order o) {
+  return __hip_atomic_load(p, order_of(o), scope_of<S>());
+}
+template <Scope S, class T>
+__device__ inline void store(T* p, T v, Order o) {
+  __hip_atomic_store(p, v, order_of(o), scope_of<S>());
+}
+template <Scope S, class T>
+__device__ inline T fetch_add(T* p, T v, Order o) {
+  return __hip_atomic_fetch_add(p, v, order_of(o), scope_of<S>());
+}
+template <Scope S, class T>
+__device__ inline T exchange(T* p, T v, Order o) {
+  return __hip_atomic_exchange(p, v, order_of(o), scope_of<S>());
+}
+template <Scope S, class T>
+__device__ inline T compare_exchange(T* p, T expected, T desired, Order o) {
+  __hip_atomic_compare_exchange_strong(p, &expected, desired, order_of(o), failure_order_of(o), scope_of<S>());
+  return expected;
+}
+#else
 template <Scope S>
 struct ScopeOf;
 template <>
@@ -53,35 +100,51 @@ __device__ constexpr cuda::memory_order to_cuda(Order o) {
     default: return cuda::memory_order_seq_cst;
   }
 }
+template <Scope S, class T>
+__device__ inline T load(T* p, Order o) {
+  return cuda::atomic_ref<T, ScopeOf<S>::value>(*p).load(to_cuda(o));
+}
+template <Scope S, class T>
+__device__ inline void store(T* p, T v, Order o) {
+  cuda::atomic_ref<T, ScopeOf<S>::value>(*p).store(v, to_cuda(o));
+}
+template <Scope S, class T>
+__device__ inline T fetch_add(T* p, T v, Order o) {
+  return cuda::atomic_ref<T, ScopeOf<S>::value>(*p).fetch_add(v, to_cuda(o));
+}
+template <Scope S, class T>
+__device__ inline T exchange(T* p, T v, Order o) {
+  return cuda::atomic_ref<T, ScopeOf<S>::value>(*p).exchange(v, to_cuda(o));
+}
+template <Scope S, class T>
+__device__ inline T compare_exchange(T* p, T expected, T desired, Order o) {
+  cuda::atomic_ref<T, ScopeOf<S>::value>(*p).compare_exchange_strong(expected, desired, to_cuda(o));
+  return expected;
+}
+#endif
 }  // namespace detail
 
 // Atomics on rank `rank`'s copy of `local` (rank == heap.rank for this GPU's own copy).
 template <Scope S = Scope::system, class T>
 __device__ inline T atomic_load(const HeapView& heap, T* local, int rank, Order order = Order::acquire) {
-  cuda::atomic_ref<T, detail::ScopeOf<S>::value> ref(*translate(heap, local, rank));
-  return ref.load(detail::to_cuda(order));
+  return detail::load<S>(translate(heap, local, rank), order);
 }
 template <Scope S = Scope::system, class T>
 __device__ inline void atomic_store(const HeapView& heap, T* local, T value, int rank, Order order = Order::release) {
-  cuda::atomic_ref<T, detail::ScopeOf<S>::value> ref(*translate(heap, local, rank));
-  ref.store(value, detail::to_cuda(order));
+  detail::store<S>(translate(heap, local, rank), value, order);
 }
 template <Scope S = Scope::system, class T>
 __device__ inline T atomic_add(const HeapView& heap, T* local, T value, int rank, Order order = Order::acq_rel) {
-  cuda::atomic_ref<T, detail::ScopeOf<S>::value> ref(*translate(heap, local, rank));
-  return ref.fetch_add(value, detail::to_cuda(order));
+  return detail::fetch_add<S>(translate(heap, local, rank), value, order);
 }
 template <Scope S = Scope::system, class T>
 __device__ inline T atomic_exchange(const HeapView& heap, T* local, T value, int rank, Order order = Order::acq_rel) {
-  cuda::atomic_ref<T, detail::ScopeOf<S>::value> ref(*translate(heap, local, rank));
-  return ref.exchange(value, detail::to_cuda(order));
+  return detail::exchange<S>(translate(heap, local, rank), value, order);
 }
 template <Scope S = Scope::system, class T>
 __device__ inline T atomic_cas(const HeapView& heap, T* local, T expected, T desired, int rank,
                                Order order = Order::acq_rel) {
-  cuda::atomic_ref<T, detail::ScopeOf<S>::value> ref(*translate(heap, local, rank));
-  ref.compare_exchange_strong(expected, desired, detail::to_cuda(order));
-  return expected;
+  return detail::compare_exchange<S>(translate(heap, local, rank), expected, desired, order);
 }
 
 // Signals: 64-bit flags. notify() sets or adds with release (the data written before it is
@@ -107,11 +170,10 @@ __device__ inline bool compare(std::uint64_t have, Compare cmp, std::uint64_t wa
 // Waits on this GPU's own flag word (signals land in the waiter's memory).
 __device__ inline std::uint64_t wait_until(std::uint64_t* flag, Compare cmp, std::uint64_t value,
                                            Order order = Order::acquire) {
-  cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system> ref(*flag);
-  std::uint64_t have = ref.load(detail::to_cuda(order));
+  std::uint64_t have = detail::load<Scope::system>(flag, order);
   while (!compare(have, cmp, value)) {
-    __nanosleep(32);
-    have = ref.load(detail::to_cuda(order));
+    pause_ns(32);
+    have = detail::load<Scope::system>(flag, order);
   }
   return have;
 }

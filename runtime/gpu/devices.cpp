@@ -64,8 +64,8 @@ Topology discover() {
     CARAVAN_HIP_CHECK(hipGetDeviceProperties(&prop, d));
     char bus[32] = {};
     CARAVAN_HIP_CHECK(hipDeviceGetPCIBusId(bus, sizeof(bus), d));
-    t.devices.push_back(
-        {d, prop.name, bus, static_cast<std::uint64_t>(prop.totalGlobalMem), prop.asyncEngineCount, prop.multiProcessorCount});
+    t.devices.push_back({d, prop.name, bus, static_cast<std::uint64_t>(prop.totalGlobalMem), copy_engine_count(prop),
+                         prop.multiProcessorCount});
   }
   t.peer.assign(static_cast<std::size_t>(n), std::vector<bool>(static_cast<std::size_t>(n), false));
   for (int i = 0; i < n; ++i) {
@@ -242,12 +242,13 @@ PointerKind pointer_kind(const void* ptr) {
     (void)hipGetLastError();  // older runtimes fail for memory they do not know: pageable
     return PointerKind::pageable;
   }
-  switch (attributes.type) {
-    case hipMemoryTypeDevice: return PointerKind::device;
-    case hipMemoryTypeHost: return PointerKind::pinned;
-    case hipMemoryTypeManaged: return PointerKind::managed;
-    default: return PointerKind::pageable;
+  switch (pointer_memory(attributes)) {
+    case PointerMemory::device: return PointerKind::device;
+    case PointerMemory::host: return PointerKind::pinned;
+    case PointerMemory::managed: return PointerKind::managed;
+    case PointerMemory::unknown: break;
   }
+  return PointerKind::pageable;
 }
 
 namespace {

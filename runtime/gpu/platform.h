@@ -3,7 +3,10 @@
 // inline functions (no blanket #define renames), so that vendor differences stay in this file.
 #pragma once
 
-#if defined(__HIP_PLATFORM_AMD__)
+// AMD: hipcc defines __HIP_PLATFORM_AMD__ only once hip_runtime.h is in, so the HIP language
+// (__HIP__, set by clang for every file hipcc compiles) also selects it.
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
+#define CARAVAN_GPU_AMD 1
 #include <hip/hip_runtime.h>
 #else
 #include <cuda_runtime.h>
@@ -172,7 +175,7 @@ hipError_t hipStreamWriteValue64(hipStream_t stream, void* ptr, std::uint64_t va
 // For a kernel parameter the kernel only reads and indexes at run time (a heap view's bases):
 // on NVIDIA it stays in the parameter space instead of being copied to a local-memory stack
 // frame first.
-#if defined(__HIP_PLATFORM_AMD__)
+#if defined(CARAVAN_GPU_AMD)
 #define CARAVAN_GRID_CONSTANT
 #else
 #define CARAVAN_GRID_CONSTANT __grid_constant__
@@ -183,6 +186,32 @@ hipError_t hipStreamWriteValue64(hipStream_t stream, void* ptr, std::uint64_t va
 #include <string>
 
 namespace caravan::gpu {
+
+// What the runtime says a pointer points into. The field differs between CUDA and HIP, and
+// between HIP 5 (memoryType, isManaged) and HIP 6 (type, as CUDA).
+enum class PointerMemory { device, host, managed, unknown };
+inline PointerMemory pointer_memory(const hipPointerAttribute_t& a) {
+#if defined(CARAVAN_GPU_AMD) && HIP_VERSION_MAJOR < 6
+  if (a.isManaged) return PointerMemory::managed;
+  const hipMemoryType type = a.memoryType;
+#else
+  const hipMemoryType type = a.type;
+  if (type == hipMemoryTypeManaged) return PointerMemory::managed;
+#endif
+  if (type == hipMemoryTypeDevice) return PointerMemory::device;
+  if (type == hipMemoryTypeHost) return PointerMemory::host;
+  return PointerMemory::unknown;
+}
+
+// The device's copy engines (CUDA's asyncEngineCount; HIP 5 does not report them: 0).
+inline int copy_engine_count(const hipDeviceProp_t& prop) {
+#if defined(CARAVAN_GPU_AMD) && HIP_VERSION_MAJOR < 6
+  (void)prop;
+  return 0;
+#else
+  return prop.asyncEngineCount;
+#endif
+}
 
 // Throws Error(device) naming the call, its location, the error's name and text. Clears the
 // runtime's last-error state so one failure is reported once.

@@ -21,7 +21,7 @@ GpuProbe probe_gpus() {
   probe.built = true;
   int runtime_version = 0;
   (void)hipRuntimeGetVersion(&runtime_version);
-#if defined(__HIP_PLATFORM_AMD__)
+#if defined(CARAVAN_GPU_AMD)
   probe.toolchain = "HIP " + std::to_string(runtime_version);
 #else
   probe.toolchain = "CUDA " + std::to_string(runtime_version / 1000) + "." + std::to_string(runtime_version % 1000 / 10) +

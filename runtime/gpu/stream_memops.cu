@@ -2,7 +2,7 @@
 // looked up once through the runtime so that nothing links libcuda directly (see platform.h).
 #include "runtime/gpu/platform.h"
 
-#if !defined(__HIP_PLATFORM_AMD__)
+#if !defined(CARAVAN_GPU_AMD)
 #include <cuda.h>
 
 #include <mutex>

@@ -1,18 +1,14 @@
 // The GPU processor tests' kernels (task_kernels.h).
 #include "tests/gpu/task_kernels.h"
 
+#include "kernels/gpu/device.cuh"
+
 namespace caravan::gpu::test {
 namespace {
 
-__device__ std::uint64_t global_ns() {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __global__ void spin(std::uint64_t ns) {
-  const std::uint64_t until = global_ns() + ns;
-  while (global_ns() < until) __nanosleep(1000);
+  const std::uint64_t until = dev::global_ns() + ns;
+  while (dev::global_ns() < until) dev::pause_ns(1000);
 }
 
 __global__ void axpb(float* y, const float* x, float a, float b, std::uint64_t n) {

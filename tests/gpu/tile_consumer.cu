@@ -2,16 +2,12 @@
 // the block checksums the tile once it has landed.
 #include "tests/gpu/tile_consumer.h"
 
+#include "kernels/gpu/device.cuh"
+
 namespace caravan::gpu::test {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ std::uint64_t global_ns() {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __global__ void tile_consumer(const std::uint64_t* flags, std::uint64_t value, const std::byte* data,
                               const TileBytes* ranges, std::uint64_t max_polls, std::uint64_t timeout_ns,
@@ -28,9 +24,9 @@ __global__ void tile_consumer(const std::uint64_t* flags, std::uint64_t value, c
     // word per block (system-scope atomics on host memory need native PCIe atomics).
     *reinterpret_cast<volatile unsigned*>(started + tile) = 1u;
     __threadfence_system();
-    const std::uint64_t until = global_ns() + timeout_ns;
-    while (!ok && polls < max_polls && global_ns() < until) {
-      __nanosleep(64);
+    const std::uint64_t until = dev::global_ns() + timeout_ns;
+    while (!ok && polls < max_polls && dev::global_ns() < until) {
+      dev::pause_ns(64);
       ok = *flag == value;
       if (!ok) ++polls;
     }
@@ -47,11 +43,11 @@ __global__ void tile_consumer(const std::uint64_t* flags, std::uint64_t value, c
   const auto* words = reinterpret_cast<const std::uint64_t*>(data);
   std::uint64_t sum = 0;
   for (std::uint64_t k = r.begin / 8 + threadIdx.x; k < r.end / 8; k += kThreads)
-    sum += __ldcg(words + k) * (2 * k + 1);  // cache-global: no stale L1 line
+    sum += dev::load_l2(words + k) * (2 * k + 1);  // cache-global: no stale L1 line
   partial[threadIdx.x] = sum;
   __syncthreads();
   for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
     __syncthreads();
   }
   if (threadIdx.x == 0) seen[tile].checksum = partial[0];

@@ -1,0 +1,44 @@
+// bf16 in Caravan's GPU code: CUDA's __nv_bfloat16 on NVIDIA; on AMD a storage type of our own,
+// since the HIP of Debian 12 (5.2) has no bf16 arithmetic header. Kernels convert through the
+// functions below, which round to nearest even on both (one rounding rule for every reduction).
+#pragma once
+
+#include "runtime/gpu/platform.h"
+
+#if defined(CARAVAN_GPU_AMD)
+#include <cstdint>
+#else
+#include <cuda_bf16.h>
+#endif
+
+namespace caravan::gpu {
+
+#if defined(CARAVAN_GPU_AMD)
+struct bf16 {
+  std::uint16_t bits;
+};
+struct bf16x2 {
+  bf16 lo, hi;
+};
+
+__host__ __device__ inline float bf16_to_float(bf16 v) {
+  return __builtin_bit_cast(float, static_cast<std::uint32_t>(v.bits) << 16);
+}
+__host__ __device__ inline bf16 float_to_bf16(float f) {
+  const std::uint32_t u = __builtin_bit_cast(std::uint32_t, f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<std::uint16_t>((u >> 16) | 0x40u)};  // a quiet NaN
+  return {static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+__device__ inline float2 bf16x2_to_float2(bf16x2 v) { return make_float2(bf16_to_float(v.lo), bf16_to_float(v.hi)); }
+__device__ inline bf16x2 floats_to_bf16x2(float lo, float hi) { return {float_to_bf16(lo), float_to_bf16(hi)}; }
+#else
+using bf16 = __nv_bfloat16;
+using bf16x2 = __nv_bfloat162;
+
+__host__ __device__ inline float bf16_to_float(bf16 v) { return __bfloat162float(v); }
+__host__ __device__ inline bf16 float_to_bf16(float f) { return __float2bfloat16(f); }
+__device__ inline float2 bf16x2_to_float2(bf16x2 v) { return __bfloat1622float2(v); }
+__device__ inline bf16x2 floats_to_bf16x2(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+#endif
+
+}  // namespace caravan::gpu
