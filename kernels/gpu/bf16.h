@@ -1,11 +1,14 @@
 // bf16 in Caravan's GPU code: CUDA's __nv_bfloat16 on NVIDIA; on AMD a storage type of our own,
-// since the HIP of Debian 12 (5.2) has no bf16 arithmetic header. Kernels convert through the
-// functions below, which round to nearest even on both (one rounding rule for every reduction).
+// since the HIP of Debian 12 (5.2) has no bf16 arithmetic header, converted as the CPU backend's
+// Bf16 converts. Kernels convert through the functions below, which round to nearest even on
+// both (one rounding rule for every reduction).
 #pragma once
 
 #include "runtime/gpu/platform.h"
 
 #if defined(CARAVAN_GPU_AMD)
+#include <caravan/kernels/bf16.h>
+
 #include <cstdint>
 #else
 #include <cuda_bf16.h>
@@ -21,14 +24,9 @@ struct bf16x2 {
   bf16 lo, hi;
 };
 
-__host__ __device__ inline float bf16_to_float(bf16 v) {
-  return __builtin_bit_cast(float, static_cast<std::uint32_t>(v.bits) << 16);
-}
-__host__ __device__ inline bf16 float_to_bf16(float f) {
-  const std::uint32_t u = __builtin_bit_cast(std::uint32_t, f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<std::uint16_t>((u >> 16) | 0x40u)};  // a quiet NaN
-  return {static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
-}
+// The CPU backend's conversions (constexpr, so host and device functions alike for clang's HIP).
+__host__ __device__ inline float bf16_to_float(bf16 v) { return kernels::Bf16{v.bits}.to_float(); }
+__host__ __device__ inline bf16 float_to_bf16(float f) { return {kernels::Bf16::from_float(f).bits}; }
 __device__ inline float2 bf16x2_to_float2(bf16x2 v) { return make_float2(bf16_to_float(v.lo), bf16_to_float(v.hi)); }
 __device__ inline bf16x2 floats_to_bf16x2(float lo, float hi) { return {float_to_bf16(lo), float_to_bf16(hi)}; }
 #else
