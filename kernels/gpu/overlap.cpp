@@ -380,6 +380,76 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
   }
 }
 
+}  // namespace
+
+FlagReport::FlagReport(GpuTeam& team, SymmetricRegion flags, std::vector<std::string> groups, long per_group)
+    : team_(team), flags_(flags), groups_(std::move(groups)), per_group_(per_group) {
+  const int world = team.world();
+  const std::size_t words = static_cast<std::size_t>(world) * groups_.size() * static_cast<std::size_t>(per_group);
+  CARAVAN_HIP_CHECK(
+      hipHostMalloc(reinterpret_cast<void**>(&words_), words * sizeof(std::uint64_t), hipHostMallocPortable));
+  // One copy stream per rank of the team (a stuck copy then blocks only its own rank's report),
+  // on the rank's GPU where this process drives it, else on the first GPU it drives.
+  const int first_driven = team.driven_ranks().front();
+  for (int r = 0; r < world; ++r) {
+    const int on = team.drives(r) ? r : first_driven;
+    team.use(on);
+    devices_.push_back(team.device(on));
+    streams_.push_back(nullptr);
+    done_.push_back(nullptr);
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&streams_.back(), hipStreamNonBlocking));
+    CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&done_.back(), hipEventDisableTiming));
+  }
+}
+
+FlagReport::~FlagReport() {
+  for (std::size_t r = 0; r < streams_.size(); ++r) {
+    (void)hipSetDevice(devices_[r]);
+    if (streams_[r]) (void)hipStreamDestroy(streams_[r]);
+    if (done_[r]) (void)hipEventDestroy(done_[r]);
+  }
+  if (words_) (void)hipHostFree(words_);
+}
+
+std::string FlagReport::describe(const std::vector<std::unique_ptr<RankSync>>& sync) const {
+  const int world = team_.world();
+  const std::size_t per_rank = groups_.size() * static_cast<std::size_t>(per_group_);
+  std::string out;
+  int current = 0;
+  (void)hipGetDevice(&current);
+  for (int r = 0; r < world; ++r) {
+    std::uint64_t* words = words_ + static_cast<std::size_t>(r) * per_rank;
+    const auto* rank_sync = sync[static_cast<std::size_t>(r)].get();
+    out += rank_sync ? fmt::format("rank {}: {} calls;", r, rank_sync->epoch)
+                     : fmt::format("rank {} (another process):", r);
+    const std::size_t d = static_cast<std::size_t>(r);
+    hipError_t status = hipSetDevice(devices_[d]);
+    if (status == hipSuccess)
+      status = hipMemcpyAsync(words, team_.heap().at<std::uint64_t>(flags_, r), per_rank * sizeof(std::uint64_t),
+                              hipMemcpyDefault, streams_[d]);
+    if (status == hipSuccess) status = hipEventRecord(done_[d], streams_[d]);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (status == hipSuccess) {
+      status = hipEventQuery(done_[d]);
+      if (status != hipErrorNotReady) break;
+      if (std::chrono::steady_clock::now() > deadline) break;
+      status = hipSuccess;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (status != hipSuccess) {
+      out += fmt::format(" flags unreadable ({})\n",
+                         status == hipErrorNotReady ? "the copy did not finish in 2 s" : hipGetErrorName(status));
+      continue;
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      out += fmt::format(" {} [{}]", groups_[g], fmt::join(words + g * per_group_, words + (g + 1) * per_group_, " "));
+    out += "\n";
+  }
+  (void)hipSetDevice(current);
+  return out;
+}
+
+namespace {
 // Events live on the device that was current when they were made: make one set per rank there.
 std::vector<std::unique_ptr<RankSync>> make_sync(GpuTeam& team, int chunk_events, bool pace = true) {
   // Read only where pacing applies (the LL AllGather is never paced).
@@ -418,21 +488,6 @@ enum AgFlags { ag_ready, ag_done, ag_landed, ag_freed, ag_groups };
 
 // Pinned host memory and a stream per rank for describe_flags(), made at construction: an
 // allocation or a blocking copy while a GPU waits on a flag can hang (docs/overlap.md).
-struct AllGatherGemm::Diagnostics {
-  std::vector<int> devices;
-  std::vector<hipStream_t> streams;
-  std::vector<hipEvent_t> done;
-  std::uint64_t* words = nullptr;  // world x (ag_groups x count), pinned
-  ~Diagnostics() {
-    for (std::size_t r = 0; r < streams.size(); ++r) {
-      (void)hipSetDevice(devices[r]);
-      if (streams[r]) (void)hipStreamDestroy(streams[r]);
-      if (done[r]) (void)hipEventDestroy(done[r]);
-    }
-    if (words) (void)hipHostFree(words);
-  }
-};
-
 AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
     : team_(team), m_(m), k_(k), n_(n), splits_(splits) {
   const int world = team.world();
@@ -447,22 +502,8 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   sm_counters_ = team.heap().allocate(sm_push_counter_bytes(world, splits));  // zero, as sm_push needs
   sm_blocks_ = static_cast<int>(settings::get_int("CARAVAN_OVERLAP_GPU_COMM_BLOCKS"));
   sync_ = make_sync(team, 0);
-  diagnostics_ = std::make_unique<Diagnostics>();
-  const std::size_t words = static_cast<std::size_t>(world) * ag_groups * static_cast<std::size_t>(world) * splits;
-  CARAVAN_HIP_CHECK(hipHostMalloc(reinterpret_cast<void**>(&diagnostics_->words), words * sizeof(std::uint64_t),
-                                  hipHostMallocPortable));
-  // One copy stream per rank of the team (a stuck copy then blocks only its own rank's report),
-  // on the rank's GPU where this process drives it, else on the first GPU it drives.
-  const int first_driven = team.driven_ranks().front();
-  for (int r = 0; r < world; ++r) {
-    const int on = team.drives(r) ? r : first_driven;
-    team.use(on);
-    diagnostics_->devices.push_back(team.device(on));
-    diagnostics_->streams.push_back(nullptr);
-    diagnostics_->done.push_back(nullptr);
-    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&diagnostics_->streams.back(), hipStreamNonBlocking));
-    CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&diagnostics_->done.back(), hipEventDisableTiming));
-  }
+  flag_report_ = std::make_unique<FlagReport>(
+      team, flags_, std::vector<std::string>{"ready", "done", "landed", "freed"}, static_cast<long>(world) * splits);
   const long shard_rows = m / world;
   std::vector<GemmShape> shapes = {{m, n, k, n}, {shard_rows, n, k, n}, {shard_rows / splits, n, k, n}};
   for (int r = 2; r < world; ++r) shapes.push_back({r * shard_rows, n, k, n});  // the runs variants' peer runs
@@ -703,44 +744,7 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
 }
 
-std::string AllGatherGemm::describe_flags() const {
-  const int world = team_.world();
-  const long count = static_cast<long>(world) * splits_;
-  const std::size_t per_rank = static_cast<std::size_t>(ag_groups * count);
-  static constexpr const char* kNames[] = {"ready", "done", "landed", "freed"};
-  std::string out;
-  int current = 0;
-  (void)hipGetDevice(&current);
-  for (int r = 0; r < world; ++r) {
-    std::uint64_t* words = diagnostics_->words + static_cast<std::size_t>(r) * per_rank;
-    const auto* sync = sync_[static_cast<std::size_t>(r)].get();
-    out += sync ? fmt::format("rank {}: {} calls;", r, sync->epoch) : fmt::format("rank {} (another process):", r);
-    const std::size_t d = static_cast<std::size_t>(r);
-    hipError_t status = hipSetDevice(diagnostics_->devices[d]);
-    if (status == hipSuccess)
-      status = hipMemcpyAsync(words, team_.heap().at<std::uint64_t>(flags_, r), per_rank * sizeof(std::uint64_t),
-                              hipMemcpyDefault, diagnostics_->streams[d]);
-    if (status == hipSuccess) status = hipEventRecord(diagnostics_->done[d], diagnostics_->streams[d]);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (status == hipSuccess) {
-      status = hipEventQuery(diagnostics_->done[d]);
-      if (status != hipErrorNotReady) break;
-      if (std::chrono::steady_clock::now() > deadline) break;
-      status = hipSuccess;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    if (status != hipSuccess) {
-      out += fmt::format(" flags unreadable ({})\n",
-                         status == hipErrorNotReady ? "the copy did not finish in 2 s" : hipGetErrorName(status));
-      continue;
-    }
-    for (int g = 0; g < ag_groups; ++g)
-      out += fmt::format(" {} [{}]", kNames[g], fmt::join(words + g * count, words + (g + 1) * count, " "));
-    out += "\n";
-  }
-  (void)hipSetDevice(current);
-  return out;
-}
+std::string AllGatherGemm::describe_flags() const { return flag_report_->describe(sync_); }
 
 // ---------------------------------------------------------------------------------------------
 std::string_view to_string(GemmRsVariant v) {
@@ -811,6 +815,8 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
     }
     build_tile_orders();
     sync_ = make_sync(team, world * splits);
+    flag_report_ =
+        std::make_unique<FlagReport>(team, flags_, std::vector<std::string>{"arrived", "freed", "ready"}, world);
     warm_up(team, {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}},
             static_cast<std::size_t>(m / world) * n);
     team.construction_done();
@@ -1127,6 +1133,8 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
 }
+
+std::string GemmReduceScatter::describe_flags() const { return flag_report_->describe(sync_); }
 
 // ---------------------------------------------------------------------------------------------
 std::string_view to_string(GemmAsVariant v) {

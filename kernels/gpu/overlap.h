@@ -22,6 +22,7 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -147,6 +148,31 @@ class RankSync {
   PaceGroup* group_ = nullptr;
 };
 
+// Every rank's flag words of one operation, for a hang report (internal helper, shared by the
+// operations): copied on streams of their own into pinned memory allocated at construction (no
+// allocation while a GPU may be waiting), each copy given up after 2 s, so that a copy stuck
+// behind a blocked queue is reported as such instead of hanging the report. The words are
+// `groups` arrays of `per_group` words each, in that order.
+class FlagReport {
+ public:
+  FlagReport(GpuTeam& team, SymmetricRegion flags, std::vector<std::string> groups, long per_group);
+  ~FlagReport();
+  FlagReport(const FlagReport&) = delete;
+  FlagReport& operator=(const FlagReport&) = delete;
+  // A line per rank: its calls so far (where this process drives it) and each group's words.
+  std::string describe(const std::vector<std::unique_ptr<RankSync>>& sync) const;
+
+ private:
+  GpuTeam& team_;
+  SymmetricRegion flags_;
+  std::vector<std::string> groups_;
+  long per_group_;
+  std::vector<int> devices_;
+  std::vector<hipStream_t> streams_;
+  std::vector<hipEvent_t> done_;
+  std::uint64_t* words_ = nullptr;  // world x groups x per_group, pinned
+};
+
 enum class AgGemmVariant {
   ce_pull,       // each rank pulls peers' shards with its copy engine; GEMM per shard as it lands
   ce_push,       // each rank pushes its shard to every peer; GEMM per shard as it lands
@@ -209,8 +235,7 @@ class AllGatherGemm {
   std::vector<int*> tile_orders_;
   void build_tile_orders(long tiles, long shard_rows);
   void free_tile_orders() noexcept;
-  struct Diagnostics;
-  std::unique_ptr<Diagnostics> diagnostics_;
+  std::unique_ptr<FlagReport> flag_report_;
 };
 
 enum class GemmRsVariant {
@@ -267,6 +292,9 @@ class GemmReduceScatter {
   // its own, which also stops the exchange's early launch), and with `stamps` (stamp_word::count
   // words, zeroed by the caller) the exchange records its phases (kernels.h). Null: off.
   void set_probe(int rank, std::uint64_t* after_gemm, std::uint64_t* stamps);
+  // Every rank's call count and copy-engine flag words (arrived: parts landed per source;
+  // freed; ready), for a hang report, as AllGatherGemm::describe_flags.
+  std::string describe_flags() const;
 
  private:
   GpuTeam& team_;
@@ -302,6 +330,7 @@ class GemmReduceScatter {
   std::vector<int*> scatter_orders_;
   std::vector<std::uint64_t> scatter_calls_;
   std::vector<std::unique_ptr<RankSync>> sync_;
+  std::unique_ptr<FlagReport> flag_report_;
 };
 
 enum class GemmAsVariant {

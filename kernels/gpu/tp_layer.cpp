@@ -368,6 +368,9 @@ std::string GpuTpLayer::describe_progress() const {
   for (const auto& [name, op] :
        {std::pair{"qkv AllGather+GEMM", qkv_op_.get()}, std::pair{"up/gate AllGather+GEMM", up_gate_op_.get()}})
     if (op != nullptr) out += fmt::format("{}:\n{}", name, op->describe_flags());
+  for (const auto& [name, op] :
+       {std::pair{"out GEMM+ReduceScatter", out_op_.get()}, std::pair{"down GEMM+ReduceScatter", down_op_.get()}})
+    if (op != nullptr) out += fmt::format("{}:\n{}", name, op->describe_flags());
   return out;
 }
 

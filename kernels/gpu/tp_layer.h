@@ -86,8 +86,8 @@ class GpuTpLayer {
   // throws Error(timeout) with describe_progress() in its message).
   kernels::LayerTimes step_times(int rank);
   // For a hang report: how far each rank's last run has got (the steps whose end the GPU has
-  // passed, found by event queries, which never block) and the flag words of the AllGather+GEMM
-  // objects (AllGatherGemm::describe_flags). Thread-safe.
+  // passed, found by event queries, which never block) and the flag words of its four
+  // operations (AllGatherGemm::describe_flags, GemmReduceScatter::describe_flags). Thread-safe.
   std::string describe_progress() const;
 
   const kernels::TpLayerShape& shape() const { return shape_; }

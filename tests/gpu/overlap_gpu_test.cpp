@@ -476,7 +476,10 @@ class OperationMix {
       team.blas(r).gemm_reference(stream, rows, n, kk, a32, kk, b32, n, ref, n);
     }
   }
-  std::string describe_flags() const { return "qkv: " + qkv_.describe_flags() + "up: " + up_.describe_flags(); }
+  std::string describe_flags() const {
+    return "qkv:\n" + qkv_.describe_flags() + "out:\n" + out_.describe_flags() + "up:\n" + up_.describe_flags() +
+           "down:\n" + down_.describe_flags();
+  }
 
  private:
   int world_;
@@ -700,6 +703,22 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
                     static_cast<void*>(b32), static_cast<void*>(ref)})
       (void)hipFree(p);
   });
+  // The hang report: each rank's calls, and its arrived words, which count the parts landed from
+  // each source: (e - 1) x splits + splits after the last copy-engine call (epoch e), none from itself.
+  std::size_t last_copy_engine_call = 0;
+  for (std::size_t call = 0; call < runs.size(); ++call)
+    if (runs[call].first == GemmRsVariant::ce_push || runs[call].first == GemmRsVariant::ce_bulk ||
+        runs[call].first == GemmRsVariant::tile_push)
+      last_copy_engine_call = call;
+  const std::string report = op.describe_flags();
+  for (int r = 0; r < world; ++r) {
+    std::string arrived;
+    for (int q = 0; q < world; ++q)
+      arrived += (q ? " " : "") + std::to_string(q == r ? 0 : (last_copy_engine_call + 1) * 2);
+    const std::string line =
+        "rank " + std::to_string(r) + ": " + std::to_string(runs.size()) + " calls; arrived [" + arrived + "]";
+    EXPECT_NE(report.find(line), std::string::npos) << "expected '" << line << "' in\n" << report;
+  }
 }
 
 // sm_pull and sm_push run unpaced: ranks queue sixteen calls each without waiting (sleeping at
@@ -991,6 +1010,9 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
       const std::string progress = layer.describe_progress();
       for (int r = 0; r < world; ++r)
         EXPECT_NE(progress.find("rank " + std::to_string(r) + ": its last run is done"), std::string::npos) << progress;
+      for (const char* op : {"qkv AllGather+GEMM:\nrank 0: ", "out GEMM+ReduceScatter:\nrank 0: ",
+                             "up/gate AllGather+GEMM:\nrank 0: ", "down GEMM+ReduceScatter:\nrank 0: "})
+        EXPECT_NE(progress.find(op), std::string::npos) << progress;
     }
     team.heap().release_to(mark);
   }
