@@ -476,6 +476,44 @@ class OperationMix {
       team.blas(r).gemm_reference(stream, rows, n, kk, a32, kk, b32, n, ref, n);
     }
   }
+  // One rank's buffers for `calls` calls: each call's own inputs and output, and the reference's
+  // scratch. Allocated before any rank's first call (see run_ahead_through_mixed_variants);
+  // release() frees them (not a destructor: a free waits for the device, which after a failure
+  // may wait for ever).
+  struct RankBuffers {
+    std::vector<bf16*> a, b, c;
+    float *a32 = nullptr, *b32 = nullptr, *ref = nullptr;
+    void release() {
+      for (std::size_t i = 0; i < a.size(); ++i)
+        for (bf16* p : {a[i], b[i], c[i]}) (void)hipFree(p);
+      for (float* p : {a32, b32, ref}) (void)hipFree(p);
+    }
+  };
+  RankBuffers allocate(std::size_t calls) const {
+    const long big_n = kN + 64, kk = kK * world_;
+    RankBuffers buffers;
+    for (std::size_t i = 0; i < calls; ++i) {
+      buffers.a.push_back(device_alloc<bf16>(static_cast<std::size_t>(m_) * kK));
+      buffers.b.push_back(device_alloc<bf16>(static_cast<std::size_t>(kK) * big_n));
+      buffers.c.push_back(device_alloc<bf16>(static_cast<std::size_t>(m_) * big_n));
+    }
+    buffers.a32 = device_alloc<float>(static_cast<std::size_t>(m_) * kk);
+    buffers.b32 = device_alloc<float>(static_cast<std::size_t>(kk) * big_n);
+    buffers.ref = device_alloc<float>(static_cast<std::size_t>(m_) * big_n);
+    return buffers;
+  }
+  // Checks every call's output (queued with seed + 100 x its index) against the float32
+  // reference; throws naming the first call that does not match.
+  void check(GpuTeam& team, int r, const std::vector<Call>& calls, std::uint64_t seed, const RankBuffers& buffers,
+             hipStream_t stream) const {
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      reference(team, r, calls[i], seed + 100 * i, buffers.a32, buffers.b32, buffers.ref, stream);
+      const double err = relative_error(buffers.c[i], rows_of(calls[i].op), n_of(calls[i].op), buffers.ref, stream);
+      if (!(err < 1e-2))
+        throw Error(Errc::internal, "call " + std::to_string(i) + " (operation " + std::to_string(calls[i].op) +
+                                        "): relative error " + std::to_string(err));
+    }
+  }
   std::string describe_flags() const {
     return "qkv:\n" + qkv_.describe_flags() + "out:\n" + out_.describe_flags() + "up:\n" + up_.describe_flags() +
            "down:\n" + down_.describe_flags();
@@ -506,22 +544,12 @@ TEST(Overlap, OperationsQueuedTogetherRunAheadAsALayerQueuesThem) {
     calls.push_back({3, {}, GemmRsVariant::ce_push, 2});
   }
   const std::uint64_t seed = fresh_seed();
-  const long big_n = OperationMix::kN + 64, kk = OperationMix::kK * world, m = OperationMix::kRowsPerRank * world;
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
-    // Everything allocated before any rank's first call (see run_ahead_through_mixed_variants).
-    std::vector<bf16*> a(calls.size()), b(calls.size()), c(calls.size());
-    for (std::size_t i = 0; i < calls.size(); ++i) {
-      a[i] = device_alloc<bf16>(static_cast<std::size_t>(m) * OperationMix::kK);
-      b[i] = device_alloc<bf16>(static_cast<std::size_t>(OperationMix::kK) * big_n);
-      c[i] = device_alloc<bf16>(static_cast<std::size_t>(m) * big_n);
-    }
-    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * kk),
-          *b32 = device_alloc<float>(static_cast<std::size_t>(kk) * big_n),
-          *ref = device_alloc<float>(static_cast<std::size_t>(m) * big_n);
+    OperationMix::RankBuffers buffers = mix.allocate(calls.size());
     barrier.arrive_and_wait();
     std::mt19937 rng(static_cast<unsigned>(seed) + static_cast<unsigned>(r));
     for (std::size_t i = 0; i < calls.size(); ++i) {
-      mix.queue(r, calls[i], seed + 100 * i, a[i], b[i], c[i], stream);
+      mix.queue(r, calls[i], seed + 100 * i, buffers.a[i], buffers.b[i], buffers.c[i], stream);
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
     }
     try {
@@ -530,16 +558,8 @@ TEST(Overlap, OperationsQueuedTogetherRunAheadAsALayerQueuesThem) {
       throw Error(e.code(), std::string(e.what()) + "\n" + mix.describe_flags());
     }
     barrier.arrive_and_wait();
-    for (std::size_t i = 0; i < calls.size(); ++i) {
-      mix.reference(team, r, calls[i], seed + 100 * i, a32, b32, ref, stream);
-      const double err = relative_error(c[i], mix.rows_of(calls[i].op), mix.n_of(calls[i].op), ref, stream);
-      if (!(err < 1e-2))
-        throw Error(Errc::internal, "call " + std::to_string(i) + " (operation " + std::to_string(calls[i].op) +
-                                        "): relative error " + std::to_string(err));
-    }
-    for (std::size_t i = 0; i < calls.size(); ++i)
-      for (bf16* p : {a[i], b[i], c[i]}) (void)hipFree(p);
-    for (float* p : {a32, b32, ref}) (void)hipFree(p);
+    mix.check(team, r, calls, seed, buffers, stream);
+    buffers.release();
   });
 }
 
@@ -559,38 +579,22 @@ TEST(Overlap, CopyEnginePullIsPacedAgainstEveryOperationOnItsGpu) {
   constexpr auto kLate = std::chrono::milliseconds(300);
   std::vector<std::chrono::duration<double>> queued(calls.size());  // rank 0's time in each run()
   const std::uint64_t seed = fresh_seed();
-  const long big_n = OperationMix::kN + 64, kk = OperationMix::kK * 2, m = OperationMix::kRowsPerRank * 2;
   run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
-    std::vector<bf16*> a(calls.size()), b(calls.size()), c(calls.size());
-    for (std::size_t i = 0; i < calls.size(); ++i) {
-      a[i] = device_alloc<bf16>(static_cast<std::size_t>(m) * OperationMix::kK);
-      b[i] = device_alloc<bf16>(static_cast<std::size_t>(OperationMix::kK) * big_n);
-      c[i] = device_alloc<bf16>(static_cast<std::size_t>(m) * big_n);
-    }
-    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * kk),
-          *b32 = device_alloc<float>(static_cast<std::size_t>(kk) * big_n),
-          *ref = device_alloc<float>(static_cast<std::size_t>(m) * big_n);
+    OperationMix::RankBuffers buffers = mix.allocate(calls.size());
     barrier.arrive_and_wait();
     for (std::size_t i = 0; i < calls.size(); ++i) {
       // Rank 1 is late to each round's first call (0 and 2); rank 0's second call of the round
       // can only be queued once its first is done, which needs rank 1.
       if (r == 1 && i % 2 == 0) std::this_thread::sleep_for(kLate);
       const auto start = std::chrono::steady_clock::now();
-      mix.queue(r, calls[i], seed + 100 * i, a[i], b[i], c[i], stream);
+      mix.queue(r, calls[i], seed + 100 * i, buffers.a[i], buffers.b[i], buffers.c[i], stream);
       if (r == 0) queued[i] = std::chrono::steady_clock::now() - start;
       if (i % 2 == 1) barrier.arrive_and_wait();  // rounds start together
     }
     finish(stream);
     barrier.arrive_and_wait();  // no reference kernel's first launch while a peer waits on a flag
-    for (std::size_t i = 0; i < calls.size(); ++i) {
-      mix.reference(team, r, calls[i], seed + 100 * i, a32, b32, ref, stream);
-      const double err = relative_error(c[i], mix.rows_of(calls[i].op), mix.n_of(calls[i].op), ref, stream);
-      if (!(err < 1e-2))
-        throw Error(Errc::internal, "call " + std::to_string(i) + ": relative error " + std::to_string(err));
-    }
-    for (std::size_t i = 0; i < calls.size(); ++i)
-      for (bf16* p : {a[i], b[i], c[i]}) (void)hipFree(p);
-    for (float* p : {a32, b32, ref}) (void)hipFree(p);
+    mix.check(team, r, calls, seed, buffers, stream);
+    buffers.release();
   });
   const double late = std::chrono::duration<double>(kLate).count();
   // The calls that may start at once take far less than the 300 ms (their own operation has no
