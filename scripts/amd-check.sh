@@ -28,13 +28,15 @@ device=(runtime/gpu/op_kernel.cu runtime/gpu/probe.cu runtime/gpu/stream_memops.
         kernels/gpu/elementwise.cu kernels/gpu/layer_kernels.cu kernels/gpu/sm_copy.cu
         tests/gpu/flag_handoff.cu tests/gpu/task_kernels.cu tests/gpu/tile_consumer.cu)
 # Host code against the HIP runtime API.
-host=(runtime/gpu/devices.cpp runtime/gpu/copy_queue.cpp runtime/gpu/task_streams.cpp runtime/gpu_processor.cpp
+host=(runtime/gpu/devices.cpp runtime/gpu/devices_none.cpp runtime/gpu/copy_queue.cpp runtime/gpu/task_streams.cpp
+      runtime/gpu_processor.cpp runtime/dma/calibrate.cpp runtime/dma/engine.cpp runtime/dma/remote_copy.cpp
+      runtime/dma/storage.cpp
       channels/gpu_channel.cpp channels/sdma_channel.cpp channels/xgmi_channel.cpp channels/gpu_convert_channel.cpp
       kernels/gpu/gpu_heap.cpp kernels/gpu/overlap.cpp kernels/gpu/tp_layer.cpp
-      apps/caravan/bench_gpu.cpp apps/caravan/bench_gpu_tasks.cpp
+      apps/caravan/bench_gpu.cpp apps/caravan/bench_gpu_tasks.cpp apps/caravan/bench_ipc.cpp apps/caravan/bench_nic.cpp
       tests/gpu/attention_test.cpp tests/gpu/flag_gemm_test.cpp tests/gpu/gpu_copy_test.cpp tests/gpu/gpu_processor_test.cpp
       tests/gpu/ipc_copy_test.cpp tests/gpu/ipc_heap_test.cpp tests/gpu/overlap_gpu_test.cpp
-      tests/gpu/remote_gpu_copy_test.cpp)
+      tests/gpu/remote_gpu_copy_test.cpp tests/runtime/gpu_processor_test.cpp)
 # NVIDIA only, and why.
 declare -A nvidia_only=(
   [kernels/gpu/blas.cpp]="cuBLAS; Debian 12 packages no hipBLAS or rocBLAS"
@@ -43,16 +45,28 @@ declare -A nvidia_only=(
   [kernels/gpu/attention.cu]="mma.sync, ldmatrix and cp.async PTX; an AMD version would use MFMA"
   [apps/caravan/bench_overlap_gpu.cpp]="the NCCL baseline; Debian 12 packages no RCCL"
   [apps/caravan/bench_llm_gpu.cpp]="the NCCL baseline; Debian 12 packages no RCCL"
+  [apps/caravan/bench_gemm.cpp]="its GPU part runs on the NCCL rank harness (bench_gpu_ranks.h); no RCCL"
+  [apps/caravan/bench_attention.cpp]="its GPU part runs on the NCCL rank harness (bench_gpu_ranks.h); no RCCL"
   [apps/examples/gpu_task.cu]="an example of a task body written in CUDA"
+  [scripts/probes/all_to_all_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
+  [scripts/probes/copy_queue_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
+  [scripts/probes/exchange_floor_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
 )
 
-# Every GPU source must be in a list, so that a new one is not skipped unnoticed.
+# Every GPU source must be in a list, so that a new one is not skipped unnoticed: every .cu file,
+# and every .cpp file that includes a GPU header (runtime/gpu/, kernels/gpu/, runtime/gpu_processor.h)
+# or lives in a GPU folder.
+if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  echo "amd-check: needs a git checkout (it lists the GPU sources with git)" >&2
+  exit 2
+fi
 listed=" ${device[*]} ${host[*]} ${!nvidia_only[*]} "
 unlisted=()
 while IFS= read -r f; do
   [[ $listed == *" $f "* ]] || unlisted+=("$f")
-done < <(git ls-files '*.cu' 'kernels/gpu/*.cpp' 'runtime/gpu/*.cpp' 'tests/gpu/*.cpp' 'apps/caravan/*gpu*.cpp' |
-         grep -v -e '^runtime/gpu/devices_none.cpp$' -e '^runtime/gpu/probe_none.cpp$' -e '^scripts/')
+done < <({ git ls-files '*.cu' 'kernels/gpu/*.cpp' 'runtime/gpu/*.cpp' 'tests/gpu/*.cpp'
+           git grep -l -E '#include "(runtime/gpu/|kernels/gpu/|runtime/gpu_processor.h)' -- '*.cpp'; } |
+         sort -u | grep -v -e '^runtime/gpu/probe_none.cpp$')
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -65,7 +79,7 @@ check() {  # check FILE COMMAND...: runs the compile, keeping its messages when 
     echo "ok      $file$(grep -c 'warning:' "$out/log" | sed -e 's/^0$//' -e 's/..*/ (& warnings)/')"
   else
     echo "FAILED  $file"
-    grep -E 'error' "$out/log" | head -5 | sed 's/^/          /'
+    { grep -E 'error' "$out/log" || tail -3 "$out/log"; } | head -5 | sed 's/^/          /' || true
     failed+=("$file")
   fi
 }

@@ -55,23 +55,24 @@ __device__ inline void pause_ns(unsigned ns) {
 #endif
 }
 
-// A load served from L2 or memory, never from this SM's L1 (data another GPU, a copy engine or
-// another block may have written since). AMD: volatile 8-byte loads, which bypass the L1.
+// A load that never hits this SM's L1 (data another GPU, a copy engine or another block may
+// have written since). AMD: relaxed system-scope 8-byte atomic loads, which bypass the L1 and,
+// on fine-grained memory (malloc_peer_coherent), see other GPUs' writes.
+__device__ inline std::uint64_t load_l2(const std::uint64_t* p) {
+#if defined(CARAVAN_GPU_AMD)
+  return __hip_atomic_load(const_cast<std::uint64_t*>(p), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  return __ldcg(reinterpret_cast<const unsigned long long*>(p));
+#endif
+}
 __device__ inline uint4 load_l2(const uint4* p) {
 #if defined(CARAVAN_GPU_AMD)
-  const auto* halves = reinterpret_cast<const volatile std::uint64_t*>(p);
-  const std::uint64_t lo = halves[0], hi = halves[1];
+  const auto* halves = reinterpret_cast<const std::uint64_t*>(p);
+  const std::uint64_t lo = load_l2(halves), hi = load_l2(halves + 1);
   return uint4{static_cast<std::uint32_t>(lo), static_cast<std::uint32_t>(lo >> 32), static_cast<std::uint32_t>(hi),
                static_cast<std::uint32_t>(hi >> 32)};
 #else
   return __ldcg(p);
-#endif
-}
-__device__ inline std::uint64_t load_l2(const std::uint64_t* p) {
-#if defined(CARAVAN_GPU_AMD)
-  return *reinterpret_cast<const volatile std::uint64_t*>(p);
-#else
-  return __ldcg(reinterpret_cast<const unsigned long long*>(p));
 #endif
 }
 

@@ -89,12 +89,16 @@ __global__ void reduce_sum_tail_kernel(bf16* out, ReduceInputs inputs, std::size
 // One 16-byte line: {data0, flag, data1, flag}. Stored and loaded whole with volatile vector
 // accesses; the interconnect delivers each aligned 8-byte half atomically, so a line whose two
 // flags both equal the epoch holds that epoch's two data words.
-// (AMD: two volatile 8-byte accesses, one per half, which is all the rule above relies on.)
+// (AMD: two relaxed system-scope 8-byte atomics, one per half, which is all the rule above
+// relies on; they bypass the non-coherent L1 without waiting for each other as volatile would.
+// The line buffers are fine-grained memory there: malloc_peer_coherent.)
 __device__ inline void store_line(uint4* dst, uint4 line) {
 #if defined(CARAVAN_GPU_AMD)
-  auto* halves = reinterpret_cast<volatile std::uint64_t*>(dst);
-  halves[0] = (static_cast<std::uint64_t>(line.y) << 32) | line.x;
-  halves[1] = (static_cast<std::uint64_t>(line.w) << 32) | line.z;
+  auto* halves = reinterpret_cast<std::uint64_t*>(dst);
+  __hip_atomic_store(halves, (static_cast<std::uint64_t>(line.y) << 32) | line.x, __ATOMIC_RELAXED,
+                     __HIP_MEMORY_SCOPE_SYSTEM);
+  __hip_atomic_store(halves + 1, (static_cast<std::uint64_t>(line.w) << 32) | line.z, __ATOMIC_RELAXED,
+                     __HIP_MEMORY_SCOPE_SYSTEM);
 #else
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(line.x), "r"(line.y), "r"(line.z),
                "r"(line.w)
@@ -104,10 +108,7 @@ __device__ inline void store_line(uint4* dst, uint4 line) {
 __device__ inline uint4 load_line(const uint4* src) {
   uint4 v;
 #if defined(CARAVAN_GPU_AMD)
-  const auto* halves = reinterpret_cast<const volatile std::uint64_t*>(src);
-  const std::uint64_t lo = halves[0], hi = halves[1];
-  v.x = static_cast<std::uint32_t>(lo), v.y = static_cast<std::uint32_t>(lo >> 32);
-  v.z = static_cast<std::uint32_t>(hi), v.w = static_cast<std::uint32_t>(hi >> 32);
+  v = dev::load_l2(src);
 #else
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -201,7 +202,7 @@ __device__ inline void add_pair(float (&acc)[4], std::uint32_t x, std::uint32_t 
 // line, then sums pair i of its own rows and of every peer's line for it, in rank order (the
 // order of reduce_sum), in fp32. Progress as in ll_allgather_kernel. (Ranks index the register
 // arrays through unrolled loops only, so they stay in registers.)
-__global__ void __launch_bounds__(kLlThreads, 8)
+__global__ void CARAVAN_LAUNCH_BOUNDS(kLlThreads, 8)
     ll_reduce_scatter_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint2* partial, std::size_t pairs,
                              uint4* lines, uint2* out, LlState* state) {
   wait_for_prior_grid();

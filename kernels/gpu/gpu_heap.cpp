@@ -41,7 +41,7 @@ GpuSymmetricHeap::GpuSymmetricHeap(std::vector<int> devices, std::uint64_t bytes
         else CARAVAN_HIP_CHECK(status);
       }
       void* base = nullptr;
-      CARAVAN_HIP_CHECK(hipMalloc(&base, bytes_));
+      CARAVAN_HIP_CHECK(malloc_peer_coherent(&base, bytes_));
       bases_.push_back(static_cast<char*>(base));
       CARAVAN_HIP_CHECK(hipMemset(base, 0, bytes_));
     }
@@ -112,7 +112,7 @@ std::unique_ptr<GpuSymmetricHeap> GpuSymmetricHeap::join_node(int device, std::u
     if (bytes_per_rank == 0) throw Error(Errc::invalid_argument, "bytes_per_rank must be positive");
     CARAVAN_HIP_CHECK(hipSetDevice(device));
     CARAVAN_HIP_CHECK(hipDeviceGetPCIBusId(mine.bus_id, sizeof(mine.bus_id), device));
-    CARAVAN_HIP_CHECK(hipMalloc(&base, bytes_per_rank));
+    CARAVAN_HIP_CHECK(malloc_peer_coherent(&base, bytes_per_rank));
     CARAVAN_HIP_CHECK(hipMemset(base, 0, bytes_per_rank));
     CARAVAN_HIP_CHECK(hipDeviceSynchronize());
     CARAVAN_HIP_CHECK(hipIpcGetMemHandle(&mine.handle, base));

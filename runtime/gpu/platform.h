@@ -172,6 +172,15 @@ hipError_t hipStreamWaitValue64(hipStream_t stream, void* ptr, std::uint64_t val
 hipError_t hipStreamWriteValue64(hipStream_t stream, void* ptr, std::uint64_t value, unsigned flags);
 #endif
 
+// __launch_bounds__(threads, blocks): at most `threads` a block, and registers for at least
+// `blocks` resident blocks per SM. HIP reads the second number as waves per execution unit,
+// another quantity, so on AMD only the first is given.
+#if defined(CARAVAN_GPU_AMD)
+#define CARAVAN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads)
+#else
+#define CARAVAN_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+#endif
+
 // For a kernel parameter the kernel only reads and indexes at run time (a heap view's bases):
 // on NVIDIA it stays in the parameter space instead of being copied to a local-memory stack
 // frame first.
@@ -201,6 +210,18 @@ inline PointerMemory pointer_memory(const hipPointerAttribute_t& a) {
   if (type == hipMemoryTypeDevice) return PointerMemory::device;
   if (type == hipMemoryTypeHost) return PointerMemory::host;
   return PointerMemory::unknown;
+}
+
+// Device memory that other GPUs write and read while kernels here poll it (the symmetric heap).
+// On AMD it must be fine-grained: hipMalloc's coarse-grained memory is coherent across GPUs
+// only at synchronisation points, so a kernel polling a flag a peer writes could keep reading
+// its own L2's stale copy. On NVIDIA every device allocation is coherent so.
+inline hipError_t malloc_peer_coherent(void** ptr, std::size_t bytes) {
+#if defined(CARAVAN_GPU_AMD)
+  return hipExtMallocWithFlags(ptr, bytes, hipDeviceMallocFinegrained);
+#else
+  return hipMalloc(ptr, bytes);
+#endif
 }
 
 // The device's copy engines (CUDA's asyncEngineCount; HIP 5 does not report them: 0).
