@@ -10,7 +10,8 @@
 #     OUT_DIR: where each step's log goes (default gpu-checks)
 #     STEP:    any of tests run-ahead ipc remote copies overlap llm (default: all, in that order),
 #              or scatter: the GEMMs that store to the peers themselves (tile tests, GEMM+RS and
-#              GEMM+AS at M = 8192, the layer, and the layer test six times for the TP 4 hang)
+#              GEMM+AS at M = 8192, the layer, the layer test six times for the TP 4 hang, and the
+#              pacing tests five times)
 #
 # Each step's log is OUT_DIR/<step>.log; a summary line per step is printed at the end. A step
 # that hangs is killed at its limit and reported as such; the next step still runs.
@@ -102,6 +103,8 @@ for step in "${steps[@]}"; do
       for i in 1 2 3 4 5 6; do
         run "layer-test-$i" 75 "$bin/overlap_gpu_tests" --gtest_filter='GpuTpLayer.*'
       done
+      # Pacing per GPU (eighteenth session): operations queued as the layer queues them.
+      run pacing-tests 120 "$bin/overlap_gpu_tests" --gtest_filter='*OperationsQueued*:*CopyEnginePull*' --gtest_repeat=5
       ;;
     llm)
       run bench-llm 500 "$bin/caravan" bench llm --sweep --iterations 6 --warmup 2 --json "$out/llm-sweep.json"
