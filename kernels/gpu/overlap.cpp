@@ -386,23 +386,30 @@ FlagReport::FlagReport(GpuTeam& team, SymmetricRegion flags, std::vector<std::st
     : team_(team), flags_(flags), groups_(std::move(groups)), per_group_(per_group) {
   const int world = team.world();
   const std::size_t words = static_cast<std::size_t>(world) * groups_.size() * static_cast<std::size_t>(per_group);
-  CARAVAN_HIP_CHECK(
-      hipHostMalloc(reinterpret_cast<void**>(&words_), words * sizeof(std::uint64_t), hipHostMallocPortable));
-  // One copy stream per rank of the team (a stuck copy then blocks only its own rank's report),
-  // on the rank's GPU where this process drives it, else on the first GPU it drives.
-  const int first_driven = team.driven_ranks().front();
-  for (int r = 0; r < world; ++r) {
-    const int on = team.drives(r) ? r : first_driven;
-    team.use(on);
-    devices_.push_back(team.device(on));
-    streams_.push_back(nullptr);
-    done_.push_back(nullptr);
-    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&streams_.back(), hipStreamNonBlocking));
-    CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&done_.back(), hipEventDisableTiming));
+  try {
+    CARAVAN_HIP_CHECK(
+        hipHostMalloc(reinterpret_cast<void**>(&words_), words * sizeof(std::uint64_t), hipHostMallocPortable));
+    // One copy stream per rank of the team (a stuck copy then blocks only its own rank's report),
+    // on the rank's GPU where this process drives it, else on the first GPU it drives.
+    const int first_driven = team.driven_ranks().front();
+    for (int r = 0; r < world; ++r) {
+      const int on = team.drives(r) ? r : first_driven;
+      team.use(on);
+      devices_.push_back(team.device(on));
+      streams_.push_back(nullptr);
+      done_.push_back(nullptr);
+      CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&streams_.back(), hipStreamNonBlocking));
+      CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&done_.back(), hipEventDisableTiming));
+    }
+  } catch (...) {
+    release();
+    throw;
   }
 }
 
-FlagReport::~FlagReport() {
+FlagReport::~FlagReport() { release(); }
+
+void FlagReport::release() noexcept {
   for (std::size_t r = 0; r < streams_.size(); ++r) {
     (void)hipSetDevice(devices_[r]);
     if (streams_[r]) (void)hipStreamDestroy(streams_[r]);

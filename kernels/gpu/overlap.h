@@ -163,6 +163,7 @@ class FlagReport {
   std::string describe(const std::vector<std::unique_ptr<RankSync>>& sync) const;
 
  private:
+  void release() noexcept;  // frees what the constructor made, also when it failed part way
   GpuTeam& team_;
   SymmetricRegion flags_;
   std::vector<std::string> groups_;
