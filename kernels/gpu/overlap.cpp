@@ -1060,16 +1060,16 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   // A source's arrived flag counts its parts over the calls: call e's part j raises it to
   // (e-1) x splits + j + 1, so a destination may sum part j before the later parts land.
   auto parts_landed = [&](int parts) { return (e - 1) * static_cast<std::uint64_t>(splits_) + parts; };
-  // Sums part j (all parts: j = -1) of this rank's rows on `on` once every peer's has landed.
-  auto reduce_part = [&](int j, hipStream_t on) {
-    const std::size_t offset = j < 0 ? 0 : static_cast<std::size_t>(j) * part_elems;
+  // Sums parts [first, end) of this rank's rows on `on` once every peer's have landed.
+  auto reduce_parts = [&](int first, int end, hipStream_t on) {
+    const std::size_t offset = static_cast<std::size_t>(first) * part_elems;
     ReduceInputs inputs;
     inputs.count = world;
     for (int q = 0; q < world; ++q) {
-      if (q != rank) wait_flag(on, my.at(rs_arrived, q), parts_landed(j < 0 ? splits_ : j + 1));
+      if (q != rank) wait_flag(on, my.at(rs_arrived, q), parts_landed(end));
       inputs.in[q] = (q == rank ? partial + rank * chunk_elems : slot(rank, q)) + offset;
     }
-    reduce_sum(out + offset, inputs, j < 0 ? chunk_elems : part_elems, on);
+    reduce_sum(out + offset, inputs, static_cast<std::size_t>(end - first) * part_elems, on);
   };
   // With one lane, a part's sum would wait for the peers in front of the next part's GEMM.
   const bool sum_per_part = variant == GemmRsVariant::ce_push && splits_ > 1 && lanes == 2;
@@ -1129,14 +1129,14 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
           // This rank's own rows come last: each part is summed as soon as it is computed (and
           // the peers' have landed), beside the GEMM of the next part on the other lane, so
           // only the last part's sum follows the GEMMs.
-          reduce_part(part, on);
+          reduce_parts(part, part + 1, on);
         }
       }
     }
     lane.finish();
   }
   CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
-  if (!sum_per_part) reduce_part(-1, stream);
+  if (!sum_per_part) reduce_parts(0, splits_, stream);
   for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
 }
