@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
@@ -71,9 +72,32 @@ ErrorSums* thread_sums() {
   return sums;
 }
 
-// Runs body(rank, stream) on one thread per rank and rethrows the first failure.
-void run_ranks(GpuTeam& team, const std::function<void(int, hipStream_t, std::barrier<>&)>& body) {
-  std::barrier<> barrier(team.world());
+// A barrier for the rank threads of one test that stops the others once one has failed. A rank
+// that throws drops out of the barrier, so its peers are not left waiting for it; their next
+// wait then throws too, instead of letting them queue more work on flags the failed rank will
+// never raise (each such wait would end only at its own timeout, and a synchronous GPU call
+// behind it not at all).
+class RankBarrier {
+ public:
+  explicit RankBarrier(int ranks) : barrier_(ranks) {}
+  void arrive_and_wait() {
+    barrier_.arrive_and_wait();
+    if (failed_.load()) throw Error(Errc::cancelled, "stopped at a barrier: another rank failed (see its message)");
+  }
+  // Called once by a rank that failed, instead of any further wait.
+  void drop_failed_rank() {
+    failed_.store(true);
+    barrier_.arrive_and_drop();
+  }
+
+ private:
+  std::barrier<> barrier_;
+  std::atomic<bool> failed_{false};
+};
+
+// Runs body(rank, stream) on one thread per rank and reports the first failure.
+void run_ranks(GpuTeam& team, const std::function<void(int, hipStream_t, RankBarrier&)>& body) {
+  RankBarrier barrier(team.world());
   std::mutex mutex;
   std::string failure;
   std::vector<std::thread> threads;
@@ -89,9 +113,10 @@ void run_ranks(GpuTeam& team, const std::function<void(int, hipStream_t, std::ba
         body(r, stream, barrier);
         finish(stream);
       } catch (const std::exception& e) {
-        barrier.arrive_and_drop();  // the other ranks' later barriers no longer count this one
+        barrier.drop_failed_rank();
         std::fprintf(stderr, "rank %d failed: %s\n", r, e.what());  // now: teardown may hang after a stuck GPU
         std::lock_guard lock(mutex);
+        // The first failure is the cause; the peers it stopped report only that.
         if (failure.empty()) failure = "rank " + std::to_string(r) + ": " + e.what();
       }
       if (stream) (void)hipStreamDestroy(stream);
@@ -210,7 +235,7 @@ TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
                                  {AgGemmVariant::sm_push, 2},      {AgGemmVariant::sm_push, 1},
                                  {AgGemmVariant::ll_bulk, 1},      {AgGemmVariant::sm_bulk, 1}};
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier&) {
     trace(r, "alloc");
     bf16* b = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
     bf16* c = device_alloc<bf16>(static_cast<std::size_t>(m) * n);
@@ -320,7 +345,7 @@ void run_ahead_through_mixed_variants(bool two_streams, bool low_latency,
   if (const char* list = std::getenv("CARAVAN_TEST_RUN_AHEAD_VARIANTS"); list && only.empty())
     runs = run_ahead_variants_from(list, runs.size());
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
     hipStream_t other;
     CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&other, hipStreamNonBlocking));
     // A rejected call takes no epoch (the next calls would wait forever if it did).
@@ -544,7 +569,7 @@ TEST(Overlap, OperationsQueuedTogetherRunAheadAsALayerQueuesThem) {
     calls.push_back({3, {}, GemmRsVariant::ce_push, 2});
   }
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
     OperationMix::RankBuffers buffers = mix.allocate(calls.size());
     barrier.arrive_and_wait();
     std::mt19937 rng(static_cast<unsigned>(seed) + static_cast<unsigned>(r));
@@ -579,7 +604,7 @@ TEST(Overlap, CopyEnginePullIsPacedAgainstEveryOperationOnItsGpu) {
   constexpr auto kLate = std::chrono::milliseconds(300);
   std::vector<std::chrono::duration<double>> queued(calls.size());  // rank 0's time in each run()
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
     OperationMix::RankBuffers buffers = mix.allocate(calls.size());
     barrier.arrive_and_wait();
     for (std::size_t i = 0; i < calls.size(); ++i) {
@@ -617,7 +642,7 @@ TEST(Overlap, TileVariantsHandlePartialTilesAndLateRows) {
   const std::vector<AgGemmVariant> runs = {AgGemmVariant::tile_pull, AgGemmVariant::tile_push, AgGemmVariant::tile_push,
                                            AgGemmVariant::tile_pull};
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
     bf16 *b = device_alloc<bf16>(static_cast<std::size_t>(k) * n), *c = device_alloc<bf16>(static_cast<std::size_t>(m) * n);
     float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * k), *b32 = device_alloc<float>(static_cast<std::size_t>(k) * n),
           *ref = device_alloc<float>(static_cast<std::size_t>(m) * n);
@@ -680,7 +705,7 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
       {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ce_push, 1},
       {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::blas_scatter, 1}};
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier&) {
     const long rows = m / world, kk = k * world;
     bf16 *a = device_alloc<bf16>(static_cast<std::size_t>(m) * k), *b = device_alloc<bf16>(static_cast<std::size_t>(k) * n),
          *out = device_alloc<bf16>(static_cast<std::size_t>(rows) * n);
@@ -742,7 +767,7 @@ TEST(Overlap, GemmReduceScatterOneKernelCallsRunAhead) {
       GemmRsVariant::sm_pull, GemmRsVariant::sm_push, GemmRsVariant::sm_push, GemmRsVariant::sm_push,
       GemmRsVariant::sm_pull, GemmRsVariant::sm_pull, GemmRsVariant::sm_pull, GemmRsVariant::sm_push};
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
     // Everything allocated before any rank's first call (see run_ahead_through_mixed_variants).
     std::vector<bf16*> a(runs.size()), b(runs.size()), out(runs.size());
     for (std::size_t call = 0; call < runs.size(); ++call) {
@@ -796,7 +821,7 @@ TEST(Overlap, GemmAllScatterMatchesReferenceCallAfterCall) {
       {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::ce_push, 2},
       {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::tile_fused, 1},       {GemmAsVariant::ce_bulk, 1}};
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier&) {
     bf16 *a = device_alloc<bf16>(static_cast<std::size_t>(m) * k), *b = device_alloc<bf16>(static_cast<std::size_t>(k) * block);
     float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * k), *b32 = device_alloc<float>(static_cast<std::size_t>(k) * n),
           *ref = device_alloc<float>(static_cast<std::size_t>(m) * n);
@@ -829,7 +854,7 @@ TEST(Overlap, LowLatencyAllGatherIsExactOnEveryCall) {
   constexpr long kElems = kBytes / sizeof(bf16);
   LowLatencyAllGather op(team, kBytes);
   const std::uint64_t seed = fresh_seed();
-  run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>&) {
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier&) {
     bf16 *in = device_alloc<bf16>(kElems), *out = device_alloc<bf16>(static_cast<std::size_t>(kElems) * world);
     float* ref = device_alloc<float>(static_cast<std::size_t>(kElems) * world);
     for (int call = 0; call < 500; ++call) {
@@ -837,9 +862,12 @@ TEST(Overlap, LowLatencyAllGatherIsExactOnEveryCall) {
       fill_random(in, 1, kElems, kElems, seed + 1000 * call + r, 0, 0, 1.0f, stream);
       poison(out, static_cast<std::size_t>(kElems) * world, stream);
       op.run(r, in, out, stream);
-      for (int q = 0; q < world; ++q) fill_random(ref + q * kElems, 1, kElems, kElems, seed + 1000 * call + q, 0, 0, 1.0f, stream);
+      for (int q = 0; q < world; ++q)
+        fill_random(ref + q * kElems, 1, kElems, kElems, seed + 1000 * call + q, 0, 0, 1.0f, stream);
       const double err = relative_error(out, world, kElems, ref, stream);
-      if (err != 0) throw Error(Errc::internal, "call " + std::to_string(call) + ": gathered data differ, error " + std::to_string(err));
+      if (err != 0)
+        throw Error(Errc::internal,
+                    "call " + std::to_string(call) + ": gathered data differ, error " + std::to_string(err));
     }
     (void)hipFree(in);
     (void)hipFree(out);
@@ -866,7 +894,7 @@ TEST(Overlap, LowLatencyAllGatherBackToBackAndReplayedFromAGraph) {
       const std::uint64_t mark = team.heap().mark();
       {
         LowLatencyAllGather op(team, bytes);
-        run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+        run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
           const std::size_t out_elems = static_cast<std::size_t>(elems) * world;
           bf16* in = device_alloc<bf16>(static_cast<std::size_t>(elems) * calls);
           bf16* out = device_alloc<bf16>(out_elems * calls);
@@ -983,7 +1011,7 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
     {
       GpuTpLayer layer(team, shape, variant, /*query_block=*/48);
       layer.set_weights(weights);
-      run_ranks(team, [&](int r, hipStream_t stream, std::barrier<>& barrier) {
+      run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
         // Inputs and references in place before any rank starts (see the run-ahead test above).
         const std::size_t mine = static_cast<std::size_t>(rows * shape.hidden);
         bf16 *x[2], *y = device_alloc<bf16>(mine);
