@@ -5,7 +5,8 @@
 //   sdma local fbm0 -> fbm0   vs hipMemcpyAsync      (device -> device, one GPU)
 //   xgmi       fbm0 -> fbm1   vs hipMemcpyPeerAsync  (needs 2 GPUs that reach each other)
 //   sys -> fbm0 as planned    vs pageable hipMemcpyAsync
-// and a high-priority copy on the copy engine under 32 low-priority ones, alone and FIFO; and
+// and a 64 MiB high-priority copy on the copy engine under 16 x 1 GiB low-priority ones, against
+// it alone and FIFO (goal: within 1.5x of alone); and
 //   multipath host->fbm0      a 1 GiB zcm -> fbm0 copy split by the multi-path planner over
 //                             every GPU's PCIe link (GPU 0's directly, the others' relayed over
 //                             NVLink) vs one hipMemcpyAsync over GPU 0's link alone (goal >= 3x;
@@ -45,6 +46,13 @@ struct GpuBenchOptions {
   bool multipath_only = false;
   bool all_to_all_only = false;
   std::uint64_t multipath_mib = 1024;
+  bool priority_only = false;
+  // The priority case: one high-priority copy under a backlog of low-priority ones, all
+  // zcm -> fbm0 on GPU 0's copy engine (issue 6: 64 MiB under 16 x 1 GiB).
+  std::uint64_t priority_mib = 64;
+  int priority_load_copies = 16;
+  std::uint64_t priority_load_mib = 1024;
+  int priority_runs = 5;
 };
 GpuBenchOptions g_gpu;
 
@@ -186,6 +194,113 @@ void run_multipath_case(BenchReport& out, nlohmann::json& figures, std::uint32_t
                           {"bytes", bytes}, {"verified", verified}};
 }
 
+// "copy engine priority": a high-priority zcm -> fbm0 copy submitted right after a backlog of
+// low-priority copies on the same channel (GPU 0's PCIe link), against the same copy alone and
+// against the backlog without priorities (FIFO). The low copies read one shared pinned source
+// into destinations of their own. Every high-priority result is verified (destination poisoned
+// before each run), and the last low-priority destination once at the end.
+void run_priority_case(BenchReport& out, nlohmann::json& figures, std::uint32_t rank) {
+  const GpuBenchOptions& o = g_gpu;
+  if (o.priority_mib == 0) throw Error(Errc::invalid_argument, "--priority-mib must be at least 1");
+  if (o.priority_load_mib == 0) throw Error(Errc::invalid_argument, "--priority-load-mib must be at least 1");
+  if (o.priority_load_copies < 1) throw Error(Errc::invalid_argument, "--priority-load-copies must be at least 1");
+  if (o.priority_runs < 1) throw Error(Errc::invalid_argument, "--priority-runs must be at least 1");
+  const MemoryId zcm{0, rank, MemoryKind::zcm, 0}, fbm0{0, rank, MemoryKind::fbm, 0};
+  const Layout aos = Layout::parse("F,x");
+  auto space_of = [](std::uint64_t mib) {
+    return Rect::from_extents({static_cast<std::int64_t>((mib << 20) / fields().total_size())});
+  };
+  const Rect low_space = space_of(o.priority_load_mib), high_space = space_of(o.priority_mib);
+  Instance low_src = Instance::create(zcm, low_space, fields(), aos);
+  std::vector<Instance> low_dst;
+  try {
+    for (int i = 0; i < o.priority_load_copies; ++i)
+      low_dst.push_back(Instance::create(fbm0, low_space, fields(), aos));
+  } catch (const Error& e) {
+    throw Error(e.code(),
+                fmt::format("the priority case's backlog (--priority-load-copies {} x --priority-load-mib {}) "
+                            "does not fit in GPU 0's memory: {}",
+                            o.priority_load_copies, o.priority_load_mib, e.what()));
+  }
+  Instance hs = Instance::create(zcm, high_space, fields(), aos),
+           hd = Instance::create(fbm0, high_space, fields(), aos);
+  {  // fresh random bytes in both sources
+    std::mt19937_64 rng(std::random_device{}());
+    for (Instance* src : {&low_src, &hs}) {
+      auto* p = reinterpret_cast<std::uint64_t*>(src->data());
+      for (std::uint64_t i = 0; i < src->footprint_bytes() / 8; ++i) p[i] = rng();
+    }
+  }
+  const std::vector<std::byte> poison(hd.footprint_bytes(), std::byte{0xAB});
+  std::vector<std::byte> seen(hd.footprint_bytes());
+  int mismatches = 0;
+  auto timed = [&](int priority, CopyReport* report) {
+    hd.write_bytes(0, poison);
+    auto start = Clock::now();
+    copy(hs, hd, {.priority = priority, .report = report}).wait();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    hd.read_bytes(0, seen);
+    if (std::memcmp(seen.data(), hs.data(), seen.size()) != 0) ++mismatches;
+    return ms;
+  };
+  timed(10, nullptr);  // warm-up
+  std::vector<double> alone, prioritized, fifo, interleaved;
+  for (int r = 0; r < o.priority_runs; ++r) {
+    alone.push_back(timed(10, nullptr));
+    for (int high : {10, 0}) {
+      std::vector<Event> load;
+      for (const Instance& dst : low_dst) load.push_back(copy(low_src, dst, {.priority = high == 10 ? -10 : 0}));
+      CopyReport report;
+      const double ms = timed(high, &report);
+      merge_events(load).wait();
+      if (high == 10) {
+        prioritized.push_back(ms);
+        interleaved.push_back(static_cast<double>(report.hop_interleaved.empty() ? 0 : report.hop_interleaved[0]));
+      } else {
+        fifo.push_back(ms);
+      }
+    }
+  }
+  const bool low_verified = [&] {
+    std::vector<std::byte> a(low_src.footprint_bytes());
+    low_dst.back().read_bytes(0, a);
+    return std::memcmp(a.data(), low_src.data(), a.size()) == 0;
+  }();
+  const bool verified = mismatches == 0 && low_verified;
+  if (!verified)
+    out.failure =
+        fmt::format("copy engine priority: {} of {} high-priority results differ from their source{}", mismatches,
+                    1 + 3 * o.priority_runs, low_verified ? "" : "; the last low-priority destination differs");
+  const Summary s_alone = summarize(alone), s_prio = summarize(prioritized), s_fifo = summarize(fifo),
+                s_inter = summarize(interleaved);
+  const std::string load = fmt::format("{} x {} MiB", o.priority_load_copies, o.priority_load_mib);
+  BenchTable t{
+      fmt::format("Completion time of a {} MiB zcm->fbm0 copy, ms ({} runs; load: {} low-priority copies on the same "
+                  "sdma channel, submitted just before it)",
+                  o.priority_mib, o.priority_runs, load),
+      {"case", "median", "p10", "p90", "min", "max"},
+      {}};
+  t.rows.push_back(row("alone", s_alone));
+  t.rows.push_back(row("under load, high priority", s_prio));
+  t.rows.push_back(row("under load, no priorities (FIFO)", s_fifo));
+  out.tables.push_back(t);
+  const double ratio = s_prio.median / s_alone.median;
+  out.headlines.push_back(fmt::format(
+      "copy engine priority: {} MiB under {}: high priority under load / alone = {:.2f}x (goal "
+      "<= 1.5x), FIFO {:.2f}x; low-priority requests interleaved (median) {:.0f}{}",
+      o.priority_mib, load, ratio, s_fifo.median / s_alone.median, s_inter.median, verified ? "" : "; DATA MISMATCH"));
+  figures["priority_ms"] = {{"alone", summary_json(s_alone)},
+                            {"prioritized", summary_json(s_prio)},
+                            {"fifo", summary_json(s_fifo)},
+                            {"interleaved", summary_json(s_inter)},
+                            {"ratio", ratio},
+                            {"goal", 1.5},
+                            {"high_mib", o.priority_mib},
+                            {"load_copies", o.priority_load_copies},
+                            {"load_mib", o.priority_load_mib},
+                            {"verified", verified}};
+}
+
 struct Pair {
   std::string name, raw_name;
   Instance src, dst;
@@ -294,9 +409,10 @@ BenchReport run_gpu_bench() {
   Runtime rt;
   const gpu::Topology& topo = gpu::topology();
   const auto rank = static_cast<std::uint32_t>(rt.rank());
-  if (g_gpu.multipath_only) {
+  if (g_gpu.multipath_only || g_gpu.priority_only) {
     nlohmann::json figures = nlohmann::json::object();
-    run_multipath_case(out, figures, rank);
+    if (g_gpu.multipath_only) run_multipath_case(out, figures, rank);
+    if (g_gpu.priority_only) run_priority_case(out, figures, rank);
     out.figures = figures;
     return out;
   }
@@ -513,53 +629,7 @@ BenchReport run_gpu_bench() {
                                               {"notice", summary_json(summarize(notice_us))}};
   }
 
-  if (g_gpu.priority) {
-    // 32 low-priority 16 MiB copies zcm -> fbm0 and one 64 MiB copy on the same channel.
-    const Rect low_space = Rect::from_extents({static_cast<std::int64_t>((16u << 20) / fields().total_size())});
-    const Rect high_space = Rect::from_extents({static_cast<std::int64_t>((64u << 20) / fields().total_size())});
-    std::vector<Instance> low_src, low_dst;
-    for (int i = 0; i < 32; ++i) {
-      low_src.push_back(Instance::create(zcm, low_space, fields(), aos));
-      low_dst.push_back(Instance::create(fbm0, low_space, fields(), aos));
-    }
-    Instance hs = Instance::create(zcm, high_space, fields(), aos), hd = Instance::create(fbm0, high_space, fields(), aos);
-    auto timed = [&](int priority, CopyReport* report) {
-      auto start = Clock::now();
-      copy(hs, hd, {.priority = priority, .report = report}).wait();
-      return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    };
-    timed(10, nullptr);
-    std::vector<double> alone, prioritized, fifo, interleaved;
-    for (int r = 0; r < 5; ++r) {
-      alone.push_back(timed(10, nullptr));
-      for (int high : {10, 0}) {
-        std::vector<Event> load;
-        for (int i = 0; i < 32; ++i)
-          load.push_back(copy(low_src[static_cast<std::size_t>(i)], low_dst[static_cast<std::size_t>(i)], {.priority = high == 10 ? -10 : 0}));
-        CopyReport report;
-        double ms = timed(high, &report);
-        merge_events(load).wait();
-        if (high == 10) {
-          prioritized.push_back(ms);
-          interleaved.push_back(static_cast<double>(report.hop_interleaved.empty() ? 0 : report.hop_interleaved[0]));
-        } else {
-          fifo.push_back(ms);
-        }
-      }
-    }
-    Summary s_alone = summarize(alone), s_prio = summarize(prioritized), s_fifo = summarize(fifo), s_inter = summarize(interleaved);
-    BenchTable p{"Completion time of a 64 MiB zcm->fbm0 copy, ms (5 runs; load: 32 x 16 MiB copies on the same sdma channel)",
-                 {"case", "median", "p10", "p90", "min", "max"}, {}};
-    p.rows.push_back(row("alone", s_alone));
-    p.rows.push_back(row("under load, high priority", s_prio));
-    p.rows.push_back(row("under load, no priorities (FIFO)", s_fifo));
-    out.tables.push_back(p);
-    out.headlines.push_back(fmt::format("copy engine priority: high under load / alone = {:.2f}x, vs FIFO {:.2f}x; low-priority "
-                                        "requests interleaved (median) {:.0f}",
-                                        s_prio.median / s_alone.median, s_fifo.median / s_alone.median, s_inter.median));
-    figures["priority_ms"] = {{"alone", summary_json(s_alone)}, {"prioritized", summary_json(s_prio)},
-                              {"fifo", summary_json(s_fifo)}, {"interleaved", summary_json(s_inter)}};
-  }
+  if (g_gpu.priority) run_priority_case(out, figures, rank);
   if (g_gpu.multipath) run_multipath_case(out, figures, rank);
   out.notes.push_back(fmt::format("GPUs: {} x {}; peer copies {}", topo.devices.size(), topo.devices[0].name,
                                   peer ? "GPU 0 -> GPU 1" : "not measured (needs 2 GPUs with peer access)"));
@@ -581,6 +651,12 @@ void add_bench_gpu(CLI::App& bench) {
   c.add_flag("--multipath-only", g_gpu.multipath_only, "Run only the multi-path host->fbm0 case");
   c.add_flag("--all-to-all-only", g_gpu.all_to_all_only, "Run only the all-to-all case over the peer links");
   c.add_option("--multipath-mib", g_gpu.multipath_mib, "MiB per copy of the multi-path case")->capture_default_str();
+  c.add_flag("--priority-only", g_gpu.priority_only, "Run only the copy-engine priority case");
+  c.add_option("--priority-mib", g_gpu.priority_mib, "MiB of the high-priority copy")->capture_default_str();
+  c.add_option("--priority-load-copies", g_gpu.priority_load_copies, "Low-priority copies queued before it")
+      ->capture_default_str();
+  c.add_option("--priority-load-mib", g_gpu.priority_load_mib, "MiB per low-priority copy")->capture_default_str();
+  c.add_option("--priority-runs", g_gpu.priority_runs, "Runs of the priority case")->capture_default_str();
 }
 
 }  // namespace caravan::app
