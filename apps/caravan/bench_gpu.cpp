@@ -4,6 +4,7 @@
 //   sdma D2H   fbm0 -> zcm    vs hipMemcpyAsync
 //   sdma local fbm0 -> fbm0   vs hipMemcpyAsync      (device -> device, one GPU)
 //   xgmi       fbm0 -> fbm1   vs hipMemcpyPeerAsync  (needs 2 GPUs that reach each other)
+//   xgmi both ways fbm0 <-> fbm1 at once vs two hipMemcpyPeerAsync at once
 //   sys -> fbm0 as planned    vs pageable hipMemcpyAsync
 // and a 64 MiB high-priority copy on the copy engine under 16 x 1 GiB low-priority ones, against
 // it alone and FIFO (goal: within 1.5x of alone); and
@@ -397,6 +398,63 @@ void run_all_to_all_case(BenchReport& out, nlohmann::json& figures, std::uint32_
   out.tables.push_back(at);
 }
 
+// "xgmi both ways": fbm0 -> fbm1 and fbm1 -> fbm0 at once (the links carry both directions),
+// two Caravan copies against two hipMemcpyPeerAsync on a stream each, alternating; GB/s of both
+// directions together. `forward_src` on GPU 0 holds random bytes; `forward_dst` is on GPU 1.
+void run_both_ways_case(BenchReport& out, nlohmann::json& figures, const Instance& forward_src,
+                        const Instance& forward_dst, int reps) {
+  const std::string name = "xgmi both ways fbm0<->fbm1";
+  const Instance back_src = Instance::create(forward_dst.memory(), forward_src.space(), fields(), forward_src.layout());
+  const Instance back_dst = Instance::create(forward_src.memory(), forward_src.space(), fields(), forward_src.layout());
+  copy(forward_src, back_src).wait();  // random bytes on GPU 1 too
+  const std::uint64_t bytes = forward_src.footprint_bytes();
+  const std::vector<gpu::RawCopy> raws{{.dst = address(forward_dst),
+                                        .src = address(forward_src),
+                                        .bytes = bytes,
+                                        .device = 0,
+                                        .peer = true,
+                                        .src_device = 0,
+                                        .dst_device = 1},
+                                       {.dst = address(back_dst),
+                                        .src = address(back_src),
+                                        .bytes = bytes,
+                                        .device = 1,
+                                        .peer = true,
+                                        .src_device = 1,
+                                        .dst_device = 0}};
+  auto both = [&] {
+    Event there = copy(forward_src, forward_dst), back = copy(back_src, back_dst);
+    while (!there.has_triggered() || !back.has_triggered()) {
+    }
+    there.wait();  // throws if a copy failed
+    back.wait();
+  };
+  both();  // warm-up: plans, streams
+  gpu::time_raw_concurrent(raws, 1);
+  std::vector<double> caravan, baseline;
+  for (int r = 0; r < reps; ++r) {
+    baseline.push_back(gbps(2 * bytes, gpu::time_raw_concurrent(raws, 1).front()));
+    const auto start = Clock::now();
+    both();
+    caravan.push_back(gbps(2 * bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+  }
+  const bool verified = verify(forward_src, forward_dst) && verify(back_src, back_dst);
+  if (!verified) out.failure = name + ": a destination differs from its source";
+  const Summary sc = summarize(caravan), sb = summarize(baseline);
+  BenchTable t{fmt::format("{}: GB/s of both directions together, {} MiB each way, raw and Caravan alternating", name,
+                           bytes >> 20),
+               {"copy", "median", "p10", "p90", "min", "max"},
+               {}};
+  t.rows.push_back(row(name + " (caravan, event polled)", sc));
+  t.rows.push_back(row("hipMemcpyPeerAsync 0->1 and 1->0 at once (raw, same buffers)", sb));
+  out.tables.push_back(t);
+  const double ratio = sc.median / sb.median;
+  out.headlines.push_back(fmt::format("{}: caravan / raw = {:.3f} ({:.1f} vs {:.1f} GB/s both ways) (goal >= 0.95){}",
+                                      name, ratio, sc.median, sb.median, verified ? "" : " DATA MISMATCH"));
+  figures[name] = {
+      {"caravan_gbps", summary_json(sc)}, {"raw_gbps", summary_json(sb)}, {"ratio", ratio}, {"verified", verified}};
+}
+
 BenchReport run_gpu_bench() {
   BenchReport out;
   GpuProbe probe = probe_gpus();
@@ -499,6 +557,7 @@ BenchReport run_gpu_bench() {
                        {"ratio", ratio}, {"ratio_wait", sw.median / sb.median}, {"route", p.route}, {"verified", p.verified}};
   }
   out.tables.push_back(t);
+  if (peer && topo.can_peer(1, 0)) run_both_ways_case(out, figures, a, c, reps);
 
   // Diagnostic: the per-request cost of the copy engines (raw, 4 MiB pieces).
   {
