@@ -715,6 +715,52 @@ CaseRecord run_gemm_as(OverlapBench& bench, const Shape& s) {
   });
 }
 
+// ---- AllGather alone --------------------------------------------------------------------------
+// Caravan's AllGather of a rows x hidden shard per rank (the activations an AllGather+GEMM
+// gathers) against NCCL's all_gather of the same bytes, each call checked exact.
+CaseRecord run_allgather(OverlapBench& bench, long tokens, long hidden, const std::string& model) {
+  const int world = bench.world();
+  const std::uint64_t seed = bench.seed() ^ 0xA66A;
+  const long rows = tokens / world;
+  HeapScope heap_scope(bench.team().heap(), "bench overlap");
+  gpu::AllGather op(bench.team(), rows, hidden);
+  Shape s{fmt::format("{} hidden {}", model, hidden), tokens, hidden, 0};
+  return bench.run_case("AllGather", s, [&](RankContext& ctx, CaseRunner& runner) {
+    const int r = ctx.rank;
+    const std::size_t shard = static_cast<std::size_t>(rows * hidden), all = shard * static_cast<std::size_t>(world);
+    auto in = make_buffer<bf16>(shard);
+    auto out = make_buffer<bf16>(all);
+    auto ref = make_buffer<float>(all);
+    gpu::fill_random(in.get(), rows, hidden, hidden, seed, r * rows, 0, 1.0f, ctx.stream);
+    gpu::fill_random(op.shard(r), rows, hidden, hidden, seed, r * rows, 0, 1.0f, ctx.stream);
+    gpu::fill_random(ref.get(), tokens, hidden, hidden, seed, 0, 0, 1.0f, ctx.stream);
+    bf16* gathered = op.shard(r) - r * static_cast<long>(shard);
+    // Gathering is exact: any difference at all is a failure.
+    auto exact = [&](const bf16* got) {
+      const double e = relative_error(ctx, got, tokens, hidden, hidden, ref.get(), hidden);
+      return e == 0 ? 0.0 : std::max(e, 1.0);
+    };
+    auto nccl = [&] {
+      CARAVAN_NCCL_CHECK(ncclAllGather(in.get(), out.get(), shard, ncclBfloat16, ctx.nccl, ctx.stream));
+    };
+    runner.measure(
+        ctx, "nccl-allgather", nccl, [&] { poison(out.get(), all, ctx.stream); }, [&] { return exact(out.get()); });
+    // Caravan's rows land in its symmetric buffer: poison every row but this rank's own shard.
+    auto poison_gathered = [&] {
+      poison(gathered, static_cast<std::size_t>(r) * shard, ctx.stream);
+      poison(op.shard(r) + shard, static_cast<std::size_t>(world - 1 - r) * shard, ctx.stream);
+    };
+    std::vector<gpu::AllGatherVariant> variants = {gpu::AllGatherVariant::ce_push, gpu::AllGatherVariant::ce_pull,
+                                                   gpu::AllGatherVariant::sm};
+    if (op.low_latency()) variants.push_back(gpu::AllGatherVariant::ll);
+    for (auto v : variants)
+      runner.measure(
+          ctx, "caravan " + std::string(gpu::to_string(v)), [&, v] { op.run(r, v, ctx.stream); }, poison_gathered,
+          [&] { return exact(gathered); });
+    runner.run_rounds(ctx);
+  });
+}
+
 // ---- Low-latency AllGather --------------------------------------------------------------------
 CaseRecord run_ll_allgather(OverlapBench& bench, std::size_t bytes) {
   const int world = bench.world();
@@ -771,7 +817,7 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
   if (args.iterations < 1 || args.warmup < 0)
     throw Error(Errc::invalid_argument, "bench overlap: --iterations must be >= 1 and --warmup >= 0");
   std::vector<std::string> ops = args.operations;
-  if (ops.empty()) ops = {"ag_gemm", "gemm_rs", "gemm_as", "ll_allgather"};
+  if (ops.empty()) ops = {"ag_gemm", "gemm_rs", "gemm_as", "ll_allgather", "allgather"};
   std::vector<long> tokens = args.tokens;
   if (tokens.empty()) tokens = {8192};
   for (long t : tokens)
@@ -789,6 +835,14 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
                                      world, bench.seed(), args.iterations, args.warmup));
   std::vector<CaseRecord> records;
   for (const auto& op : ops) {
+    if (op == "allgather") {
+      for (long t : tokens)
+        for (const auto& [model, hidden] : {std::pair<std::string, long>{"llama3-70B", 8192}, {"llama3-8B", 4096}}) {
+          fmt::print(stderr, "bench overlap: {} M={} hidden {}\n", op, t, hidden);
+          records.push_back(run_allgather(bench, t, hidden, model));
+        }
+      continue;
+    }
     if (op == "ll_allgather") {
       for (std::size_t kib : {8, 16, 32, 64, 256}) {
         fmt::print(stderr, "bench overlap: {} {} KiB\n", op, kib);
@@ -802,8 +856,10 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
       else if (op == "gemm_rs") shapes = rs_shapes(t, world);
       else if (op == "gemm_as") shapes = as_shapes(t, world);
       else
-        throw Error(Errc::invalid_argument,
-                    fmt::format("bench overlap --op: unknown operation '{}' (ag_gemm, gemm_rs, gemm_as, ll_allgather)", op));
+        throw Error(
+            Errc::invalid_argument,
+            fmt::format(
+                "bench overlap --op: unknown operation '{}' (ag_gemm, gemm_rs, gemm_as, ll_allgather, allgather)", op));
       for (const auto& shape : shapes) {
         fmt::print(stderr, "bench overlap: {} {} M={} K={} N={}\n", op, shape.name, shape.m, shape.k, shape.n);
         if (op == "ag_gemm") records.push_back(run_ag_gemm(bench, shape));
@@ -823,7 +879,8 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     std::map<std::string, Summary> summary;
     for (const auto& [variant, result] : rec.variants) summary[variant] = summarize(result.ms);
     const bool ll = rec.op == "LL AllGather";
-    const std::string baseline = ll ? "nccl-allgather" : "nccl-bulk";
+    const bool collective = ll || rec.op == "AllGather";  // against NCCL's collective alone
+    const std::string baseline = collective ? "nccl-allgather" : "nccl-bulk";
     const double base = summary.at(baseline).median;
     nlohmann::json jcase = {{"operation", rec.op}, {"shape", rec.name}, {"m", rec.m}, {"k", rec.k}, {"n", rec.n}};
     std::string best, best_graph;
@@ -851,7 +908,11 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     if (!best.empty()) {
       const double t = summary.at(best).median;
       jcase["best"] = best;
-      if (ll) {
+      if (rec.op == "AllGather") {
+        report.headlines.push_back(
+            fmt::format("{} {} M={} ({} MiB gathered): best {} {} ms vs NCCL all_gather {} ms: {:.2f}x", rec.op,
+                        rec.name, rec.m, rec.m * rec.k * 2 >> 20, best, fmt_ms(t), fmt_ms(base), base / t));
+      } else if (ll) {
         report.headlines.push_back(fmt::format("{} {}: {} {:.1f} us vs NCCL {:.1f} us: {:.2f}x lower latency", rec.op, rec.name,
                                                best, t * 1e3, base * 1e3, base / t));
         if (!best_graph.empty()) {

@@ -32,11 +32,13 @@ void require(bool ok, Message&& what) {
   if (!ok) throw Error(Errc::invalid_argument, what());
 }
 
-// The checks every operation makes of its shape: positive sizes, `splits` >= 1, and m divisible
-// into world x splits row blocks.
-void require_shape(const char* op, long m, long k, long n, int world, int splits) {
-  require(m > 0 && k > 0 && n > 0,
-          [&] { return fmt::format("{}: m, k, n must be positive, got {}, {}, {}", op, m, k, n); });
+// The checks every operation makes of its shape: positive sizes (n may be 0 where `n_optional`:
+// no GEMM), `splits` >= 1, and m divisible into world x splits row blocks.
+void require_shape(const char* op, long m, long k, long n, int world, int splits, bool n_optional = false) {
+  require(m > 0 && k > 0 && (n > 0 || (n_optional && n == 0)), [&] {
+    return fmt::format("{}: m, k must be positive and n {}, got {}, {}, {}", op,
+                       n_optional ? "positive or 0" : "positive", m, k, n);
+  });
   require(k % 8 == 0 && n % 8 == 0, [&] {
     return fmt::format("{}: k = {} and n = {} must be multiples of 8 (16-byte rows, so chunks stay aligned)", op, k, n);
   });
@@ -498,7 +500,7 @@ enum AgFlags { ag_ready, ag_done, ag_landed, ag_freed, ag_groups };
 AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
     : team_(team), m_(m), k_(k), n_(n), splits_(splits) {
   const int world = team.world();
-  require_shape("AllGatherGemm", m, k, n, world, splits);
+  require_shape("AllGatherGemm", m, k, n, world, splits, /*n_optional=*/true);
   gathered_ = team.heap().allocate(static_cast<std::uint64_t>(m) * k * sizeof(bf16));
   flags_ = team.heap().allocate(ag_groups * static_cast<std::uint64_t>(world) * splits * kFlagBytes);
   const std::size_t shard_bytes = static_cast<std::size_t>(m / world) * k * sizeof(bf16);
@@ -512,9 +514,12 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   flag_report_ = std::make_unique<FlagReport>(
       team, flags_, std::vector<std::string>{"ready", "done", "landed", "freed"}, static_cast<long>(world) * splits);
   const long shard_rows = m / world;
-  std::vector<GemmShape> shapes = {{m, n, k, n}, {shard_rows, n, k, n}, {shard_rows / splits, n, k, n}};
-  for (int r = 2; r < world; ++r) shapes.push_back({r * shard_rows, n, k, n});  // the runs variants' peer runs
-  warm_up(team, shapes);
+  std::vector<GemmShape> shapes;
+  if (n > 0) {
+    shapes = {{m, n, k, n}, {shard_rows, n, k, n}, {shard_rows / splits, n, k, n}};
+    for (int r = 2; r < world; ++r) shapes.push_back({r * shard_rows, n, k, n});  // the runs variants' peer runs
+  }
+  warm_up(team, shapes);  // with no shapes it still loads the exchange kernels
   // The tile variants launch row tiles in arrival order: own shard first, then pulls from
   // rank+1, rank+2, ... or pushes from rank-1, rank-2, ...
   const long tiles = flag_gemm_row_tiles(m);
@@ -587,73 +592,26 @@ void AllGatherGemm::wait_shard_free(int rank, hipStream_t stream) {
     wait_flag(stream, my.at(ag_done, (rank + step) % team_.world()), last);
 }
 
-void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes) {
+// The exchange of the copy-engine and sm_push variants, on the rank's communication stream
+// (which starts after everything enqueued on `stream` so far): pushes (by copy engines, or by a
+// few SM blocks with `sm`) or pulls, each chunk's landed flag raised as it lands. Records
+// comm_done when this rank's part is queued.
+void AllGatherGemm::enqueue_exchange(int rank, bool push, bool sm, std::uint64_t e, hipStream_t stream) {
   const int world = team_.world();
   const long count = static_cast<long>(world) * splits_;
   const long shard_rows = m_ / world, chunk_rows = shard_rows / splits_;
   const std::size_t chunk_bytes = static_cast<std::size_t>(chunk_rows) * k_ * sizeof(bf16);
-  require_call(team_, "AllGatherGemm", rank, lanes);
-  require((variant != AgGemmVariant::tile_pull && variant != AgGemmVariant::tile_push) ||
-              reinterpret_cast<std::uintptr_t>(b) % 16 == 0,
-          "AllGatherGemm: the tile variants need b 16-byte aligned");
-  require(variant != AgGemmVariant::ll_bulk || low_latency(), [&] {
-    return fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}", kLlMaxBytes,
-                       static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16));
-  });
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
-  const bool copy_engine_pull = variant == AgGemmVariant::ce_pull || variant == AgGemmVariant::ce_pull_runs ||
-                                variant == AgGemmVariant::ce_bulk || variant == AgGemmVariant::tile_pull;
-  // tile_push has not been measured unpaced.
-  const PaceAs pace = copy_engine_pull                      ? PaceAs::copy_engine_pull
-                      : variant == AgGemmVariant::tile_push ? PaceAs::unmeasured
-                                                            : PaceAs::run_ahead;
-  const std::uint64_t e = s.enter(stream, pace);
-  CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
-  Blas& blas = team_.blas(rank);
   auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), count}; };
   auto rows_of = [&](int r, bf16* base) { return base + static_cast<long>(r) * shard_rows * k_; };
   bf16* mine = team_.heap().at<bf16>(gathered_, rank);
   const FlagArrays my = flags(rank);
-
-  if (variant == AgGemmVariant::sm_bulk) {
-    // One kernel on the caller's stream does it all: it announces the entry (freed: the caller's
-    // earlier work on the gathered buffer is done; done: pushing reads no peer's shard), pushes
-    // on every SM, and ends when every peer's shard has landed here; then one GEMM. No stream
-    // memory operations and no second stream: at small shards their latency is the cost.
-    SmPushFlags sm;
-    sm.landed = my.at(ag_landed, 0);
-    sm.freed = my.at(ag_freed, 0);
-    sm.entry[0] = my.at(ag_freed, rank);
-    sm.entry[1] = my.at(ag_done, rank);
-    sm.wait_landed = true;
-    sm.all_peers_at_once = true;  // everything waits for the whole exchange anyway
-    sm_push(team_.heap().view(rank), rows_of(rank, mine), rows_of(rank, mine), chunk_bytes, splits_, sm,
-            team_.heap().at<std::uint32_t>(sm_counters_, rank), e, team_.sm_count(rank), stream);
-    blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
-    return;
-  }
-  // Entering epoch e: everything the caller enqueued before (its use of the gathered buffer,
-  // this rank's earlier GEMMs) is done, so peers may push this epoch's shards into it.
-  for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
-
-  if (variant == AgGemmVariant::ll_bulk) {
-    // The lines land in the peers' line buffers and each rank unpacks into its own gathered
-    // buffer: no peer's slot is read, so the peers may rewrite their shards at once.
-    for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_done, rank), e);
-    ll_allgather(team_.heap().view(rank), rows_of(rank, mine), static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16),
-                 team_.heap().at(ll_lines_, rank), mine, team_.heap().at<LlState>(ll_state_, rank), stream);
-    blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
-    return;
-  }
   // The communication stream starts after everything the caller enqueued so far: the shard is
   // written, and this rank's earlier GEMMs no longer read the gathered buffer.
   CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
 
-  const bool sm = variant == AgGemmVariant::sm_push;
-  const bool push = variant == AgGemmVariant::ce_push || variant == AgGemmVariant::ce_push_runs ||
-                    variant == AgGemmVariant::tile_push || sm;
   if (sm) {
     // As the copy-engine push, with the stores made by SMs: one kernel announces done (pushing
     // reads no peer's shard), waits for each peer's entry (freed) and raises the peer's landed
@@ -697,6 +655,97 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
     }
   }
   CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
+}
+
+void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes) {
+  require(n_ > 0, "AllGatherGemm::run: this object was built without a GEMM (n = 0): call gather()");
+  enqueue(rank, b, c, variant, stream, lanes, /*with_gemm=*/true);
+}
+
+void AllGatherGemm::gather(int rank, AgGemmVariant variant, hipStream_t stream) {
+  require(variant == AgGemmVariant::ce_push || variant == AgGemmVariant::ce_pull || variant == AgGemmVariant::sm_bulk ||
+              variant == AgGemmVariant::ll_bulk,
+          [&] {
+            return fmt::format(
+                "AllGatherGemm::gather: variant {} is a GEMM schedule; the AllGather alone runs ce-push, "
+                "ce-pull, sm-bulk or ll-bulk",
+                to_string(variant));
+          });
+  enqueue(rank, nullptr, nullptr, variant, stream, 1, /*with_gemm=*/false);
+}
+
+void AllGatherGemm::enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes,
+                            bool with_gemm) {
+  const int world = team_.world();
+  const long count = static_cast<long>(world) * splits_;
+  const long shard_rows = m_ / world, chunk_rows = shard_rows / splits_;
+  const std::size_t chunk_bytes = static_cast<std::size_t>(chunk_rows) * k_ * sizeof(bf16);
+  require_call(team_, "AllGatherGemm", rank, lanes);
+  require((variant != AgGemmVariant::tile_pull && variant != AgGemmVariant::tile_push) ||
+              reinterpret_cast<std::uintptr_t>(b) % 16 == 0,
+          "AllGatherGemm: the tile variants need b 16-byte aligned");
+  require(variant != AgGemmVariant::ll_bulk || low_latency(), [&] {
+    return fmt::format("AllGatherGemm: ll_bulk needs a shard of at most {} bytes, this one has {}", kLlMaxBytes,
+                       static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16));
+  });
+  RankSync& s = *sync_[static_cast<std::size_t>(rank)];
+  const bool copy_engine_pull = variant == AgGemmVariant::ce_pull || variant == AgGemmVariant::ce_pull_runs ||
+                                variant == AgGemmVariant::ce_bulk || variant == AgGemmVariant::tile_pull;
+  // tile_push has not been measured unpaced.
+  const PaceAs pace = copy_engine_pull                      ? PaceAs::copy_engine_pull
+                      : variant == AgGemmVariant::tile_push ? PaceAs::unmeasured
+                                                            : PaceAs::run_ahead;
+  const std::uint64_t e = s.enter(stream, pace);
+  CallScope scope(s, stream);
+  Blas& blas = team_.blas(rank);
+  auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), count}; };
+  auto rows_of = [&](int r, bf16* base) { return base + static_cast<long>(r) * shard_rows * k_; };
+  bf16* mine = team_.heap().at<bf16>(gathered_, rank);
+  const FlagArrays my = flags(rank);
+
+  if (variant == AgGemmVariant::sm_bulk) {
+    // One kernel on the caller's stream does it all: it announces the entry (freed: the caller's
+    // earlier work on the gathered buffer is done; done: pushing reads no peer's shard), pushes
+    // on every SM, and ends when every peer's shard has landed here; then one GEMM. No stream
+    // memory operations and no second stream: at small shards their latency is the cost.
+    SmPushFlags sm;
+    sm.landed = my.at(ag_landed, 0);
+    sm.freed = my.at(ag_freed, 0);
+    sm.entry[0] = my.at(ag_freed, rank);
+    sm.entry[1] = my.at(ag_done, rank);
+    sm.wait_landed = true;
+    sm.all_peers_at_once = true;  // everything waits for the whole exchange anyway
+    sm_push(team_.heap().view(rank), rows_of(rank, mine), rows_of(rank, mine), chunk_bytes, splits_, sm,
+            team_.heap().at<std::uint32_t>(sm_counters_, rank), e, team_.sm_count(rank), stream);
+    if (with_gemm) blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
+    return;
+  }
+  // Entering epoch e: everything the caller enqueued before (its use of the gathered buffer,
+  // this rank's earlier GEMMs) is done, so peers may push this epoch's shards into it.
+  for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_freed, rank), e);
+
+  if (variant == AgGemmVariant::ll_bulk) {
+    // The lines land in the peers' line buffers and each rank unpacks into its own gathered
+    // buffer: no peer's slot is read, so the peers may rewrite their shards at once.
+    for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_done, rank), e);
+    ll_allgather(team_.heap().view(rank), rows_of(rank, mine), static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16),
+                 team_.heap().at(ll_lines_, rank), mine, team_.heap().at<LlState>(ll_state_, rank), stream);
+    if (with_gemm) blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
+    return;
+  }
+  const bool sm = variant == AgGemmVariant::sm_push;
+  const bool push = variant == AgGemmVariant::ce_push || variant == AgGemmVariant::ce_push_runs ||
+                    variant == AgGemmVariant::tile_push || sm;
+  enqueue_exchange(rank, push, sm, e, stream);
+  if (!with_gemm) {
+    // The AllGather alone: the caller's stream goes on once every peer's chunks landed here
+    // and this rank's own copies are done.
+    for (int step = 1; step < world; ++step)
+      for (int sp = 0; sp < splits_; ++sp)
+        wait_flag(stream, my.at(ag_landed, static_cast<long>((rank + step) % world) * splits_ + sp), e);
+    CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+    return;
+  }
 
   if (variant == AgGemmVariant::tile_pull || variant == AgGemmVariant::tile_push) {
     // This rank's own rows need no wait: mark them landed for this epoch, in stream order after
@@ -752,6 +801,42 @@ void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant,
 }
 
 std::string AllGatherGemm::describe_flags() const { return flag_report_->describe(sync_); }
+
+// ---------------------------------------------------------------------------------------------
+std::string_view to_string(AllGatherVariant v) {
+  switch (v) {
+    case AllGatherVariant::ce_push: return "ce-push";
+    case AllGatherVariant::ce_pull: return "ce-pull";
+    case AllGatherVariant::sm: return "sm";
+    default: return "ll";
+  }
+}
+
+namespace {
+// AllGather's shape in its own terms (AllGatherGemm's checks would name m and k).
+long checked_rows(long rows_per_rank, long cols, int splits, int world) {
+  require(rows_per_rank > 0 && cols > 0, [&] {
+    return fmt::format("AllGather: rows per rank and cols must be positive, got {} and {}", rows_per_rank, cols);
+  });
+  require(cols % 8 == 0,
+          [&] { return fmt::format("AllGather: cols = {} must be a multiple of 8 (16-byte rows)", cols); });
+  require(splits >= 1 && rows_per_rank % splits == 0, [&] {
+    return fmt::format("AllGather: rows per rank = {} must be a multiple of splits = {} (splits >= 1)", rows_per_rank,
+                       splits);
+  });
+  return rows_per_rank * world;
+}
+}  // namespace
+
+AllGather::AllGather(GpuTeam& team, long rows_per_rank, long cols, int splits)
+    : impl_(team, checked_rows(rows_per_rank, cols, splits, team.world()), cols, 0, splits) {}
+
+const bf16* AllGather::run(int rank, AllGatherVariant variant, hipStream_t stream) {
+  static constexpr AgGemmVariant kAs[] = {AgGemmVariant::ce_push, AgGemmVariant::ce_pull, AgGemmVariant::sm_bulk,
+                                          AgGemmVariant::ll_bulk};
+  impl_.gather(rank, kAs[static_cast<int>(variant)], stream);
+  return impl_.gathered(rank);
+}
 
 // ---------------------------------------------------------------------------------------------
 std::string_view to_string(GemmRsVariant v) {

@@ -198,7 +198,8 @@ class AllGatherGemm {
  public:
   // `splits` cuts each shard into that many chunks (finer pipelining, smaller GEMMs).
   // Throws Error(invalid_argument) when m is not a multiple of world * splits or a size is not
-  // positive.
+  // positive. n = 0 builds the AllGather alone (see AllGather below): no GEMM is warmed up, and
+  // only gather() may be called.
   AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits = 1);
   ~AllGatherGemm();
 
@@ -217,6 +218,10 @@ class AllGatherGemm {
   // with the same variant sequence.
   // `lanes` (1 or 2): compute streams the chunk GEMMs alternate on.
   void run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes = 1);
+  // Enqueues the AllGather alone on `stream`: gathered(rank) is complete in stream order after
+  // it. Variants ce_push, ce_pull, sm_bulk and ll_bulk (the others are GEMM schedules and are
+  // refused). Calls of run() and gather() may be mixed, in the same sequence on every rank.
+  void gather(int rank, AgGemmVariant variant, hipStream_t stream);
   // Every rank's call count and flag words, for a hang report: copied on streams of their own
   // into pinned memory allocated at construction, each copy given up after 2 s (a copy stuck
   // behind a blocked queue is reported as such instead of hanging the report).
@@ -237,6 +242,41 @@ class AllGatherGemm {
   void build_tile_orders(long tiles, long shard_rows);
   void free_tile_orders() noexcept;
   std::unique_ptr<FlagReport> flag_report_;
+  void enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes, bool with_gemm);
+  void enqueue_exchange(int rank, bool push, bool sm, std::uint64_t e, hipStream_t stream);
+};
+
+enum class AllGatherVariant {
+  ce_push,  // copy engines: each rank pushes its shard into every peer's buffer
+  ce_pull,  // copy engines: each rank pulls every peer's shard (rank+1, rank+2, ...)
+  sm,       // one kernel on every SM stores the shard into every peer's buffer (mid-size shards)
+  ll,       // the low-latency protocol: 8-byte words carrying their own flag (shards of at most
+            // kLlMaxBytes)
+};
+std::string_view to_string(AllGatherVariant v);
+
+// The AllGather alone, on AllGatherGemm's buffers and flags: rank r writes its rows x cols shard
+// at shard(r), and after run() every rank's gathered buffer holds the world x rows x cols rows
+// in rank order (in symmetric memory, valid until that rank's next run()). As every operation
+// here, it is collective: every rank builds it in the same order and calls run() equally often,
+// with the same variants in the same order.
+class AllGather {
+ public:
+  // Throws Error(invalid_argument) when a size is not positive, cols is not a multiple of 8, or
+  // rows_per_rank is not a multiple of `splits` (the chunks each flag announces).
+  AllGather(GpuTeam& team, long rows_per_rank, long cols, int splits = 1);
+  bf16* shard(int rank) const { return impl_.shard(rank); }
+  // Before overwriting shard(rank) when calls run back to back (see AllGatherGemm).
+  void wait_shard_free(int rank, hipStream_t stream) { impl_.wait_shard_free(rank, stream); }
+  // Whether the ll variant is available.
+  bool low_latency() const { return impl_.low_latency(); }
+  // Enqueues the AllGather on `stream` (from the thread driving `rank`) and returns rank's
+  // gathered buffer, complete in stream order after this call.
+  const bf16* run(int rank, AllGatherVariant variant, hipStream_t stream);
+  std::string describe_flags() const { return impl_.describe_flags(); }
+
+ private:
+  AllGatherGemm impl_;
 };
 
 enum class GemmRsVariant {

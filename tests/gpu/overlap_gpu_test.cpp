@@ -957,6 +957,47 @@ TEST(Overlap, LowLatencyAllGatherBackToBackAndReplayedFromAGraph) {
     }
 }
 
+// The AllGather alone, every variant mixed call after call: each call gathers fresh random
+// shards (written in place after wait_shard_free) into a buffer whose other rows were poisoned
+// first, and every row must be exact. Three rounds of a sequence that puts each variant after
+// every other.
+TEST(Overlap, AllGatherAloneEveryVariantCallAfterCall) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 32 << 20);
+  constexpr long kRows = 96, kCols = 256;  // 48 KiB a shard: within the ll protocol's limit
+  AllGather op(team, kRows, kCols, /*splits=*/2);
+  ASSERT_TRUE(op.low_latency());
+  using V = AllGatherVariant;
+  const V sequence[] = {V::ce_push, V::ce_pull, V::sm,      V::ll,      V::ce_pull, V::ce_pull, V::sm, V::ce_push,
+                        V::ll,      V::ll,      V::ce_push, V::ce_push, V::sm,      V::sm,      V::ll, V::ce_pull};
+  const std::uint64_t seed = fresh_seed();
+  const long all_rows = kRows * world;
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
+    float* ref = device_alloc<float>(static_cast<std::size_t>(all_rows * kCols));
+    bf16* mine = op.shard(r) - r * kRows * kCols;  // this rank's gathered buffer
+    barrier.arrive_and_wait();                     // no allocation while a peer's call may wait on this rank
+    for (int round = 0; round < 3; ++round)
+      for (std::size_t i = 0; i < std::size(sequence); ++i) {
+        const std::uint64_t call_seed = seed + 1000 * (static_cast<std::uint64_t>(round) * 100 + i);
+        op.wait_shard_free(r, stream);
+        fill_random(op.shard(r), kRows, kCols, kCols, call_seed, r * kRows, 0, 1.0f, stream);
+        poison(mine, static_cast<std::size_t>(r * kRows * kCols), stream);
+        poison(op.shard(r) + kRows * kCols, static_cast<std::size_t>((world - 1 - r) * kRows * kCols), stream);
+        const bf16* out = op.run(r, sequence[i], stream);
+        EXPECT_EQ(out, mine);
+        fill_random(ref, all_rows, kCols, kCols, call_seed, 0, 0, 1.0f, stream);
+        const double err = relative_error(out, all_rows, kCols, ref, stream);
+        if (err != 0)
+          throw Error(Errc::internal, "round " + std::to_string(round) + ", call " + std::to_string(i) + " (" +
+                                          std::string(to_string(sequence[i])) + "): gathered rows differ, error " +
+                                          std::to_string(err));
+      }
+    barrier.arrive_and_wait();  // every rank done before any frees
+    (void)hipFree(ref);
+  });
+}
+
 TEST(Overlap, RejectsShapesThatDoNotDivide) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
   GpuTeam team(first_devices(2), 16 << 20);
@@ -968,6 +1009,22 @@ TEST(Overlap, RejectsShapesThatDoNotDivide) {
   EXPECT_THROW(LowLatencyAllGather(team, kLlMaxBytes + 8), Error);
   EXPECT_THROW(AllGatherGemm(team, 128, 60, 64), Error);  // k not a multiple of 8
   EXPECT_THROW(GemmReduceScatter(team, 128, 64, 36), Error);  // n not a multiple of 8
+  EXPECT_THROW(AllGather(team, 0, 64), Error);
+  EXPECT_THROW(AllGather(team, 5, 64, 2), Error);  // rows per rank not a multiple of splits
+  EXPECT_THROW(AllGatherGemm(team, 128, 64, -8), Error);
+  AllGatherGemm gather_only(team, 128, 64, 0);
+  try {
+    gather_only.run(0, nullptr, nullptr, AgGemmVariant::ce_push, nullptr);
+    ADD_FAILURE() << "run() of an AllGatherGemm built without a GEMM was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("call gather()"), std::string::npos) << e.what();
+  }
+  try {
+    gather_only.gather(0, AgGemmVariant::ce_push_runs, nullptr);
+    ADD_FAILURE() << "gather() with a GEMM schedule was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ce-push runs"), std::string::npos) << e.what();
+  }
 }
 
 // The transformer layer (kernels/gpu/tp_layer.h) with grouped-query attention over several
