@@ -832,9 +832,14 @@ AllGather::AllGather(GpuTeam& team, long rows_per_rank, long cols, int splits)
     : impl_(team, checked_rows(rows_per_rank, cols, splits, team.world()), cols, 0, splits) {}
 
 const bf16* AllGather::run(int rank, AllGatherVariant variant, hipStream_t stream) {
-  static constexpr AgGemmVariant kAs[] = {AgGemmVariant::ce_push, AgGemmVariant::ce_pull, AgGemmVariant::sm_bulk,
-                                          AgGemmVariant::ll_bulk};
-  impl_.gather(rank, kAs[static_cast<int>(variant)], stream);
+  AgGemmVariant as = AgGemmVariant::ll_bulk;
+  switch (variant) {
+    case AllGatherVariant::ce_push: as = AgGemmVariant::ce_push; break;
+    case AllGatherVariant::ce_pull: as = AgGemmVariant::ce_pull; break;
+    case AllGatherVariant::sm: as = AgGemmVariant::sm_bulk; break;
+    case AllGatherVariant::ll: as = AgGemmVariant::ll_bulk; break;
+  }
+  impl_.gather(rank, as, stream);
   return impl_.gathered(rank);
 }
 
