@@ -255,17 +255,33 @@ void run_priority_case(BenchReport& out, nlohmann::json& figures, std::uint32_t 
   };
   timed(10, nullptr);  // warm-up
   std::vector<double> alone, prioritized, fifo, interleaved;
+  // Where the prioritized copy's time went: when its first request was handed to the channel
+  // and when that request ended (from the copy's start), and the request sizes on both sides.
+  std::vector<double> first_issue_us, first_end_us;
+  std::uint64_t high_request_bytes = 0, low_request_bytes = 0;
+  auto request_bytes = [](const CopyReport& r) {
+    return r.hop_requests.empty() || r.hop_requests[0] == 0 ? std::uint64_t{0} : r.bytes / r.hop_requests[0];
+  };
   for (int r = 0; r < o.priority_runs; ++r) {
     alone.push_back(timed(10, nullptr));
     for (int high : {10, 0}) {
       std::vector<Event> load;
-      for (const Instance& dst : low_dst) load.push_back(copy(low_src, dst, {.priority = high == 10 ? -10 : 0}));
+      CopyReport low_report;
+      for (const Instance& dst : low_dst)
+        load.push_back(
+            copy(low_src, dst, {.priority = high == 10 ? -10 : 0, .report = load.empty() ? &low_report : nullptr}));
       CopyReport report;
       const double ms = timed(high, &report);
       merge_events(load).wait();
       if (high == 10) {
         prioritized.push_back(ms);
         interleaved.push_back(static_cast<double>(report.hop_interleaved.empty() ? 0 : report.hop_interleaved[0]));
+        if (!report.timeline.empty() && !report.timeline[0].requests.empty()) {
+          first_issue_us.push_back(report.timeline[0].requests.front().start_us);
+          first_end_us.push_back(report.timeline[0].requests.front().end_us);
+        }
+        high_request_bytes = request_bytes(report);
+        low_request_bytes = request_bytes(low_report);
       } else {
         fifo.push_back(ms);
       }
@@ -299,6 +315,13 @@ void run_priority_case(BenchReport& out, nlohmann::json& figures, std::uint32_t 
       "copy engine priority: {} MiB under {}: high priority under load / alone = {:.2f}x (goal "
       "<= 1.5x), FIFO {:.2f}x; low-priority requests interleaved (median) {:.0f}{}",
       o.priority_mib, load, ratio, s_fifo.median / s_alone.median, s_inter.median, verified ? "" : "; DATA MISMATCH"));
+  const Summary s_issue = summarize(first_issue_us), s_first_end = summarize(first_end_us);
+  out.notes.push_back(fmt::format(
+      "copy engine priority: requests of {:.1f} MiB (high priority) and {:.1f} MiB (load); under load the first "
+      "high-priority request was handed to the channel {:.0f} us after the copy started (median; p10 {:.0f}, p90 "
+      "{:.0f}) and ended at {:.0f} us (p10 {:.0f}, p90 {:.0f})",
+      static_cast<double>(high_request_bytes) / (1 << 20), static_cast<double>(low_request_bytes) / (1 << 20),
+      s_issue.median, s_issue.p10, s_issue.p90, s_first_end.median, s_first_end.p10, s_first_end.p90));
   figures["priority_ms"] = {{"alone", summary_json(s_alone)},
                             {"prioritized", summary_json(s_prio)},
                             {"fifo", summary_json(s_fifo)},
@@ -308,6 +331,10 @@ void run_priority_case(BenchReport& out, nlohmann::json& figures, std::uint32_t 
                             {"high_mib", o.priority_mib},
                             {"load_copies", o.priority_load_copies},
                             {"load_mib", load_mib},
+                            {"high_request_bytes", high_request_bytes},
+                            {"load_request_bytes", low_request_bytes},
+                            {"first_request_issue_us", summary_json(s_issue)},
+                            {"first_request_end_us", summary_json(s_first_end)},
                             {"verified", verified}};
 }
 

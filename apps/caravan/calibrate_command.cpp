@@ -6,6 +6,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <set>
+#include <vector>
+
 namespace caravan::app {
 namespace {
 
@@ -33,12 +37,25 @@ void run_calibrate(bool force, bool json) {
   fmt::print("calibration {} {} ({:.2f} s to measure)\n", cached ? "read from" : "measured and written to",
              dma::calibration_path(), c.seconds);
   fmt::print("runs under 4 KiB are strided element copies, as layout conversions produce\n\n");
+  // Rows: every request size any channel was measured at (GPU channels go up to 64 MiB, host
+  // channels to 4 MiB); "-" where a channel has no sample of that size.
+  std::set<std::uint64_t> sizes;
+  for (const auto& ch : c.channels)
+    for (const auto& s : ch.samples) sizes.insert(s.bytes);
+  std::vector<std::size_t> widths;
   fmt::print("{:<12}", "request");
-  for (const auto& ch : c.channels) fmt::print("{:>14}", ch.channel);
+  for (const auto& ch : c.channels) {
+    widths.push_back(std::max<std::size_t>(14, ch.channel.size() + 2));
+    fmt::print("{:>{}}", ch.channel, widths.back());
+  }
   fmt::print("\n");
-  for (std::size_t i = 0; i < c.channels.front().samples.size(); ++i) {
-    fmt::print("{:<12}", size_label(c.channels.front().samples[i].bytes));
-    for (const auto& ch : c.channels) fmt::print("{:>9.3f} GB/s", ch.samples[i].gbps);
+  for (std::uint64_t bytes : sizes) {
+    fmt::print("{:<12}", size_label(bytes));
+    for (std::size_t k = 0; k < c.channels.size(); ++k) {
+      const auto& samples = c.channels[k].samples;
+      auto it = std::find_if(samples.begin(), samples.end(), [&](const auto& s) { return s.bytes == bytes; });
+      fmt::print("{:>{}}", it == samples.end() ? std::string("-") : fmt::format("{:.3f} GB/s", it->gbps), widths[k]);
+    }
     fmt::print("\n");
   }
 }

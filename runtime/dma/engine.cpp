@@ -638,23 +638,26 @@ std::shared_ptr<const planner::Plan> Engine::plan(const Instance& src, const Ins
   throw Error(Errc::invalid_argument, "copy: unknown planner choice");
 }
 
-// The largest request a hop on `channel` sends: 4 MiB, or more for a channel whose calibrated
-// throughput keeps rising past 4 MiB (the smallest request that reaches 99% of its peak), and
-// for GPU channels at least CARAVAN_GPU_REQUEST_US of work at their peak. GPU links need that:
-// each copy-engine call costs a few microseconds, so a peer copy runs at 80% of its peak in
-// 4 MiB requests and a host link at 96%; at 250 us a request both are at 99% (docs/dma.md, GPU
-// channels). Host channels peak by 4 MiB, so nothing changes for them.
-namespace {
+// GPU channels size their requests from CARAVAN_GPU_REQUEST_US alone. Each copy-engine call
+// costs a few microseconds, so a peer copy runs at 80% of its peak in 4 MiB requests and a host
+// link at 96%; at 250 us a request both are at 99% (docs/dma.md, GPU channels). The setting is
+// also what a high-priority copy waits for (the request running and the one queued behind it),
+// so the calibrated table no longer raises it. The earlier rule, "and at least where the table
+// reaches 99% of its peak", lands between the table's 16 and 64 MiB points whenever those differ
+// by more than 1% (up to 1.2 ms of work over PCIe), and the setting could then not shorten the
+// wait, as on one H200 in the nineteenth session (docs/gpu.md, priorities). Host channels
+// peak by 4 MiB, so the 99% rule keeps them at 4 MiB.
 std::uint64_t full_speed_request_bytes(const planner::Channel& channel, std::int64_t gpu_request_us) {
   constexpr std::uint64_t kMiB = 1u << 20;
-  double r = channel.tp.inverse(0.99 * channel.tp.peak());
+  double r = 0;
   if (channel.kind == ChannelKind::sdma || channel.kind == ChannelKind::xgmi || channel.kind == ChannelKind::gpu_convert)
-    r = std::max(r, channel.tp.peak() * 1e3 * static_cast<double>(gpu_request_us));
+    r = channel.tp.peak() * 1e3 * static_cast<double>(gpu_request_us);
+  else
+    r = channel.tp.inverse(0.99 * channel.tp.peak());
   if (!(r > static_cast<double>(4 * kMiB))) return 4 * kMiB;
   auto bytes = static_cast<std::uint64_t>(std::min(r, 256.0 * kMiB));
   return (bytes + kMiB - 1) / kMiB * kMiB;
 }
-}  // namespace
 
 // Sizes tiles and intermediate buffers: each buffer is a ring of `slots` tile slots and stays
 // within the planner's buffer threshold TH; each hop gets one XD.

@@ -59,6 +59,12 @@ struct CopyOperation;
 // The engine's clock (steady), in nanoseconds: copies' timestamps and reports.
 std::int64_t now_ns();
 
+// The largest request a hop on `channel` sends (and a one-hop copy's tile), in bytes: at least
+// 4 MiB, at most 256 MiB, whole MiB. GPU channels (sdma, xgmi, gpu_convert): `gpu_request_us`
+// (CARAVAN_GPU_REQUEST_US) of work at their calibrated peak. Others: the smallest request that
+// reaches 99% of their calibrated peak.
+std::uint64_t full_speed_request_bytes(const planner::Channel& channel, std::int64_t gpu_request_us);
+
 struct Xd {
   CopyOperation* op = nullptr;
   std::size_t hop = 0;
