@@ -105,8 +105,8 @@ for step in "${steps[@]}"; do
       done
       # Pacing per GPU (eighteenth session): operations queued as the layer queues them.
       run pacing-tests 120 "$bin/overlap_gpu_tests" --gtest_filter='*OperationsQueued*:*CopyEnginePull*' --gtest_repeat=5
-      # The AllGather alone against NCCL's (nineteenth session).
-      run bench-overlap-allgather 120 "$bin/caravan" bench overlap --backend gpu --op allgather --tokens 8192 1024 128
+      # The collectives alone against NCCL's (AllGather since the nineteenth session, ReduceScatter and All-Scatter since the twentieth).
+      run bench-overlap-collectives 240 "$bin/caravan" bench overlap --backend gpu --op allgather reduce_scatter all_scatter --tokens 8192 1024 128
       ;;
     llm)
       run bench-llm 500 "$bin/caravan" bench llm --sweep --iterations 6 --warmup 2 --json "$out/llm-sweep.json"

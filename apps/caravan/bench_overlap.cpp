@@ -94,10 +94,11 @@ ShapeInfo shape_of(const std::string& op, long tokens, long hidden, int world) {
 
 void validate(const BenchOverlapArgs& args, const CpuOptions& cpu, int world) {
   for (const auto& op : args.operations) {
-    if (op == "allgather")
+    if (op == "allgather" || op == "reduce_scatter" || op == "all_scatter")
       throw Error(Errc::invalid_argument,
-                  "--op allgather: GPU backend only (on the CPU backend, ll_allgather also times the "
-                  "push and pull AllGather)");
+                  fmt::format("--op {}: GPU backend only (on the CPU backend, ll_allgather also times the push and "
+                              "pull AllGather)",
+                              op));
     if (std::find(kOperations.begin(), kOperations.end(), op) == kOperations.end())
       throw Error(Errc::invalid_argument, fmt::format("--op {}: expected ag_gemm, gemm_rs, gemm_as or ll_allgather", op));
   }
@@ -438,8 +439,8 @@ BenchReport run_overlap_bench(const BenchOverlapArgs& args, const CpuOptions& cp
 
 void add_options(CLI::App& sub, BenchOverlapArgs& args, CpuOptions& cpu) {
   sub.add_option("--op", args.operations,
-                 "Operations: ag_gemm, gemm_rs, gemm_as, ll_allgather, and on the GPU backend allgather (the AllGather "
-                 "alone against NCCL's) (default: all)");
+                 "Operations: ag_gemm, gemm_rs, gemm_as, ll_allgather, and on the GPU backend the collectives "
+                 "alone against NCCL's: allgather, reduce_scatter, all_scatter (default: all)");
   sub.add_option("--tokens", args.tokens, "Token counts M (default per backend; CPU: 16 128 512, LL: 8 64)");
   sub.add_option("--iterations", args.iterations, "Timed launches per variant")->capture_default_str();
   sub.add_option("--warmup", args.warmup, "Untimed launches per variant first")->capture_default_str();

@@ -761,6 +761,107 @@ CaseRecord run_allgather(OverlapBench& bench, long tokens, long hidden, const st
   });
 }
 
+// ---- ReduceScatter alone ----------------------------------------------------------------------
+// Caravan's ReduceScatter of a tokens x hidden partial per rank (what a row-parallel projection
+// leaves) against NCCL's reduce_scatter of the same bytes, each checked against a float32 sum.
+CaseRecord run_reduce_scatter(OverlapBench& bench, long tokens, long hidden, const std::string& model) {
+  const int world = bench.world();
+  const std::uint64_t seed = bench.seed() ^ 0x5C5C;
+  const long rows = tokens / world;
+  HeapScope heap_scope(bench.team().heap(), "bench overlap");
+  gpu::ReduceScatter op(bench.team(), rows, hidden);
+  Shape s{fmt::format("{} hidden {}", model, hidden), tokens, hidden, 0};
+  return bench.run_case("ReduceScatter", s, [&](RankContext& ctx, CaseRunner& runner) {
+    const int r = ctx.rank;
+    const std::size_t all = static_cast<std::size_t>(tokens * hidden), mine = static_cast<std::size_t>(rows * hidden);
+    auto in = make_buffer<bf16>(all);
+    auto out = make_buffer<bf16>(mine);
+    gpu::fill_random(in.get(), tokens, hidden, hidden, seed + static_cast<std::uint64_t>(r), 0, 0, 1.0f, ctx.stream);
+    DeviceBuffer<float> ref;
+    if (bench.args().check) {
+      // Every rank's values at this rank's rows, summed on the host in float32.
+      auto part = make_buffer<float>(mine);
+      std::vector<float> host_part(mine), host_sum(mine, 0.0f);
+      for (int q = 0; q < world; ++q) {
+        gpu::fill_random(part.get(), rows, hidden, hidden, seed + static_cast<std::uint64_t>(q), r * rows, 0, 1.0f,
+                         ctx.stream);
+        CARAVAN_HIP_CHECK(hipStreamSynchronize(ctx.stream));
+        CARAVAN_HIP_CHECK(hipMemcpy(host_part.data(), part.get(), mine * sizeof(float), hipMemcpyDefault));
+        for (std::size_t i = 0; i < mine; ++i) host_sum[i] += host_part[i];
+      }
+      ref = make_buffer<float>(mine);
+      CARAVAN_HIP_CHECK(hipMemcpy(ref.get(), host_sum.data(), mine * sizeof(float), hipMemcpyDefault));
+    }
+    auto poison_out = [&] { poison(out.get(), mine, ctx.stream); };
+    auto check_out = [&] { return relative_error(ctx, out.get(), rows, hidden, hidden, ref.get(), hidden); };
+    runner.measure(
+        ctx, "nccl-reducescatter",
+        [&] {
+          CARAVAN_NCCL_CHECK(ncclReduceScatter(in.get(), out.get(), mine, ncclBfloat16, ncclSum, ctx.nccl, ctx.stream));
+        },
+        poison_out, check_out);
+    std::vector<gpu::ReduceScatterVariant> variants = {gpu::ReduceScatterVariant::ce_push};
+    if (op.sm()) variants.push_back(gpu::ReduceScatterVariant::sm);
+    if (op.low_latency()) variants.push_back(gpu::ReduceScatterVariant::ll);
+    for (auto v : variants)
+      runner.measure(
+          ctx, "caravan " + std::string(gpu::to_string(v)), [&, v] { op.run(r, in.get(), out.get(), v, ctx.stream); },
+          poison_out, check_out);
+    runner.run_rounds(ctx);
+  });
+}
+
+// ---- All-Scatter alone ------------------------------------------------------------------------
+// Caravan's All-Scatter of a tokens x (hidden / world) column block per rank into every rank's
+// row-major tokens x hidden output, against NCCL's all_gather of the same bytes (which leaves
+// the blocks one after another, not row-major: the baseline is timed without the conversion a
+// user would add, in its favour).
+CaseRecord run_all_scatter(OverlapBench& bench, long tokens, long hidden, const std::string& model) {
+  const int world = bench.world();
+  const std::uint64_t seed = bench.seed() ^ 0xA55A;
+  const long block = hidden / world;
+  HeapScope heap_scope(bench.team().heap(), "bench overlap");
+  gpu::AllScatter op(bench.team(), tokens, block);
+  Shape s{fmt::format("{} hidden {}", model, hidden), tokens, hidden, 0};
+  return bench.run_case("All-Scatter", s, [&](RankContext& ctx, CaseRunner& runner) {
+    const int r = ctx.rank;
+    const std::size_t all = static_cast<std::size_t>(tokens * hidden), mine = static_cast<std::size_t>(tokens * block);
+    auto in = make_buffer<bf16>(mine);
+    auto gathered = make_buffer<bf16>(all);
+    auto ref = make_buffer<float>(all);
+    gpu::fill_random(in.get(), tokens, block, block, seed, 0, r * block, 1.0f, ctx.stream);
+    gpu::fill_random(op.block(r), tokens, block, hidden, seed, 0, r * block, 1.0f, ctx.stream);
+    gpu::fill_random(ref.get(), tokens, hidden, hidden, seed, 0, 0, 1.0f, ctx.stream);
+    bf16* output = op.block(r) - r * block;
+    auto exact = [&](double e) { return e == 0 ? 0.0 : std::max(e, 1.0); };
+    runner.measure(
+        ctx, "nccl-allgather",
+        [&] { CARAVAN_NCCL_CHECK(ncclAllGather(in.get(), gathered.get(), mine, ncclBfloat16, ctx.nccl, ctx.stream)); },
+        [&] { poison(gathered.get(), all, ctx.stream); },
+        [&] {
+          // Block q of NCCL's output is rank q's tokens x block, row-major.
+          double worst = 0;
+          for (int q = 0; q < world; ++q)
+            worst = std::max(worst, relative_error(ctx, gathered.get() + static_cast<std::size_t>(q) * mine, tokens,
+                                                   block, block, ref.get() + q * block, hidden));
+          return exact(worst);
+        });
+    // Poison the peers' columns of this rank's output, row by row (a 2-D memset).
+    auto poison_peers = [&] {
+      if (r > 0)
+        CARAVAN_HIP_CHECK(
+            hipMemset2DAsync(output, hidden * sizeof(bf16), 0xFF, r * block * sizeof(bf16), tokens, ctx.stream));
+      if (r + 1 < world)
+        CARAVAN_HIP_CHECK(hipMemset2DAsync(output + (r + 1) * block, hidden * sizeof(bf16), 0xFF,
+                                           (world - 1 - r) * block * sizeof(bf16), tokens, ctx.stream));
+    };
+    runner.measure(
+        ctx, "caravan ce-push", [&] { op.run(r, ctx.stream); }, poison_peers,
+        [&] { return exact(relative_error(ctx, output, tokens, hidden, hidden, ref.get(), hidden)); });
+    runner.run_rounds(ctx);
+  });
+}
+
 // ---- Low-latency AllGather --------------------------------------------------------------------
 CaseRecord run_ll_allgather(OverlapBench& bench, std::size_t bytes) {
   const int world = bench.world();
@@ -817,7 +918,8 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
   if (args.iterations < 1 || args.warmup < 0)
     throw Error(Errc::invalid_argument, "bench overlap: --iterations must be >= 1 and --warmup >= 0");
   std::vector<std::string> ops = args.operations;
-  if (ops.empty()) ops = {"ag_gemm", "gemm_rs", "gemm_as", "ll_allgather", "allgather"};
+  if (ops.empty())
+    ops = {"ag_gemm", "gemm_rs", "gemm_as", "ll_allgather", "allgather", "reduce_scatter", "all_scatter"};
   std::vector<long> tokens = args.tokens;
   if (tokens.empty()) tokens = {8192};
   for (long t : tokens)
@@ -835,11 +937,16 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
                                      world, bench.seed(), args.iterations, args.warmup));
   std::vector<CaseRecord> records;
   for (const auto& op : ops) {
-    if (op == "allgather") {
+    if (op == "allgather" || op == "reduce_scatter" || op == "all_scatter") {
       for (long t : tokens)
         for (const auto& [model, hidden] : {std::pair<std::string, long>{"llama3-70B", 8192}, {"llama3-8B", 4096}}) {
           fmt::print(stderr, "bench overlap: {} M={} hidden {}\n", op, t, hidden);
-          records.push_back(run_allgather(bench, t, hidden, model));
+          if (op == "allgather")
+            records.push_back(run_allgather(bench, t, hidden, model));
+          else if (op == "reduce_scatter")
+            records.push_back(run_reduce_scatter(bench, t, hidden, model));
+          else
+            records.push_back(run_all_scatter(bench, t, hidden, model));
         }
       continue;
     }
@@ -859,7 +966,9 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
         throw Error(
             Errc::invalid_argument,
             fmt::format(
-                "bench overlap --op: unknown operation '{}' (ag_gemm, gemm_rs, gemm_as, ll_allgather, allgather)", op));
+                "bench overlap --op: unknown operation '{}' (ag_gemm, gemm_rs, gemm_as, ll_allgather, allgather, "
+                "reduce_scatter, all_scatter)",
+                op));
       for (const auto& shape : shapes) {
         fmt::print(stderr, "bench overlap: {} {} M={} K={} N={}\n", op, shape.name, shape.m, shape.k, shape.n);
         if (op == "ag_gemm") records.push_back(run_ag_gemm(bench, shape));
@@ -879,8 +988,12 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     std::map<std::string, Summary> summary;
     for (const auto& [variant, result] : rec.variants) summary[variant] = summarize(result.ms);
     const bool ll = rec.op == "LL AllGather";
-    const bool collective = ll || rec.op == "AllGather";  // against NCCL's collective alone
-    const std::string baseline = collective ? "nccl-allgather" : "nccl-bulk";
+    // The collectives alone run against NCCL's collective alone; the fused operations against
+    // NCCL + cuBLAS in bulk.
+    const bool collective = ll || rec.op == "AllGather" || rec.op == "ReduceScatter" || rec.op == "All-Scatter";
+    const std::string baseline = rec.op == "ReduceScatter" ? "nccl-reducescatter"
+                                 : collective              ? "nccl-allgather"
+                                                           : "nccl-bulk";
     const double base = summary.at(baseline).median;
     nlohmann::json jcase = {{"operation", rec.op}, {"shape", rec.name}, {"m", rec.m}, {"k", rec.k}, {"n", rec.n}};
     std::string best, best_graph;
@@ -908,10 +1021,11 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     if (!best.empty()) {
       const double t = summary.at(best).median;
       jcase["best"] = best;
-      if (rec.op == "AllGather") {
-        report.headlines.push_back(
-            fmt::format("{} {} M={} ({} MiB gathered): best {} {} ms vs NCCL all_gather {} ms: {:.2f}x", rec.op,
-                        rec.name, rec.m, rec.m * rec.k * 2 >> 20, best, fmt_ms(t), fmt_ms(base), base / t));
+      if (collective && !ll) {
+        report.headlines.push_back(fmt::format(
+            "{} {} M={} ({} MiB {}): best {} {} ms vs NCCL {} {} ms: {:.2f}x", rec.op, rec.name, rec.m,
+            rec.m * rec.k * 2 >> 20, rec.op == "ReduceScatter" ? "in per rank" : "gathered", best, fmt_ms(t),
+            rec.op == "ReduceScatter" ? "reduce_scatter" : "all_gather", fmt_ms(base), base / t));
       } else if (ll) {
         report.headlines.push_back(fmt::format("{} {}: {} {:.1f} us vs NCCL {:.1f} us: {:.2f}x lower latency", rec.op, rec.name,
                                                best, t * 1e3, base * 1e3, base / t));

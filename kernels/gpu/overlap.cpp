@@ -869,7 +869,9 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
       splits_(splits),
       early_launch_(settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH")) {
   const int world = team.world();
-  require_shape("GemmReduceScatter", m, k, n, world, splits);
+  // k = 0: the ReduceScatter alone, which checks its shape in its own terms (ReduceScatter).
+  const bool gemm = k != 0;
+  require_shape("GemmReduceScatter", m, gemm ? k : 8, n, world, splits);
   require((m / world) * n % 8 == 0, "GemmReduceScatter: (m / world) x n must be a multiple of 8 (16-byte vectors)");
   received_ = team.heap().allocate(static_cast<std::uint64_t>(m) * n * sizeof(bf16));
   flags_ = team.heap().allocate(rs_groups * static_cast<std::uint64_t>(world) * kFlagBytes);
@@ -897,25 +899,28 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
                                        sizeof(std::uint64_t));
   // tile_scatter's inboxes last, where they fit (the same decision on every rank, as above).
   const std::uint64_t scatter_words = static_cast<std::uint64_t>(world) * splits * sizeof(std::uint64_t);
-  if (world <= FlagGemmParts::kMaxParts &&
+  if (gemm && world <= FlagGemmParts::kMaxParts &&
       team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + scatter_words + (1u << 20)) {
     scatter_inboxes_ = team.heap().allocate(2 * partial_bytes);
     scatter_done_ = team.heap().allocate(scatter_words);  // zero, as the heap starts
   }
   try {
     partial_.resize(static_cast<std::size_t>(world), nullptr);
-    for (int r : team.driven_ranks()) {
-      team.use(r);
-      void* p = nullptr;
-      CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(m) * n * sizeof(bf16)));
-      partial_[static_cast<std::size_t>(r)] = static_cast<bf16*>(p);
+    if (gemm) {
+      for (int r : team.driven_ranks()) {
+        team.use(r);
+        void* p = nullptr;
+        CARAVAN_HIP_CHECK(hipMalloc(&p, static_cast<std::size_t>(m) * n * sizeof(bf16)));
+        partial_[static_cast<std::size_t>(r)] = static_cast<bf16*>(p);
+      }
+      build_tile_orders();
     }
-    build_tile_orders();
     sync_ = make_sync(team, world * splits);
     flag_report_ =
         std::make_unique<FlagReport>(team, flags_, std::vector<std::string>{"arrived", "freed", "ready"}, world);
-    warm_up(team, {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}},
-            static_cast<std::size_t>(m / world) * n);
+    std::vector<GemmShape> shapes;
+    if (gemm) shapes = {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}};
+    warm_up(team, shapes, static_cast<std::size_t>(m / world) * n);
     team.construction_done();
   } catch (...) {
     free_partials();
@@ -1005,6 +1010,25 @@ void GemmReduceScatter::set_probe(int rank, std::uint64_t* after_gemm, std::uint
 
 void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant,
                             hipStream_t stream, int lanes) {
+  require(k_ > 0, "GemmReduceScatter::run: this object was built without a GEMM (k = 0): call reduce_scatter()");
+  enqueue(rank, a, b, nullptr, out, variant, stream, lanes);
+}
+
+void GemmReduceScatter::reduce_scatter(int rank, const bf16* in, bf16* out, GemmRsVariant variant, hipStream_t stream) {
+  require(variant == GemmRsVariant::ce_bulk || variant == GemmRsVariant::sm_push || variant == GemmRsVariant::ll_bulk,
+          [&] {
+            return fmt::format(
+                "GemmReduceScatter::reduce_scatter: variant {} is a GEMM schedule; the ReduceScatter alone runs "
+                "ce-bulk, sm-push or ll-bulk",
+                to_string(variant));
+          });
+  require(in != nullptr && reinterpret_cast<std::uintptr_t>(in) % 16 == 0,
+          "GemmReduceScatter::reduce_scatter: in must be non-null and 16-byte aligned");
+  enqueue(rank, nullptr, nullptr, in, out, variant, stream, 1);
+}
+
+void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf16* in, bf16* out,
+                                GemmRsVariant variant, hipStream_t stream, int lanes) {
   require(reinterpret_cast<std::uintptr_t>(out) % 16 == 0, "GemmReduceScatter::run: out must be 16-byte aligned");
   const int world = team_.world();
   const long rows = m_ / world, part_rows = rows / splits_;
@@ -1047,7 +1071,11 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   const std::uint64_t e = s.enter(stream, one_kernel ? PaceAs::run_ahead : PaceAs::unmeasured);
   CallScope scope(s, stream);
   hipStream_t comm = team_.comm_stream(rank);
-  bf16* partial = partial_[static_cast<std::size_t>(rank)];
+  // The GEMM writes `computed`; the exchange reads `partial`: the same buffer, or the caller's
+  // input when there is no GEMM.
+  bf16* computed = partial_[static_cast<std::size_t>(rank)];
+  const bf16* partial = in ? in : computed;
+  const bool gemm = in == nullptr;
   auto flags = [&](int r) { return FlagArrays{team_.heap().at<std::uint64_t>(flags_, r), world}; };
   auto slot = [&](int owner, int from) { return team_.heap().at<bf16>(received_, owner) + from * chunk_elems; };
   const FlagArrays my = flags(rank);
@@ -1068,7 +1096,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     // Inboxes alternate by epoch parity, as sm_pull's partials: the slot a peer fills now was last
     // read here in call e-2, and every variant's call e-1 on that peer waited for something this
     // rank did after its call e-2 ended.
-    team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
+    if (gemm) team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, computed, n_);
     if (probe.after_gemm) stamp_time(probe.after_gemm, stream);
     bf16* inbox = team_.heap().at<bf16>(pull_partials_, rank) + (e & 1) * static_cast<std::size_t>(m_) * n_;
     push_reduce_scatter(team_.heap().view(rank), partial, inbox, chunk_elems, out,
@@ -1079,7 +1107,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   if (variant == GemmRsVariant::ll_bulk) {
     // The partials travel as lines into the peers' line buffers: no slot of received_ is used,
     // so this rank's slots stay free for the peers' next copy-engine call at once.
-    team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
+    if (gemm) team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, computed, n_);
     ll_reduce_scatter(team_.heap().view(rank), partial, chunk_elems * sizeof(bf16), team_.heap().at(ll_lines_, rank),
                       out, team_.heap().at<LlState>(ll_state_, rank), stream, early_launch_);
     for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
@@ -1163,11 +1191,11 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
   };
   // With one lane, a part's sum would wait for the peers in front of the next part's GEMM.
   const bool sum_per_part = variant == GemmRsVariant::ce_push && splits_ > 1 && lanes == 2;
-  // Pushes parts [first, end) of the rows destined to rank+step once `computed` has happened,
+  // Pushes parts [first, end) of the rows destined to rank+step once `ready` has happened,
   // raising the destination's arrived flag to count them.
-  auto push = [&](int step, int first, int end, hipEvent_t computed) {
+  auto push = [&](int step, int first, int end, hipEvent_t ready) {
     const int dst = (rank + step) % world;
-    CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, computed, 0));
+    CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, ready, 0));
     if (first == 0) wait_flag(comm, my.at(rs_freed, dst), e - 1);
     CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(dst, rank) + first * part_elems,
                                      partial + dst * chunk_elems + first * part_elems,
@@ -1175,7 +1203,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     write_flag(comm, flags(dst).at(rs_arrived, rank), parts_landed(end));
   };
   if (variant == GemmRsVariant::ce_bulk) {
-    team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, partial, n_);
+    if (gemm) team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, computed, n_);
     CARAVAN_HIP_CHECK(hipEventRecord(s.chunk[0], stream));
     for (int step = 1; step < world; ++step) push(step, 0, splits_, s.chunk[0]);
   } else if (variant == GemmRsVariant::tile_push) {
@@ -1184,7 +1212,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
     // call so far: one wait-value per part.
     const std::uint64_t calls = tile_calls_[static_cast<std::size_t>(rank)] + 1;
     std::uint64_t* done = parts_done_[static_cast<std::size_t>(rank)];
-    flag_gemm(a, k_, b, n_, partial, n_, m_, n_, k_, nullptr, 0, 0, tile_orders_[static_cast<std::size_t>(rank)], done,
+    flag_gemm(a, k_, b, n_, computed, n_, m_, n_, k_, nullptr, 0, 0, tile_orders_[static_cast<std::size_t>(rank)], done,
               part_rows, stream);
     tile_calls_[static_cast<std::size_t>(rank)] = calls;  // counted once its GEMM is launched
     for (int step = 1; step < world; ++step) {
@@ -1210,7 +1238,7 @@ void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, G
       for (int part = 0; part < splits_; ++part, ++chunk) {
         hipStream_t on = lane.stream(chunk);
         const long row0 = dst * rows + part * part_rows;
-        lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, partial + row0 * n_, n_);
+        lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, computed + row0 * n_, n_);
         if (step < world) {
           hipEvent_t done = s.chunk[static_cast<std::size_t>(chunk)];
           CARAVAN_HIP_CHECK(hipEventRecord(done, on));
@@ -1249,8 +1277,10 @@ std::string_view to_string(GemmAsVariant v) {
 GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks)
     : team_(team), m_(m), k_(k), n_(n), chunks_(chunks) {
   const int world = team.world();
-  require(m > 0 && k > 0 && n > 0,
-          [&] { return fmt::format("GemmAllScatter: m, k, n must be positive, got {}, {}, {}", m, k, n); });
+  // k = 0: the All-Scatter alone (AllScatter checks its shape in its own terms).
+  require(m > 0 && k >= 0 && n > 0, [&] {
+    return fmt::format("GemmAllScatter: m, n must be positive and k positive (or 0: no GEMM), got {}, {}, {}", m, k, n);
+  });
   require(n % world == 0,
           [&] { return fmt::format("GemmAllScatter: n = {} must be a multiple of world = {}", n, world); });
   require(k % 8 == 0 && (n / world) % 8 == 0, [&] {
@@ -1267,7 +1297,9 @@ GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks
     preload_flag_gemm();  // the tile variants' GEMM: loaded now, not while peers wait
   }
   sync_ = make_sync(team, chunks);
-  warm_up(team, {{m, n / world, k, n}, {m / chunks, n / world, k, n}});
+  std::vector<GemmShape> shapes;
+  if (k > 0) shapes = {{m, n / world, k, n}, {m / chunks, n / world, k, n}};
+  warm_up(team, shapes);
   team.construction_done();
 }
 
@@ -1277,6 +1309,16 @@ bf16* GemmAllScatter::output(int rank) const { return team_.heap().at<bf16>(c_, 
 
 void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream,
                          int lanes) {
+  require(k_ > 0, "GemmAllScatter::run: this object was built without a GEMM (k = 0): call scatter()");
+  enqueue(rank, a, b_shard, variant, stream, lanes, /*with_gemm=*/true);
+}
+
+void GemmAllScatter::scatter(int rank, hipStream_t stream) {
+  enqueue(rank, nullptr, nullptr, GemmAsVariant::ce_bulk, stream, 1, /*with_gemm=*/false);
+}
+
+void GemmAllScatter::enqueue(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream,
+                             int lanes, bool with_gemm) {
   const int world = team_.world();
   const long block = n_ / world, rows = m_ / chunks_;
   require_call(team_, "GemmAllScatter", rank, lanes);
@@ -1335,7 +1377,9 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   for (int g = 0; g < gemms; ++g) {
     bf16* c0 = mine + static_cast<long>(g) * gemm_rows * n_ + rank * block;
     hipStream_t on = lane.stream(g);
-    lane.blas(g).gemm(on, gemm_rows, block, k_, a + static_cast<long>(g) * gemm_rows * k_, k_, b_shard, block, c0, n_);
+    if (with_gemm)
+      lane.blas(g).gemm(on, gemm_rows, block, k_, a + static_cast<long>(g) * gemm_rows * k_, k_, b_shard, block, c0,
+                        n_);
     CARAVAN_HIP_CHECK(hipEventRecord(s.chunk[static_cast<std::size_t>(g)], on));
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.chunk[static_cast<std::size_t>(g)], 0));
     const int first = variant == GemmAsVariant::ce_push ? g : 0,
@@ -1355,6 +1399,77 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   for (int step = 1; step < world; ++step)
     for (int c = 0; c < chunks_; ++c) wait_flag(stream, arrived(rank, (rank + world - step) % world, c), e);
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+}
+
+// ---------------------------------------------------------------------------------------------
+std::string_view to_string(ReduceScatterVariant v) {
+  switch (v) {
+    case ReduceScatterVariant::ce_push: return "ce-push";
+    case ReduceScatterVariant::sm: return "sm";
+    default: return "ll";
+  }
+}
+
+namespace {
+// ReduceScatter's shape in its own terms (GemmReduceScatter's checks would name m and k).
+long checked_reduce_rows(long rows_per_rank, long cols, int world) {
+  require(rows_per_rank > 0 && cols > 0, [&] {
+    return fmt::format("ReduceScatter: rows per rank and cols must be positive, got {} and {}", rows_per_rank, cols);
+  });
+  require(cols % 8 == 0,
+          [&] { return fmt::format("ReduceScatter: cols = {} must be a multiple of 8 (16-byte rows)", cols); });
+  return rows_per_rank * world;
+}
+
+long checked_scatter_cols(long rows, long cols_per_rank, int chunks, int world) {
+  require(rows > 0 && cols_per_rank > 0, [&] {
+    return fmt::format("AllScatter: rows and cols per rank must be positive, got {} and {}", rows, cols_per_rank);
+  });
+  require(cols_per_rank % 8 == 0, [&] {
+    return fmt::format("AllScatter: cols per rank = {} must be a multiple of 8 (16-byte rows)", cols_per_rank);
+  });
+  require(chunks >= 1 && rows % chunks == 0,
+          [&] { return fmt::format("AllScatter: chunks = {} must be >= 1 and divide rows = {}", chunks, rows); });
+  return cols_per_rank * world;
+}
+}  // namespace
+
+ReduceScatter::ReduceScatter(GpuTeam& team, long rows_per_rank, long cols)
+    : rows_per_rank_(rows_per_rank),
+      cols_(cols),
+      world_(team.world()),
+      impl_(team, checked_reduce_rows(rows_per_rank, cols, team.world()), 0, cols) {}
+
+void ReduceScatter::run(int rank, const bf16* in, bf16* out, ReduceScatterVariant variant, hipStream_t stream) {
+  const std::uint64_t out_bytes = static_cast<std::uint64_t>(rows_per_rank_) * cols_ * sizeof(bf16);
+  require(variant != ReduceScatterVariant::sm || sm(), [&] {
+    return fmt::format(
+        "ReduceScatter: sm needs an input of at most {} bytes and twice that free in the symmetric heap; this one has "
+        "{}",
+        GemmReduceScatter::kPullMaxBytes, out_bytes * static_cast<std::uint64_t>(world_));
+  });
+  require(variant != ReduceScatterVariant::ll || low_latency(), [&] {
+    return fmt::format("ReduceScatter: ll needs an output of at most {} bytes per rank, this one has {}", kLlMaxBytes,
+                       out_bytes);
+  });
+  GemmRsVariant as = GemmRsVariant::ll_bulk;
+  switch (variant) {
+    case ReduceScatterVariant::ce_push: as = GemmRsVariant::ce_bulk; break;
+    case ReduceScatterVariant::sm: as = GemmRsVariant::sm_push; break;
+    case ReduceScatterVariant::ll: as = GemmRsVariant::ll_bulk; break;
+  }
+  impl_.reduce_scatter(rank, in, out, as, stream);
+}
+
+AllScatter::AllScatter(GpuTeam& team, long rows, long cols_per_rank, int chunks)
+    : cols_per_rank_(cols_per_rank),
+      impl_(team, rows, 0, checked_scatter_cols(rows, cols_per_rank, chunks, team.world()), chunks) {}
+
+bf16* AllScatter::block(int rank) const { return impl_.output(rank) + rank * cols_per_rank_; }
+
+const bf16* AllScatter::run(int rank, hipStream_t stream) {
+  impl_.scatter(rank, stream);
+  return impl_.output(rank);
 }
 
 // ---------------------------------------------------------------------------------------------

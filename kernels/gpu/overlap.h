@@ -312,10 +312,15 @@ std::string_view to_string(GemmRsVariant v);
 // over ranks, as the down and output projections have it). The reduction accumulates in fp32.
 class GemmReduceScatter {
  public:
-  // `splits` cuts each destination's rows into that many GEMMs, each pushed when done.
+  // `splits` cuts each destination's rows into that many GEMMs, each pushed when done. k = 0
+  // builds the ReduceScatter alone (see ReduceScatter): no GEMM buffers, call reduce_scatter().
   GemmReduceScatter(GpuTeam& team, long m, long k, long n, int splits = 1);
   ~GemmReduceScatter();
   void run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant, hipStream_t stream, int lanes = 1);
+  // The exchange alone on rank's partial `in` (m x n, this GPU's memory, read in stream order):
+  // ce_bulk, sm_push or ll_bulk without their GEMM. sm_pull is not offered: it reads the peers'
+  // partials where their GEMM wrote them, in symmetric memory.
+  void reduce_scatter(int rank, const bf16* in, bf16* out, GemmRsVariant variant, hipStream_t stream);
   // Whether the ll_bulk variant is available (an output of at most kLlMaxBytes per rank).
   bool low_latency() const { return ll_lines_.bytes > 0; }
   // Whether the sm_pull variant is available (a partial of at most kPullMaxBytes, and room in
@@ -372,6 +377,39 @@ class GemmReduceScatter {
   std::vector<std::uint64_t> scatter_calls_;
   std::vector<std::unique_ptr<RankSync>> sync_;
   std::unique_ptr<FlagReport> flag_report_;
+  // run() and reduce_scatter(): `in` null runs the variant's GEMM into the partial, otherwise
+  // the exchange starts from `in`.
+  void enqueue(int rank, const bf16* a, const bf16* b, const bf16* in, bf16* out, GemmRsVariant variant,
+               hipStream_t stream, int lanes);
+};
+
+enum class ReduceScatterVariant {
+  ce_push,  // copy engines: each rank pushes every peer's rows into that peer's slot, then sums
+  sm,       // one kernel on every SM stores the peers' rows into their inboxes and sums its own
+            // rows once every peer's have landed (partials of at most kPullMaxBytes)
+  ll,       // the low-latency protocol (outputs of at most kLlMaxBytes per rank)
+};
+std::string_view to_string(ReduceScatterVariant v);
+
+// The ReduceScatter alone: every rank gives an input of world x rows_per_rank rows by cols
+// (bf16, its own GPU's memory), and rank r receives rows [r x rows_per_rank, (r + 1) x
+// rows_per_rank) of the sum over ranks, accumulated in fp32. Collective, as every operation
+// here (see AllGather).
+class ReduceScatter {
+ public:
+  // Throws Error(invalid_argument) when a size is not positive or cols is not a multiple of 8
+  // (16-byte rows).
+  ReduceScatter(GpuTeam& team, long rows_per_rank, long cols);
+  bool sm() const { return impl_.push(); }
+  bool low_latency() const { return impl_.low_latency(); }
+  // `in` is read and `out` (rows_per_rank x cols, 16-byte aligned) written in stream order.
+  void run(int rank, const bf16* in, bf16* out, ReduceScatterVariant variant, hipStream_t stream);
+  std::string describe_flags() const { return impl_.describe_flags(); }
+
+ private:
+  long rows_per_rank_, cols_;
+  int world_;
+  GemmReduceScatter impl_;
 };
 
 enum class GemmAsVariant {
@@ -392,11 +430,14 @@ std::string_view to_string(GemmAsVariant v);
 // with all of C (row-major, in symmetric memory).
 class GemmAllScatter {
  public:
+  // k = 0 builds the All-Scatter alone (see AllScatter): call scatter().
   GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks);
   ~GemmAllScatter();
   // rank's copy of C (m x n) after run().
   bf16* output(int rank) const;
   void run(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream, int lanes = 1);
+  // ce_bulk without its GEMM: rank's column block, already in output(rank), goes to every peer.
+  void scatter(int rank, hipStream_t stream);
 
  private:
   GpuTeam& team_;
@@ -409,6 +450,28 @@ class GemmAllScatter {
   SymmetricRegion fused_done_;
   std::vector<std::uint64_t> fused_calls_;
   std::vector<std::unique_ptr<RankSync>> sync_;
+  void enqueue(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream, int lanes,
+               bool with_gemm);
+};
+
+// The All-Scatter alone (GEMM + All-Scatter's exchange): rank r writes its rows x cols_per_rank
+// column block into block(r) (columns [r x cols_per_rank, (r + 1) x cols_per_rank) of its
+// output, row stride world x cols_per_rank), and after run() every rank's output holds every
+// rank's block: rows x (world x cols_per_rank), row-major, in symmetric memory, valid until that
+// rank's next run(). Collective (see AllGather).
+class AllScatter {
+ public:
+  // Throws Error(invalid_argument) when a size is not positive, cols_per_rank is not a multiple
+  // of 8 (16-byte rows), or `chunks` does not divide rows (the pieces each flag announces).
+  AllScatter(GpuTeam& team, long rows, long cols_per_rank, int chunks = 1);
+  bf16* block(int rank) const;
+  // Enqueues the exchange (copy engines, one 2-D copy per peer and chunk) and returns rank's
+  // output, complete in stream order after this call.
+  const bf16* run(int rank, hipStream_t stream);
+
+ private:
+  long cols_per_rank_;
+  GemmAllScatter impl_;
 };
 
 // The low-latency AllGather of small messages (kernels.h: ll_allgather) with its symmetric

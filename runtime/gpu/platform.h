@@ -111,6 +111,10 @@ inline constexpr hipMemcpyKind hipMemcpyDeviceToHost = cudaMemcpyDeviceToHost;
 inline hipError_t hipMemsetAsync(void* ptr, int value, std::size_t bytes, hipStream_t stream) {
   return cudaMemsetAsync(ptr, value, bytes, stream);
 }
+inline hipError_t hipMemset2DAsync(void* ptr, std::size_t pitch, int value, std::size_t width, std::size_t height,
+                                   hipStream_t stream) {
+  return cudaMemset2DAsync(ptr, pitch, value, width, height, stream);
+}
 inline hipError_t hipStreamWaitEvent(hipStream_t stream, hipEvent_t event, unsigned flags) {
   return cudaStreamWaitEvent(stream, event, flags);
 }

@@ -998,6 +998,91 @@ TEST(Overlap, AllGatherAloneEveryVariantCallAfterCall) {
   });
 }
 
+// The ReduceScatter alone, every variant mixed call after call: each call sums fresh random
+// inputs (a different one per rank) into an output poisoned first, against a float32 sum of the
+// same values. Three rounds of a sequence that puts each variant after every other.
+TEST(Overlap, ReduceScatterAloneEveryVariantCallAfterCall) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 32 << 20);
+  constexpr long kRows = 64, kCols = 256;  // 32 KiB out per rank: within the ll protocol's limit
+  ReduceScatter op(team, kRows, kCols);
+  ASSERT_TRUE(op.low_latency());
+  ASSERT_TRUE(op.sm());
+  using V = ReduceScatterVariant;
+  const V sequence[] = {V::ce_push, V::sm, V::ll, V::sm, V::sm, V::ce_push, V::ce_push, V::ll, V::ll, V::ce_push};
+  const std::uint64_t seed = fresh_seed();
+  const long all_rows = kRows * world;
+  const auto rank_seed = [&](std::uint64_t call_seed, int q) {
+    return call_seed + 7919 * static_cast<std::uint64_t>(q + 1);
+  };
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
+    const auto mine = static_cast<std::size_t>(kRows * kCols);
+    bf16* in = device_alloc<bf16>(static_cast<std::size_t>(all_rows * kCols));
+    bf16* out = device_alloc<bf16>(mine);
+    float* part = device_alloc<float>(mine);
+    float* ref = device_alloc<float>(mine);
+    std::vector<float> host_part(mine), host_sum(mine);
+    barrier.arrive_and_wait();  // no allocation while a peer's call may wait on this rank
+    for (int round = 0; round < 3; ++round)
+      for (std::size_t i = 0; i < std::size(sequence); ++i) {
+        const std::uint64_t call_seed = seed + 1000 * (static_cast<std::uint64_t>(round) * 100 + i);
+        fill_random(in, all_rows, kCols, kCols, rank_seed(call_seed, r), 0, 0, 1.0f, stream);
+        poison(out, mine, stream);
+        op.run(r, in, out, sequence[i], stream);
+        // The reference: every rank's values at this rank's rows, summed here in float32.
+        std::fill(host_sum.begin(), host_sum.end(), 0.0f);
+        for (int q = 0; q < world; ++q) {
+          fill_random(part, kRows, kCols, kCols, rank_seed(call_seed, q), r * kRows, 0, 1.0f, stream);
+          finish(stream);
+          CARAVAN_HIP_CHECK(hipMemcpy(host_part.data(), part, mine * sizeof(float), hipMemcpyDefault));
+          for (std::size_t j = 0; j < mine; ++j) host_sum[j] += host_part[j];
+        }
+        CARAVAN_HIP_CHECK(hipMemcpy(ref, host_sum.data(), mine * sizeof(float), hipMemcpyDefault));
+        const double err = relative_error(out, kRows, kCols, ref, stream);
+        if (!(err < 1e-2))
+          throw Error(Errc::internal, "round " + std::to_string(round) + ", call " + std::to_string(i) + " (" +
+                                          std::string(to_string(sequence[i])) + "): relative error " +
+                                          std::to_string(err));
+      }
+    barrier.arrive_and_wait();  // every rank done before any frees
+    for (void* p : {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(part), static_cast<void*>(ref)})
+      (void)hipFree(p);
+  });
+}
+
+// The All-Scatter alone, call after call: each rank writes a fresh random column block into its
+// own output, whose other columns were poisoned first, and every rank's output must then hold
+// every block exactly.
+TEST(Overlap, AllScatterAloneCallAfterCall) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 32 << 20);
+  constexpr long kRows = 96, kColsPerRank = 64;
+  AllScatter op(team, kRows, kColsPerRank, /*chunks=*/3);
+  const long cols = kColsPerRank * world;
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
+    float* ref = device_alloc<float>(static_cast<std::size_t>(kRows * cols));
+    bf16* output = op.block(r) - r * kColsPerRank;
+    barrier.arrive_and_wait();  // no allocation while a peer's call may wait on this rank
+    for (int call = 0; call < 12; ++call) {
+      const std::uint64_t call_seed = seed + 1000 * static_cast<std::uint64_t>(call);
+      poison(output, static_cast<std::size_t>(kRows * cols), stream);
+      fill_random(op.block(r), kRows, kColsPerRank, cols, call_seed, 0, r * kColsPerRank, 1.0f, stream);
+      const bf16* got = op.run(r, stream);
+      EXPECT_EQ(got, output);
+      fill_random(ref, kRows, cols, cols, call_seed, 0, 0, 1.0f, stream);
+      const double err = relative_error(got, kRows, cols, ref, stream);
+      if (err != 0)
+        throw Error(Errc::internal,
+                    "call " + std::to_string(call) + ": scattered blocks differ, error " + std::to_string(err));
+    }
+    barrier.arrive_and_wait();  // every rank done before any frees
+    (void)hipFree(ref);
+  });
+}
+
 TEST(Overlap, RejectsShapesThatDoNotDivide) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
   GpuTeam team(first_devices(2), 16 << 20);
@@ -1025,6 +1110,26 @@ TEST(Overlap, RejectsShapesThatDoNotDivide) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("ce-push runs"), std::string::npos) << e.what();
   }
+  EXPECT_THROW(ReduceScatter(team, 0, 64), Error);
+  EXPECT_THROW(ReduceScatter(team, 8, 60), Error);   // cols not a multiple of 8
+  EXPECT_THROW(AllScatter(team, 64, 60), Error);     // cols per rank not a multiple of 8
+  EXPECT_THROW(AllScatter(team, 64, 64, 3), Error);  // chunks do not divide rows
+  const auto expect_refused = [](const std::function<void()>& call, const std::string& reason) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted; expected a refusal naming \"" << reason << "\"";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
+  };
+  GemmReduceScatter reduce_only(team, 128, 0, 64);
+  expect_refused([&] { reduce_only.run(0, nullptr, nullptr, nullptr, GemmRsVariant::ce_bulk, nullptr); },
+                 "call reduce_scatter()");
+  expect_refused([&] { reduce_only.reduce_scatter(0, nullptr, nullptr, GemmRsVariant::sm_pull, nullptr); }, "sm-pull");
+  GemmAllScatter scatter_only(team, 64, 0, 128, 1);
+  expect_refused([&] { scatter_only.run(0, nullptr, nullptr, GemmAsVariant::ce_bulk, nullptr); }, "call scatter()");
+  ReduceScatter large(team, 1024, 1024);  // 2 MiB out per rank: above the ll protocol's limit
+  expect_refused([&] { large.run(0, nullptr, nullptr, ReduceScatterVariant::ll, nullptr); }, "ll needs an output");
 }
 
 // The transformer layer (kernels/gpu/tp_layer.h) with grouped-query attention over several
