@@ -706,7 +706,7 @@ CaseRecord run_gemm_as(OverlapBench& bench, const Shape& s) {
     runner.measure(ctx, "gemm-alone", gemm_part, {}, {});
     runner.measure(ctx, "nccl-allgather-alone", nccl_gather, {}, {});
     for (auto variant : {gpu::GemmAsVariant::ce_bulk, gpu::GemmAsVariant::ce_push, gpu::GemmAsVariant::tile_fused,
-                         gpu::GemmAsVariant::tile_specialized})
+                         gpu::GemmAsVariant::tile_specialized, gpu::GemmAsVariant::sm_bulk})
       runner.measure(ctx, std::string(gpu::to_string(variant)),
                      [&, variant] { op.run(r, a.get(), b.get(), variant, ctx.stream); }, poison_c, check_c);
     runner.measure(ctx, "ce-push 2 lanes",
@@ -855,9 +855,10 @@ CaseRecord run_all_scatter(OverlapBench& bench, long tokens, long hidden, const 
         CARAVAN_HIP_CHECK(hipMemset2DAsync(output + (r + 1) * block, hidden * sizeof(bf16), 0xFF,
                                            (world - 1 - r) * block * sizeof(bf16), tokens, ctx.stream));
     };
-    runner.measure(
-        ctx, "caravan ce-push", [&] { op.run(r, ctx.stream); }, poison_peers,
-        [&] { return exact(relative_error(ctx, output, tokens, hidden, hidden, ref.get(), hidden)); });
+    for (auto v : {gpu::AllScatterVariant::ce_push, gpu::AllScatterVariant::sm})
+      runner.measure(
+          ctx, "caravan " + std::string(gpu::to_string(v)), [&, v] { op.run(r, v, ctx.stream); }, poison_peers,
+          [&] { return exact(relative_error(ctx, output, tokens, hidden, hidden, ref.get(), hidden)); });
     runner.run_rounds(ctx);
   });
 }

@@ -214,6 +214,10 @@ namespace caravan::gpu {
 // `counters` is this GPU's own scratch of sm_push_counter_bytes(world, chunks), zero before the
 // first call and left zero by each; calls using the same counters must be stream-ordered.
 // chunk_bytes a multiple of 16, pointers 16-byte aligned.
+// With `row_bytes` > 0 (and all_peers_at_once), the chunks are blocks of rows: each chunk is
+// chunk_bytes / row_bytes rows of row_bytes, the rows pitch_bytes apart in src and dst alike (a
+// column block of a row-major matrix, as the All-Scatter moves); row_bytes and pitch_bytes
+// multiples of 16, row_bytes dividing chunk_bytes, at most pitch_bytes.
 struct SmPushFlags {
   std::uint64_t* landed = nullptr;
   std::uint64_t* freed = nullptr;
@@ -222,7 +226,8 @@ struct SmPushFlags {
   bool all_peers_at_once = false;
 };
 void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk_bytes, int chunks,
-             const SmPushFlags& flags, std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream);
+             const SmPushFlags& flags, std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream,
+             std::size_t row_bytes = 0, std::size_t pitch_bytes = 0);
 std::size_t sm_push_counter_bytes(int world, int chunks);
 // One-shot pull ReduceScatter (sm_copy.cu), for outputs small enough that latency rules: every
 // rank's partial (the whole m x n) is in the symmetric heap, and `rows` is the local address of

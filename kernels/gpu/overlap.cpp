@@ -1268,6 +1268,7 @@ std::string_view to_string(GemmAsVariant v) {
     case GemmAsVariant::ce_bulk: return "ce-bulk";
     case GemmAsVariant::tile_fused: return "tile-fused";
     case GemmAsVariant::tile_specialized: return "tile-specialized";
+    case GemmAsVariant::sm_bulk: return "sm-bulk";
   }
   return "unknown";
 }
@@ -1292,6 +1293,7 @@ GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks
   flags_ = team.heap().allocate((static_cast<std::uint64_t>(world) * chunks + world) * kFlagBytes);
   fused_done_ = team.heap().allocate(static_cast<std::uint64_t>(world) * kFlagBytes);
   fused_calls_.assign(static_cast<std::size_t>(world), 0);
+  sm_counters_ = team.heap().allocate(sm_push_counter_bytes(world, chunks));  // zero, as sm_push needs
   for (int r : team.driven_ranks()) {
     team.use(r);
     preload_flag_gemm();  // the tile variants' GEMM: loaded now, not while peers wait
@@ -1313,8 +1315,13 @@ void GemmAllScatter::run(int rank, const bf16* a, const bf16* b_shard, GemmAsVar
   enqueue(rank, a, b_shard, variant, stream, lanes, /*with_gemm=*/true);
 }
 
-void GemmAllScatter::scatter(int rank, hipStream_t stream) {
-  enqueue(rank, nullptr, nullptr, GemmAsVariant::ce_bulk, stream, 1, /*with_gemm=*/false);
+void GemmAllScatter::scatter(int rank, GemmAsVariant variant, hipStream_t stream) {
+  require(variant == GemmAsVariant::ce_bulk || variant == GemmAsVariant::sm_bulk, [&] {
+    return fmt::format(
+        "GemmAllScatter::scatter: variant {} is a GEMM schedule; the All-Scatter alone runs ce-bulk or sm-bulk",
+        to_string(variant));
+  });
+  enqueue(rank, nullptr, nullptr, variant, stream, 1, /*with_gemm=*/false);
 }
 
 void GemmAllScatter::enqueue(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream,
@@ -1341,6 +1348,24 @@ void GemmAllScatter::enqueue(int rank, const bf16* a, const bf16* b_shard, GemmA
   };
   bf16* mine = output(rank);
 
+  if (variant == GemmAsVariant::sm_bulk) {
+    // This rank's block into its own C (no peer writes there), then one kernel on the caller's
+    // stream: it announces the entry (released: the caller's earlier work on C is done), stores
+    // the block into every peer's C once that peer has entered, raises the peer's arrived flags,
+    // and ends once every peer's block has landed here.
+    if (with_gemm) team_.blas(rank).gemm(stream, m_, block, k_, a, k_, b_shard, block, mine + rank * block, n_);
+    SmPushFlags sm;
+    sm.landed = arrived(rank, 0, 0);
+    sm.freed = released(rank, 0);
+    sm.entry[0] = released(rank, rank);  // this rank's own copy elects the announcing block
+    sm.wait_landed = true;
+    sm.all_peers_at_once = true;
+    const std::size_t row_bytes = static_cast<std::size_t>(block) * sizeof(bf16);
+    sm_push(team_.heap().view(rank), mine + rank * block, mine + rank * block,
+            static_cast<std::size_t>(rows) * row_bytes, chunks_, sm, team_.heap().at<std::uint32_t>(sm_counters_, rank),
+            e, team_.sm_count(rank), stream, row_bytes, static_cast<std::size_t>(n_) * sizeof(bf16));
+    return;
+  }
   // Everything the caller enqueued before this call (its use of the previous C, or anything it
   // wrote into C) is done on this rank: tell the peers they may write this epoch's blocks. The
   // flag carries this epoch, so even the first call waits for every peer to get here.
@@ -1467,8 +1492,10 @@ AllScatter::AllScatter(GpuTeam& team, long rows, long cols_per_rank, int chunks)
 
 bf16* AllScatter::block(int rank) const { return impl_.output(rank) + rank * cols_per_rank_; }
 
-const bf16* AllScatter::run(int rank, hipStream_t stream) {
-  impl_.scatter(rank, stream);
+std::string_view to_string(AllScatterVariant v) { return v == AllScatterVariant::sm ? "sm" : "ce-push"; }
+
+const bf16* AllScatter::run(int rank, AllScatterVariant variant, hipStream_t stream) {
+  impl_.scatter(rank, variant == AllScatterVariant::sm ? GemmAsVariant::sm_bulk : GemmAsVariant::ce_bulk, stream);
   return impl_.output(rank);
 }
 

@@ -422,6 +422,10 @@ enum class GemmAsVariant {
   // Workgroup-specialized: as tile_fused, with the persistent tile GEMM, whose store warps store
   // and count each tile while the block's consumer warps compute the next.
   tile_specialized,
+  // One GEMM, then one kernel on every SM that stores this rank's column block into every peer's
+  // C at once (rows of a pitch) and ends once every peer's block has landed: no copy engine and
+  // no stream memory operation, for small outputs where their latency dominates.
+  sm_bulk,
 };
 std::string_view to_string(GemmAsVariant v);
 
@@ -436,8 +440,9 @@ class GemmAllScatter {
   // rank's copy of C (m x n) after run().
   bf16* output(int rank) const;
   void run(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream, int lanes = 1);
-  // ce_bulk without its GEMM: rank's column block, already in output(rank), goes to every peer.
-  void scatter(int rank, hipStream_t stream);
+  // ce_bulk or sm_bulk without its GEMM: rank's column block, already in output(rank), goes to
+  // every peer.
+  void scatter(int rank, GemmAsVariant variant, hipStream_t stream);
 
  private:
   GpuTeam& team_;
@@ -449,10 +454,17 @@ class GemmAllScatter {
   // columns of one call).
   SymmetricRegion fused_done_;
   std::vector<std::uint64_t> fused_calls_;
+  SymmetricRegion sm_counters_;  // sm_bulk: sm_push's per-chunk block counters (each rank its own)
   std::vector<std::unique_ptr<RankSync>> sync_;
   void enqueue(int rank, const bf16* a, const bf16* b_shard, GemmAsVariant variant, hipStream_t stream, int lanes,
                bool with_gemm);
 };
+
+enum class AllScatterVariant {
+  ce_push,  // copy engines: a 2-D copy per peer and chunk, each announced by a stream write
+  sm,       // one kernel on every SM stores the block into every peer's output at once
+};
+std::string_view to_string(AllScatterVariant v);
 
 // The All-Scatter alone (GEMM + All-Scatter's exchange): rank r writes its rows x cols_per_rank
 // column block into block(r) (columns [r x cols_per_rank, (r + 1) x cols_per_rank) of its
@@ -465,9 +477,8 @@ class AllScatter {
   // of 8 (16-byte rows), or `chunks` does not divide rows (the pieces each flag announces).
   AllScatter(GpuTeam& team, long rows, long cols_per_rank, int chunks = 1);
   bf16* block(int rank) const;
-  // Enqueues the exchange (copy engines, one 2-D copy per peer and chunk) and returns rank's
-  // output, complete in stream order after this call.
-  const bf16* run(int rank, hipStream_t stream);
+  // Enqueues the exchange and returns rank's output, complete in stream order after this call.
+  const bf16* run(int rank, AllScatterVariant variant, hipStream_t stream);
 
  private:
   long cols_per_rank_;

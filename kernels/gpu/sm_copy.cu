@@ -107,7 +107,8 @@ __device__ inline void block_stored_chunk_everywhere(const HeapView& heap, std::
 // a last-block reduction, at system scope).
 __global__ void __launch_bounds__(kThreads)
     sm_push_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint4* src, uint4* dst, std::size_t chunk_vectors,
-                   int chunks, SmPushFlags flags, std::uint32_t* counters, std::uint64_t epoch) {
+                   int chunks, SmPushFlags flags, std::uint32_t* counters, std::uint64_t epoch,
+                   std::uint32_t row_vectors, std::size_t pitch_vectors) {
   const int world = heap.world, me = heap.rank;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kThreads;
   std::uint64_t* const landed = flags.landed;
@@ -139,14 +140,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll  // ranks index the array only through unrolled loops: it stays in registers
     for (int step = 1; step < kMaxHeapRanks; ++step)
       if (step < world) remote[step] = dev::translate(heap, dst, (me + step) % world);
+    // Rows of a column block (row_vectors > 0): vector i of a chunk is at row i / row_vectors,
+    // column i % row_vectors, rows pitch_vectors apart.
+    const std::size_t chunk_span = row_vectors > 0 ? chunk_vectors / row_vectors * pitch_vectors : chunk_vectors;
     for (int c = 0; c < chunks; ++c) {
-      const std::size_t base = static_cast<std::size_t>(c) * chunk_vectors;
+      const std::size_t base = static_cast<std::size_t>(c) * chunk_span;
       for (std::size_t i = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x; i < chunk_vectors;
            i += stride) {
-        const uint4 v = src[base + i];
+        const std::size_t at = base + (row_vectors > 0 ? i / row_vectors * pitch_vectors + i % row_vectors : i);
+        const uint4 v = src[at];
 #pragma unroll
         for (int step = 1; step < kMaxHeapRanks; ++step)
-          if (step < world) remote[step][base + i] = v;
+          if (step < world) remote[step][at] = v;
       }
       __syncthreads();
       if (threadIdx.x == 0) block_stored_chunk_everywhere(heap, counters, landed, c, chunks, epoch);
@@ -341,7 +346,8 @@ std::size_t sm_push_counter_bytes(int world, int chunks) {
 }
 
 void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk_bytes, int chunks,
-             const SmPushFlags& flags, std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream) {
+             const SmPushFlags& flags, std::uint32_t* counters, std::uint64_t epoch, int blocks, hipStream_t stream,
+             std::size_t row_bytes, std::size_t pitch_bytes) {
   const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
   if (chunk_bytes == 0 || chunk_bytes % 16 != 0 || chunks < 1 || blocks < 1 || misaligned(src) || misaligned(dst) ||
       flags.landed == nullptr || counters == nullptr)
@@ -349,8 +355,16 @@ void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk
                                             ") must be a positive multiple of 16, chunks (" + std::to_string(chunks) +
                                             ") and blocks (" + std::to_string(blocks) +
                                             ") positive, src and dst 16-byte aligned, landed and counters given");
+  if (row_bytes > 0 && (!flags.all_peers_at_once || row_bytes % 16 != 0 || pitch_bytes % 16 != 0 ||
+                        chunk_bytes % row_bytes != 0 || row_bytes > pitch_bytes || row_bytes / 16 > UINT32_MAX))
+    throw Error(Errc::invalid_argument,
+                "sm_push: rows of row_bytes (" + std::to_string(row_bytes) + ") pitch_bytes (" +
+                    std::to_string(pitch_bytes) +
+                    ") apart need all_peers_at_once, both multiples of 16, row_bytes dividing chunk_bytes (" +
+                    std::to_string(chunk_bytes) + ") and at most pitch_bytes");
   sm_push_kernel<<<blocks, kThreads, 0, stream>>>(heap, static_cast<const uint4*>(src), static_cast<uint4*>(dst),
-                                                  chunk_bytes / 16, chunks, flags, counters, epoch);
+                                                  chunk_bytes / 16, chunks, flags, counters, epoch,
+                                                  static_cast<std::uint32_t>(row_bytes / 16), pitch_bytes / 16);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 

@@ -814,12 +814,15 @@ TEST(Overlap, GemmAllScatterMatchesReferenceCallAfterCall) {
   const long m = 256, k = 128, n = 96L * world, block = n / world;
   GemmAllScatter op(team, m, k, n, 4);
   // tile_fused and tile_specialized twice in a row each (their shared done words are running
-  // counts), after each other, and after and before the copy-engine variants.
+  // counts), after each other, and after and before the copy-engine variants; sm_bulk twice in a
+  // row, and after and before each of the others.
   const std::vector<std::pair<GemmAsVariant, int>> runs = {
       {GemmAsVariant::ce_push, 1},          {GemmAsVariant::ce_push, 2},          {GemmAsVariant::ce_bulk, 1},
-      {GemmAsVariant::ce_push, 1},          {GemmAsVariant::tile_fused, 1},       {GemmAsVariant::tile_fused, 1},
+      {GemmAsVariant::sm_bulk, 1},          {GemmAsVariant::ce_push, 1},          {GemmAsVariant::tile_fused, 1},
+      {GemmAsVariant::tile_fused, 1},       {GemmAsVariant::sm_bulk, 1},          {GemmAsVariant::sm_bulk, 1},
       {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::ce_push, 2},
-      {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::tile_fused, 1},       {GemmAsVariant::ce_bulk, 1}};
+      {GemmAsVariant::sm_bulk, 1},          {GemmAsVariant::tile_specialized, 1}, {GemmAsVariant::tile_fused, 1},
+      {GemmAsVariant::sm_bulk, 1},          {GemmAsVariant::ce_bulk, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, RankBarrier&) {
     bf16 *a = device_alloc<bf16>(static_cast<std::size_t>(m) * k), *b = device_alloc<bf16>(static_cast<std::size_t>(k) * block);
@@ -1051,9 +1054,9 @@ TEST(Overlap, ReduceScatterAloneEveryVariantCallAfterCall) {
   });
 }
 
-// The All-Scatter alone, call after call: each rank writes a fresh random column block into its
-// own output, whose other columns were poisoned first, and every rank's output must then hold
-// every block exactly.
+// The All-Scatter alone, both variants mixed call after call: each rank writes a fresh random
+// column block into its own output, whose other columns were poisoned first, and every rank's
+// output must then hold every block exactly.
 TEST(Overlap, AllScatterAloneCallAfterCall) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
@@ -1066,17 +1069,20 @@ TEST(Overlap, AllScatterAloneCallAfterCall) {
     float* ref = device_alloc<float>(static_cast<std::size_t>(kRows * cols));
     bf16* output = op.block(r) - r * kColsPerRank;
     barrier.arrive_and_wait();  // no allocation while a peer's call may wait on this rank
+    using V = AllScatterVariant;
+    const V sequence[] = {V::ce_push, V::sm, V::sm, V::ce_push, V::ce_push, V::sm};
     for (int call = 0; call < 12; ++call) {
       const std::uint64_t call_seed = seed + 1000 * static_cast<std::uint64_t>(call);
       poison(output, static_cast<std::size_t>(kRows * cols), stream);
       fill_random(op.block(r), kRows, kColsPerRank, cols, call_seed, 0, r * kColsPerRank, 1.0f, stream);
-      const bf16* got = op.run(r, stream);
+      const V variant = sequence[call % std::size(sequence)];
+      const bf16* got = op.run(r, variant, stream);
       EXPECT_EQ(got, output);
       fill_random(ref, kRows, cols, cols, call_seed, 0, 0, 1.0f, stream);
       const double err = relative_error(got, kRows, cols, ref, stream);
       if (err != 0)
-        throw Error(Errc::internal,
-                    "call " + std::to_string(call) + ": scattered blocks differ, error " + std::to_string(err));
+        throw Error(Errc::internal, "call " + std::to_string(call) + " (" + std::string(to_string(variant)) +
+                                        "): scattered blocks differ, error " + std::to_string(err));
     }
     barrier.arrive_and_wait();  // every rank done before any frees
     (void)hipFree(ref);
