@@ -1,6 +1,6 @@
 // Probe (not part of the build): the floor under a one-kernel-per-call exchange between the GPUs
-// of one node, to judge what an LL AllGather per call can reach. docs/overlap.md ("LL AllGather:
-// the floor") has what it printed on 4 x H200.
+// of one node, to judge what an LL AllGather per call can reach. docs/overlap-sessions.md
+// ("Twelfth session", "Where a call's time went") has what it printed on 4 x H200.
 //   launch   host time to enqueue an empty kernel (with a 72-byte argument, like a heap view),
 //            from 1 thread, and from one thread per GPU at once in this process;
 //   exchange the smallest exchange there is: every call, each GPU stores one 8-byte word (the
