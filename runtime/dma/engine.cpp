@@ -645,8 +645,8 @@ std::shared_ptr<const planner::Plan> Engine::plan(const Instance& src, const Ins
 // so the calibrated table no longer raises it. The earlier rule, "and at least where the table
 // reaches 99% of its peak", lands between the table's 16 and 64 MiB points whenever those differ
 // by more than 1% (up to 1.2 ms of work over PCIe), and the setting could then not shorten the
-// wait, as on one H200 in the nineteenth session (docs/gpu.md, priorities). Host channels
-// peak by 4 MiB, so the 99% rule keeps them at 4 MiB.
+// wait: the nineteenth session's 2 x H200 runs sent 32 MiB host-link requests (docs/gpu.md,
+// priorities). Host channels peak by 4 MiB, so the 99% rule keeps them at 4 MiB.
 std::uint64_t full_speed_request_bytes(const planner::Channel& channel, std::int64_t gpu_request_us) {
   constexpr std::uint64_t kMiB = 1u << 20;
   double r = 0;
