@@ -87,6 +87,11 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t), "fute
 
 }  // namespace
 
+int wait_spin_us_for(std::int64_t setting, bool uses_gpu) {
+  if (setting >= 0) return static_cast<int>(setting);
+  return uses_gpu ? kGpuWaitSpinUs : 20;
+}
+
 EventTable::EventTable(std::uint16_t rank, std::uint16_t instance, int wait_spin_us)
     : rank_(rank), instance_(instance), wait_spin_us_(wait_spin_us), free_head_(kNil) {
   grow();
@@ -275,8 +280,9 @@ bool EventTable::wait(Event e, const std::chrono::steady_clock::time_point* dead
   using Clock = std::chrono::steady_clock;
   // Poll briefly first: most waits on a busy runtime end within microseconds, and a futex
   // sleep/wake round trip costs more than that.
-  if (s.triggered_generation.load(std::memory_order_acquire) < e.generation() && wait_spin_us_ > 0) {
-    auto spin_until = Clock::now() + std::chrono::microseconds(wait_spin_us_);
+  const int spin_us = wait_spin_us();
+  if (s.triggered_generation.load(std::memory_order_acquire) < e.generation() && spin_us > 0) {
+    auto spin_until = Clock::now() + std::chrono::microseconds(spin_us);
     if (deadline && *deadline < spin_until) spin_until = *deadline;
     for (unsigned i = 0; s.triggered_generation.load(std::memory_order_acquire) < e.generation(); ++i) {
       cpu_relax();

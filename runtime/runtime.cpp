@@ -48,7 +48,8 @@ RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_
     world_size_ = launch->world_size;
   }
   ranks_ = {RankInfo{rank_, 0, 0, net::host_name(), static_cast<int>(getpid())}};
-  int wait_spin = static_cast<int>(settings::get_int("CARAVAN_WAIT_SPIN_US"));
+  wait_spin_setting_ = settings::get_int("CARAVAN_WAIT_SPIN_US");
+  const int wait_spin = detail::wait_spin_us_for(wait_spin_setting_, false);
   int worker_spin = static_cast<int>(settings::get_int("CARAVAN_WORKER_SPIN_US"));
   // Instance 0 is never used, so that no live runtime matches a zeroed handle.
   std::uint16_t instance = g_next_instance.fetch_add(1);
@@ -201,6 +202,7 @@ detail::GpuProcessor& RuntimeImpl::gpu(int index) {
     } else {
 #if defined(CARAVAN_HAVE_GPU)
       streams = detail::make_device_streams(index, per_class);
+      note_uses_gpu();
 #else
       throw Error(Errc::internal, "gpu(): this build has no GPU support");
 #endif
@@ -212,6 +214,8 @@ detail::GpuProcessor& RuntimeImpl::gpu(int index) {
   }
   return *slot;
 }
+
+void RuntimeImpl::note_uses_gpu() { events_->set_wait_spin_us(detail::wait_spin_us_for(wait_spin_setting_, true)); }
 
 Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options) {
   const detail::TaskEntry* entry = detail::lookup_task(task);

@@ -43,6 +43,9 @@ class RuntimeImpl {
   // The processor of GPU `index` (< gpu_count()), started on first use. Throws Error(device)
   // when its streams cannot be made, Error(shut_down) once the runtime is shutting down.
   detail::GpuProcessor& gpu(int index);
+  // This rank moves data through a GPU (its DMA engine found one) or runs GPU tasks: with the
+  // automatic CARAVAN_WAIT_SPIN_US, Event::wait polls longer from now on (wait_spin_us_for).
+  void note_uses_gpu();
   // For tests of the GPU processors' scheduling without a GPU: `count` GPUs whose streams
   // `make` provides. Before any GPU processor has started.
   using GpuStreamsFactory = std::function<std::unique_ptr<detail::GpuStreams>(int device)>;
@@ -85,6 +88,7 @@ class RuntimeImpl {
   int node_count_ = 1;
   std::vector<RankInfo> ranks_;
   std::unique_ptr<detail::EventTable> events_;
+  std::int64_t wait_spin_setting_ = -1;  // CARAVAN_WAIT_SPIN_US as read at start
   std::unique_ptr<detail::CpuProcessor> cpu_;
   std::mutex gpus_mutex_;
   int gpu_count_ = -1;  // gpus_mutex_; -1 until probed

@@ -44,8 +44,9 @@ const Definition kTable[] = {
    "How long an idle CPU worker, GPU task launcher or GPU stream thread polls for work before it sleeps (microseconds)", 0, 1000000},
   {"CARAVAN_GPU_TASK_STREAMS", Kind::integer, "2",
    "Streams of each GPU processor per priority class (tasks of priority > 0 use high-priority streams)", 1, 64},
-  {"CARAVAN_WAIT_SPIN_US", Kind::integer, "20",
-   "How long Event::wait polls before it blocks the thread (microseconds)", 0, 1000000},
+  {"CARAVAN_WAIT_SPIN_US", Kind::integer, "-1",
+   "How long Event::wait polls before it blocks the thread (microseconds); -1: 20, and 5000 once the runtime uses "
+   "a GPU (a blocked thread took 150-200 us to wake on the GPU machine)", -1, 1000000},
   // --- planner ---
   {"CARAVAN_PLANNER_FULL_MIN_BYTES", Kind::bytes, "16M",
    "Transfers of at least this many bytes use the full path planner; smaller ones the simple planner", 0, kInf},

@@ -507,6 +507,11 @@ Engine::Engine(RuntimeImpl& runtime)
   auto machine = live_machine(static_cast<std::uint32_t>(runtime.rank()), runtime.ranks());
   multipath_min_bytes_ = settings::get_bytes("CARAVAN_DMA_MULTIPATH_MIN_BYTES");
   graph_ = std::make_shared<const planner::TransferGraph>(machine);
+  for (std::size_t v = 0; v < graph_->memory_count(); ++v)
+    if (graph_->memory(static_cast<std::uint32_t>(v)).id.kind == MemoryKind::fbm) {
+      runtime.note_uses_gpu();  // copies through GPUs: waits on them poll longer (CARAVAN_WAIT_SPIN_US)
+      break;
+    }
   planner_ = std::make_unique<planner::Planner>(graph_);
   workers_ = make_workers(*graph_);
   for (std::size_t v = 0; v < graph_->memory_count(); ++v)

@@ -1,4 +1,8 @@
+#include "runtime/event_table.h"
+#include "runtime/runtime_impl.h"
 #include "tests/runtime/test_util.h"
+
+#include <caravan/settings.h>
 
 #include <algorithm>
 #include <atomic>
@@ -326,6 +330,36 @@ TEST(EventStress, ConcurrentTriggerMergeWait) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
   for (int i = 0; i < kEvents; ++i) ASSERT_EQ(callback_runs[static_cast<std::size_t>(i)].load(), 1) << "event " << i;
+}
+
+// CARAVAN_WAIT_SPIN_US: -1 (the default) polls 20 us, and kGpuWaitSpinUs once the runtime uses a
+// GPU; a value of 0 or more is used as it is.
+TEST(EventWaitSpin, TheAutomaticSettingPollsLongerOnceTheRuntimeUsesAGpu) {
+  EXPECT_EQ(detail::wait_spin_us_for(-1, false), 20);
+  EXPECT_EQ(detail::wait_spin_us_for(-1, true), detail::kGpuWaitSpinUs);
+  EXPECT_EQ(detail::wait_spin_us_for(300, true), 300);
+  EXPECT_EQ(detail::wait_spin_us_for(0, true), 0);
+  EXPECT_EQ(detail::wait_spin_us_for(0, false), 0);
+  {
+    settings::ScopedOverride automatic{"CARAVAN_WAIT_SPIN_US", "-1"};
+    Runtime rt{RuntimeOptions{.cpu_workers = 1}};
+    EXPECT_EQ(rt.impl().events().wait_spin_us(), 20);
+    rt.impl().note_uses_gpu();
+    EXPECT_EQ(rt.impl().events().wait_spin_us(), detail::kGpuWaitSpinUs);
+    // Waits still end when their event triggers, polled or not.
+    UserEvent e = UserEvent::create();
+    std::thread trigger([&] {
+      std::this_thread::sleep_for(10ms);
+      e.trigger();
+    });
+    e.wait();
+    trigger.join();
+    EXPECT_EQ(e.query(), EventState::triggered);
+  }
+  settings::ScopedOverride fixed{"CARAVAN_WAIT_SPIN_US", "7"};
+  Runtime rt{RuntimeOptions{.cpu_workers = 1}};
+  rt.impl().note_uses_gpu();
+  EXPECT_EQ(rt.impl().events().wait_spin_us(), 7);
 }
 
 }  // namespace
