@@ -61,6 +61,7 @@ struct CaseRecord {
   long m = 0, k = 0, n = 0;
   std::vector<std::pair<std::string, VariantResult>> variants;  // in registering order (measured in rounds)
   std::vector<std::string> notes;  // diagnostics printed under the table
+  std::string automatic;           // the collectives alone: the variant their automatic() picks
 };
 
 // Everything the rank threads share while running one case.
@@ -725,7 +726,7 @@ CaseRecord run_allgather(OverlapBench& bench, long tokens, long hidden, const st
   HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::AllGather op(bench.team(), rows, hidden);
   Shape s{fmt::format("{} hidden {}", model, hidden), tokens, hidden, 0};
-  return bench.run_case("AllGather", s, [&](RankContext& ctx, CaseRunner& runner) {
+  CaseRecord record = bench.run_case("AllGather", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     const std::size_t shard = static_cast<std::size_t>(rows * hidden), all = shard * static_cast<std::size_t>(world);
     auto in = make_buffer<bf16>(shard);
@@ -759,6 +760,8 @@ CaseRecord run_allgather(OverlapBench& bench, long tokens, long hidden, const st
           [&] { return exact(gathered); });
     runner.run_rounds(ctx);
   });
+  record.automatic = "caravan " + std::string(gpu::to_string(op.automatic()));
+  return record;
 }
 
 // ---- ReduceScatter alone ----------------------------------------------------------------------
@@ -771,7 +774,7 @@ CaseRecord run_reduce_scatter(OverlapBench& bench, long tokens, long hidden, con
   HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::ReduceScatter op(bench.team(), rows, hidden);
   Shape s{fmt::format("{} hidden {}", model, hidden), tokens, hidden, 0};
-  return bench.run_case("ReduceScatter", s, [&](RankContext& ctx, CaseRunner& runner) {
+  CaseRecord record = bench.run_case("ReduceScatter", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     const std::size_t all = static_cast<std::size_t>(tokens * hidden), mine = static_cast<std::size_t>(rows * hidden);
     auto in = make_buffer<bf16>(all);
@@ -809,6 +812,8 @@ CaseRecord run_reduce_scatter(OverlapBench& bench, long tokens, long hidden, con
           poison_out, check_out);
     runner.run_rounds(ctx);
   });
+  record.automatic = "caravan " + std::string(gpu::to_string(op.automatic()));
+  return record;
 }
 
 // ---- All-Scatter alone ------------------------------------------------------------------------
@@ -823,7 +828,7 @@ CaseRecord run_all_scatter(OverlapBench& bench, long tokens, long hidden, const 
   HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::AllScatter op(bench.team(), tokens, block);
   Shape s{fmt::format("{} hidden {}", model, hidden), tokens, hidden, 0};
-  return bench.run_case("All-Scatter", s, [&](RankContext& ctx, CaseRunner& runner) {
+  CaseRecord record = bench.run_case("All-Scatter", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     const std::size_t all = static_cast<std::size_t>(tokens * hidden), mine = static_cast<std::size_t>(tokens * block);
     auto in = make_buffer<bf16>(mine);
@@ -861,6 +866,8 @@ CaseRecord run_all_scatter(OverlapBench& bench, long tokens, long hidden, const 
           [&] { return exact(relative_error(ctx, output, tokens, hidden, hidden, ref.get(), hidden)); });
     runner.run_rounds(ctx);
   });
+  record.automatic = "caravan " + std::string(gpu::to_string(op.automatic()));
+  return record;
 }
 
 // ---- Low-latency AllGather --------------------------------------------------------------------
@@ -1027,6 +1034,12 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
             "{} {} M={} ({} MiB {}): best {} {} ms vs NCCL {} {} ms: {:.2f}x", rec.op, rec.name, rec.m,
             rec.m * rec.k * 2 >> 20, rec.op == "ReduceScatter" ? "in per rank" : "gathered", best, fmt_ms(t),
             rec.op == "ReduceScatter" ? "reduce_scatter" : "all_gather", fmt_ms(base), base / t));
+        if (!rec.automatic.empty())
+          report.headlines.back() +=
+              rec.automatic == best
+                  ? "; automatic() picks it"
+                  : fmt::format("; automatic() picks {} ({:.2f}x)", rec.automatic,
+                                summary.count(rec.automatic) ? base / summary.at(rec.automatic).median : 0.0);
       } else if (ll) {
         report.headlines.push_back(fmt::format("{} {}: {} {:.1f} us vs NCCL {:.1f} us: {:.2f}x lower latency", rec.op, rec.name,
                                                best, t * 1e3, base * 1e3, base / t));

@@ -829,7 +829,14 @@ long checked_rows(long rows_per_rank, long cols, int splits, int world) {
 }  // namespace
 
 AllGather::AllGather(GpuTeam& team, long rows_per_rank, long cols, int splits)
-    : impl_(team, checked_rows(rows_per_rank, cols, splits, team.world()), cols, 0, splits) {}
+    : gathered_bytes_(static_cast<std::uint64_t>(rows_per_rank) * static_cast<std::uint64_t>(cols) *
+                      static_cast<std::uint64_t>(team.world()) * sizeof(bf16)),
+      impl_(team, checked_rows(rows_per_rank, cols, splits, team.world()), cols, 0, splits) {}
+
+AllGatherVariant AllGather::automatic() const {
+  if (low_latency()) return AllGatherVariant::ll;
+  return gathered_bytes_ <= kSmMaxBytes ? AllGatherVariant::sm : AllGatherVariant::ce_push;
+}
 
 const bf16* AllGather::run(int rank, AllGatherVariant variant, hipStream_t stream) {
   AgGemmVariant as = AgGemmVariant::ll_bulk;
@@ -1488,11 +1495,17 @@ void ReduceScatter::run(int rank, const bf16* in, bf16* out, ReduceScatterVarian
 
 AllScatter::AllScatter(GpuTeam& team, long rows, long cols_per_rank, int chunks)
     : cols_per_rank_(cols_per_rank),
+      output_bytes_(static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(cols_per_rank) *
+                    static_cast<std::uint64_t>(team.world()) * sizeof(bf16)),
       impl_(team, rows, 0, checked_scatter_cols(rows, cols_per_rank, chunks, team.world()), chunks) {}
 
 bf16* AllScatter::block(int rank) const { return impl_.output(rank) + rank * cols_per_rank_; }
 
 std::string_view to_string(AllScatterVariant v) { return v == AllScatterVariant::sm ? "sm" : "ce-push"; }
+
+AllScatterVariant AllScatter::automatic() const {
+  return output_bytes_ <= AllGather::kSmMaxBytes ? AllScatterVariant::sm : AllScatterVariant::ce_push;
+}
 
 const bf16* AllScatter::run(int rank, AllScatterVariant variant, hipStream_t stream) {
   impl_.scatter(rank, variant == AllScatterVariant::sm ? GemmAsVariant::sm_bulk : GemmAsVariant::ce_bulk, stream);

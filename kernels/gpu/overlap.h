@@ -273,9 +273,15 @@ class AllGather {
   // Enqueues the AllGather on `stream` (from the thread driving `rank`) and returns rank's
   // gathered buffer, complete in stream order after this call.
   const bf16* run(int rank, AllGatherVariant variant, hipStream_t stream);
+  // The variant to run this shape with, by a rule from the measurements on 2 x H200
+  // (docs/overlap.md, "Choosing a variant"): ll where available (shards of at most 1 MiB), sm
+  // up to kSmMaxBytes gathered, ce_push above.
+  AllGatherVariant automatic() const;
+  static constexpr std::uint64_t kSmMaxBytes = std::uint64_t{64} << 20;
   std::string describe_flags() const { return impl_.describe_flags(); }
 
  private:
+  std::uint64_t gathered_bytes_;
   AllGatherGemm impl_;
 };
 
@@ -404,6 +410,9 @@ class ReduceScatter {
   bool low_latency() const { return impl_.low_latency(); }
   // `in` is read and `out` (rows_per_rank x cols, 16-byte aligned) written in stream order.
   void run(int rank, const bf16* in, bf16* out, ReduceScatterVariant variant, hipStream_t stream);
+  // The variant to run this shape with (docs/overlap.md, "Choosing a variant"): sm where
+  // available (inputs of at most 32 MiB), ce_push above. sm beat ll at every size ll takes.
+  ReduceScatterVariant automatic() const { return sm() ? ReduceScatterVariant::sm : ReduceScatterVariant::ce_push; }
   std::string describe_flags() const { return impl_.describe_flags(); }
 
  private:
@@ -479,9 +488,13 @@ class AllScatter {
   bf16* block(int rank) const;
   // Enqueues the exchange and returns rank's output, complete in stream order after this call.
   const bf16* run(int rank, AllScatterVariant variant, hipStream_t stream);
+  // The variant to run this shape with (docs/overlap.md, "Choosing a variant"): sm up to
+  // AllGather::kSmMaxBytes of output, ce_push above.
+  AllScatterVariant automatic() const;
 
  private:
   long cols_per_rank_;
+  std::uint64_t output_bytes_;
   GemmAllScatter impl_;
 };
 

@@ -971,6 +971,7 @@ TEST(Overlap, AllGatherAloneEveryVariantCallAfterCall) {
   constexpr long kRows = 96, kCols = 256;  // 48 KiB a shard: within the ll protocol's limit
   AllGather op(team, kRows, kCols, /*splits=*/2);
   ASSERT_TRUE(op.low_latency());
+  EXPECT_EQ(op.automatic(), AllGatherVariant::ll);  // the rule: ll wherever it is available
   using V = AllGatherVariant;
   const V sequence[] = {V::ce_push, V::ce_pull, V::sm,      V::ll,      V::ce_pull, V::ce_pull, V::sm, V::ce_push,
                         V::ll,      V::ll,      V::ce_push, V::ce_push, V::sm,      V::sm,      V::ll, V::ce_pull};
@@ -1012,6 +1013,7 @@ TEST(Overlap, ReduceScatterAloneEveryVariantCallAfterCall) {
   ReduceScatter op(team, kRows, kCols);
   ASSERT_TRUE(op.low_latency());
   ASSERT_TRUE(op.sm());
+  EXPECT_EQ(op.automatic(), ReduceScatterVariant::sm);  // the rule: sm wherever it is available
   using V = ReduceScatterVariant;
   const V sequence[] = {V::ce_push, V::sm, V::ll, V::sm, V::sm, V::ce_push, V::ce_push, V::ll, V::ll, V::ce_push};
   const std::uint64_t seed = fresh_seed();
@@ -1063,6 +1065,7 @@ TEST(Overlap, AllScatterAloneCallAfterCall) {
   GpuTeam team(first_devices(world), 32 << 20);
   constexpr long kRows = 96, kColsPerRank = 64;
   AllScatter op(team, kRows, kColsPerRank, /*chunks=*/3);
+  EXPECT_EQ(op.automatic(), AllScatterVariant::sm);  // the rule: sm up to 64 MiB of output
   const long cols = kColsPerRank * world;
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
