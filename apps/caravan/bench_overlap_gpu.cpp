@@ -61,7 +61,9 @@ struct CaseRecord {
   long m = 0, k = 0, n = 0;
   std::vector<std::pair<std::string, VariantResult>> variants;  // in registering order (measured in rounds)
   std::vector<std::string> notes;  // diagnostics printed under the table
-  std::string automatic;           // the collectives alone: the variant their automatic() picks
+  std::string baseline = "nccl-bulk";  // the row every ratio is against: NCCL + cuBLAS in bulk, or
+                                       // for a collective alone NCCL's collective alone
+  std::string automatic;               // the collectives alone: the variant their automatic() picks
 };
 
 // Everything the rank threads share while running one case.
@@ -213,6 +215,10 @@ class CaseRunner {
 double relative_error(RankContext& ctx, const bf16* out, long rows, long cols, long ld, const float* ref, long ref_ld) {
   return app::relative_error(out, rows, cols, ld, ref, ref_ld, ctx.sums, ctx.stream);
 }
+
+// Gathering and scattering move bytes unchanged: any difference at all is a failure (an error
+// of at least 1, above every tolerance).
+double exact_error(double relative) { return relative == 0 ? 0.0 : std::max(relative, 1.0); }
 
 void poison(bf16* p, std::size_t count, hipStream_t stream) {
   CARAVAN_HIP_CHECK(hipMemsetAsync(p, 0xFF, count * sizeof(bf16), stream));  // 0xFFFF: a bf16 NaN
@@ -736,10 +742,8 @@ CaseRecord run_allgather(OverlapBench& bench, long tokens, long hidden, const st
     gpu::fill_random(op.shard(r), rows, hidden, hidden, seed, r * rows, 0, 1.0f, ctx.stream);
     gpu::fill_random(ref.get(), tokens, hidden, hidden, seed, 0, 0, 1.0f, ctx.stream);
     bf16* gathered = op.shard(r) - r * static_cast<long>(shard);
-    // Gathering is exact: any difference at all is a failure.
     auto exact = [&](const bf16* got) {
-      const double e = relative_error(ctx, got, tokens, hidden, hidden, ref.get(), hidden);
-      return e == 0 ? 0.0 : std::max(e, 1.0);
+      return exact_error(relative_error(ctx, got, tokens, hidden, hidden, ref.get(), hidden));
     };
     auto nccl = [&] {
       CARAVAN_NCCL_CHECK(ncclAllGather(in.get(), out.get(), shard, ncclBfloat16, ctx.nccl, ctx.stream));
@@ -760,6 +764,7 @@ CaseRecord run_allgather(OverlapBench& bench, long tokens, long hidden, const st
           [&] { return exact(gathered); });
     runner.run_rounds(ctx);
   });
+  record.baseline = "nccl-allgather";
   record.automatic = "caravan " + std::string(gpu::to_string(op.automatic()));
   return record;
 }
@@ -812,6 +817,7 @@ CaseRecord run_reduce_scatter(OverlapBench& bench, long tokens, long hidden, con
           poison_out, check_out);
     runner.run_rounds(ctx);
   });
+  record.baseline = "nccl-reducescatter";
   record.automatic = "caravan " + std::string(gpu::to_string(op.automatic()));
   return record;
 }
@@ -838,7 +844,6 @@ CaseRecord run_all_scatter(OverlapBench& bench, long tokens, long hidden, const 
     gpu::fill_random(op.block(r), tokens, block, hidden, seed, 0, r * block, 1.0f, ctx.stream);
     gpu::fill_random(ref.get(), tokens, hidden, hidden, seed, 0, 0, 1.0f, ctx.stream);
     bf16* output = op.block(r) - r * block;
-    auto exact = [&](double e) { return e == 0 ? 0.0 : std::max(e, 1.0); };
     runner.measure(
         ctx, "nccl-allgather",
         [&] { CARAVAN_NCCL_CHECK(ncclAllGather(in.get(), gathered.get(), mine, ncclBfloat16, ctx.nccl, ctx.stream)); },
@@ -849,7 +854,7 @@ CaseRecord run_all_scatter(OverlapBench& bench, long tokens, long hidden, const 
           for (int q = 0; q < world; ++q)
             worst = std::max(worst, relative_error(ctx, gathered.get() + static_cast<std::size_t>(q) * mine, tokens,
                                                    block, block, ref.get() + q * block, hidden));
-          return exact(worst);
+          return exact_error(worst);
         });
     // Poison the peers' columns of this rank's output, row by row (a 2-D memset).
     auto poison_peers = [&] {
@@ -863,9 +868,10 @@ CaseRecord run_all_scatter(OverlapBench& bench, long tokens, long hidden, const 
     for (auto v : {gpu::AllScatterVariant::ce_push, gpu::AllScatterVariant::sm})
       runner.measure(
           ctx, "caravan " + std::string(gpu::to_string(v)), [&, v] { op.run(r, v, ctx.stream); }, poison_peers,
-          [&] { return exact(relative_error(ctx, output, tokens, hidden, hidden, ref.get(), hidden)); });
+          [&] { return exact_error(relative_error(ctx, output, tokens, hidden, hidden, ref.get(), hidden)); });
     runner.run_rounds(ctx);
   });
+  record.baseline = "nccl-allgather";
   record.automatic = "caravan " + std::string(gpu::to_string(op.automatic()));
   return record;
 }
@@ -878,19 +884,16 @@ CaseRecord run_ll_allgather(OverlapBench& bench, std::size_t bytes) {
   HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::LowLatencyAllGather op(bench.team(), bytes);
   Shape s{fmt::format("{} KiB per rank", bytes >> 10), static_cast<long>(bytes), 0, 0};
-  return bench.run_case("LL AllGather", s, [&](RankContext& ctx, CaseRunner& runner) {
+  CaseRecord record = bench.run_case("LL AllGather", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     auto in = make_buffer<bf16>(static_cast<std::size_t>(elems));
     auto out = make_buffer<bf16>(static_cast<std::size_t>(elems) * world);
     gpu::fill_random(in.get(), 1, elems, elems, seed + r, 0, 0, 1.0f, ctx.stream);
     auto ref = make_buffer<float>(static_cast<std::size_t>(elems) * world);
-    for (int q = 0; q < world; ++q) gpu::fill_random(ref.get() + q * elems, 1, elems, elems, seed + q, 0, 0, 1.0f, ctx.stream);
+    for (int q = 0; q < world; ++q)
+      gpu::fill_random(ref.get() + q * elems, 1, elems, elems, seed + q, 0, 0, 1.0f, ctx.stream);
     auto poison_out = [&] { poison(out.get(), static_cast<std::size_t>(elems) * world, ctx.stream); };
-    // Gathering is exact: any difference at all is a failure.
-    auto check_out = [&] {
-      const double e = relative_error(ctx, out.get(), world, elems, elems, ref.get(), elems);
-      return e == 0 ? 0.0 : std::max(e, 1.0);
-    };
+    auto check_out = [&] { return exact_error(relative_error(ctx, out.get(), world, elems, elems, ref.get(), elems)); };
     constexpr int kRepeat = 100;  // back-to-back calls per timed sample: latency per call
     auto nccl = [&] {
       CARAVAN_NCCL_CHECK(
@@ -903,6 +906,8 @@ CaseRecord run_ll_allgather(OverlapBench& bench, std::size_t bytes) {
     runner.measure(ctx, "caravan-ll graph", ll, poison_out, check_out, kRepeat, true);
     runner.run_rounds(ctx);
   });
+  record.baseline = "nccl-allgather";
+  return record;
 }
 
 std::string fmt_ms(double ms) { return ms >= 1.0 ? fmt::format("{:.3f}", ms) : fmt::format("{:.4f}", ms); }
@@ -996,12 +1001,9 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     std::map<std::string, Summary> summary;
     for (const auto& [variant, result] : rec.variants) summary[variant] = summarize(result.ms);
     const bool ll = rec.op == "LL AllGather";
-    // The collectives alone run against NCCL's collective alone; the fused operations against
-    // NCCL + cuBLAS in bulk.
-    const bool collective = ll || rec.op == "AllGather" || rec.op == "ReduceScatter" || rec.op == "All-Scatter";
-    const std::string baseline = rec.op == "ReduceScatter" ? "nccl-reducescatter"
-                                 : collective              ? "nccl-allgather"
-                                                           : "nccl-bulk";
+    const std::string& baseline = rec.baseline;
+    const bool collective = baseline != "nccl-bulk";  // a collective alone, against NCCL's
+    const bool reduces = baseline == "nccl-reducescatter";
     const double base = summary.at(baseline).median;
     nlohmann::json jcase = {{"operation", rec.op}, {"shape", rec.name}, {"m", rec.m}, {"k", rec.k}, {"n", rec.n}};
     std::string best, best_graph;
@@ -1030,10 +1032,10 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
       const double t = summary.at(best).median;
       jcase["best"] = best;
       if (collective && !ll) {
-        report.headlines.push_back(fmt::format(
-            "{} {} M={} ({} MiB {}): best {} {} ms vs NCCL {} {} ms: {:.2f}x", rec.op, rec.name, rec.m,
-            rec.m * rec.k * 2 >> 20, rec.op == "ReduceScatter" ? "in per rank" : "gathered", best, fmt_ms(t),
-            rec.op == "ReduceScatter" ? "reduce_scatter" : "all_gather", fmt_ms(base), base / t));
+        report.headlines.push_back(fmt::format("{} {} M={} ({} MiB {}): best {} {} ms vs NCCL {} {} ms: {:.2f}x",
+                                               rec.op, rec.name, rec.m, rec.m * rec.k * 2 >> 20,
+                                               reduces ? "in per rank" : "gathered", best, fmt_ms(t),
+                                               reduces ? "reduce_scatter" : "all_gather", fmt_ms(base), base / t));
         if (!rec.automatic.empty())
           report.headlines.back() +=
               rec.automatic == best

@@ -1467,22 +1467,20 @@ long checked_scatter_cols(long rows, long cols_per_rank, int chunks, int world) 
 }  // namespace
 
 ReduceScatter::ReduceScatter(GpuTeam& team, long rows_per_rank, long cols)
-    : rows_per_rank_(rows_per_rank),
-      cols_(cols),
-      world_(team.world()),
+    : out_bytes_(static_cast<std::uint64_t>(rows_per_rank) * static_cast<std::uint64_t>(cols) * sizeof(bf16)),
+      in_bytes_(out_bytes_ * static_cast<std::uint64_t>(team.world())),
       impl_(team, checked_reduce_rows(rows_per_rank, cols, team.world()), 0, cols) {}
 
 void ReduceScatter::run(int rank, const bf16* in, bf16* out, ReduceScatterVariant variant, hipStream_t stream) {
-  const std::uint64_t out_bytes = static_cast<std::uint64_t>(rows_per_rank_) * cols_ * sizeof(bf16);
   require(variant != ReduceScatterVariant::sm || sm(), [&] {
     return fmt::format(
         "ReduceScatter: sm needs an input of at most {} bytes and twice that free in the symmetric heap; this one has "
         "{}",
-        GemmReduceScatter::kPullMaxBytes, out_bytes * static_cast<std::uint64_t>(world_));
+        GemmReduceScatter::kPullMaxBytes, in_bytes_);
   });
   require(variant != ReduceScatterVariant::ll || low_latency(), [&] {
     return fmt::format("ReduceScatter: ll needs an output of at most {} bytes per rank, this one has {}", kLlMaxBytes,
-                       out_bytes);
+                       out_bytes_);
   });
   GemmRsVariant as = GemmRsVariant::ll_bulk;
   switch (variant) {

@@ -416,8 +416,7 @@ class ReduceScatter {
   std::string describe_flags() const { return impl_.describe_flags(); }
 
  private:
-  long rows_per_rank_, cols_;
-  int world_;
+  std::uint64_t out_bytes_, in_bytes_;  // per rank, for the refusals' messages
   GemmReduceScatter impl_;
 };
 
