@@ -132,7 +132,6 @@ __global__ void __launch_bounds__(Warps * 32)
   // this lane's part of the running sum.
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   const long warp_first = q0 + warp_row0, warp_last = warp_first + 15;
-  const long rows[2] = {warp_first + g, warp_first + g + 8};
 
   for (int j = 0; j < key_tiles; ++j) {
     const bf16* k_tile = shared + (j & 1) * kStage;
@@ -165,13 +164,16 @@ __global__ void __launch_bounds__(Warps * 32)
         }
 
       const bool diagonal = key0 + kKeyTile - 1 > warp_first;
+      // On a diagonal tile a key and a row of the warp differ by less than a tile: count both
+      // from the warp's first row, in 32-bit arithmetic.
+      const int key_offset = diagonal ? static_cast<int>(key0 - warp_first) : 0;
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < kKeyTile / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = s[n][e] * scale_log2;
-          if (diagonal && key0 + n * 8 + 2 * t + (e & 1) > rows[e / 2]) x = -INFINITY;
+          if (diagonal && key_offset + n * 8 + 2 * t + (e & 1) > g + (e / 2) * 8) x = -INFINITY;
           s[n][e] = x;
           tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
         }
@@ -186,14 +188,20 @@ __global__ void __launch_bounds__(Warps * 32)
         correction[i] = exp2f(row_max[i] - base[i]);
         row_max[i] = new_max;
       }
+      // The probabilities as bf16 A fragments of P x V (two adjacent score fragments, 16 keys,
+      // make one), packed as soon as they are computed so that the fp32 scores die early.
       float tile_sum[2] = {0.0f, 0.0f};
+      std::uint32_t p[kKeyTile / 16][4];
 #pragma unroll
-      for (int n = 0; n < kKeyTile / 8; ++n)
+      for (int n = 0; n < kKeyTile / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           s[n][e] = exp2f(s[n][e] - base[e / 2]);
           tile_sum[e / 2] += s[n][e];
         }
+        p[n / 2][(n % 2) * 2] = pack_bf16(s[n][0], s[n][1]);
+        p[n / 2][(n % 2) * 2 + 1] = pack_bf16(s[n][2], s[n][3]);
+      }
 #pragma unroll
       for (int i = 0; i < 2; ++i) row_sum[i] = row_sum[i] * correction[i] + tile_sum[i];
 #pragma unroll
@@ -203,20 +211,16 @@ __global__ void __launch_bounds__(Warps * 32)
         acc[c][2] *= correction[1];
         acc[c][3] *= correction[1];
       }
-      // Output += P V. Two adjacent score fragments (16 keys) are one A fragment of P; V's rows
-      // (keys) are the B operand's depth, so V loads transposed.
+      // Output += P V. V's rows (keys) are the B operand's depth, so V loads transposed.
 #pragma unroll
       for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-        const std::uint32_t p[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                    pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                    pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
         for (int c = 0; c < kColumnTiles / 2; ++c) {
           std::uint32_t b[4];
           load_matrices_transposed(
               b, v_tile + swizzled<D>(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), c * 16 + (lane >> 4) * 8));
-          mma(acc[2 * c], p, b[0], b[1]);
-          mma(acc[2 * c + 1], p, b[2], b[3]);
+          mma(acc[2 * c], p[kk], b[0], b[1]);
+          mma(acc[2 * c + 1], p[kk], b[2], b[3]);
         }
       }
     }
@@ -235,10 +239,12 @@ __global__ void __launch_bounds__(Warps * 32)
   for (int c = 0; c < kColumnTiles; ++c) {
     const int col = c * 8 + 2 * t;
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (rows[i] < tokens)
-        *reinterpret_cast<std::uint32_t*>(out_head + rows[i] * ld_out + col) =
+    for (int i = 0; i < 2; ++i) {
+      const long row = warp_first + g + i * 8;
+      if (row < tokens)
+        *reinterpret_cast<std::uint32_t*>(out_head + row * ld_out + col) =
             pack_bf16(acc[c][2 * i] * inverse[i], acc[c][2 * i + 1] * inverse[i]);
+    }
   }
 }
 
