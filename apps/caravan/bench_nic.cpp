@@ -21,6 +21,7 @@
 #include "apps/caravan/commands.h"
 #include "apps/caravan/launcher.h"
 #include "runtime/gpu/devices.h"
+#include "runtime/host_memory.h"
 #include "runtime/net/network.h"
 #include "runtime/net/rma.h"
 #include "runtime/runtime_impl.h"
@@ -36,6 +37,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -320,6 +322,11 @@ BenchReport run_nic_bench() {
   for (const auto& s : g_nic.sizes) sizes.push_back(parse_size(s, "--sizes"));
   for (std::uint64_t s : sizes)
     if (s == 0) throw Error(Errc::invalid_argument, "--sizes: every size must be at least 1 byte");
+  // Both ranks run on this host: refuse what it cannot hold before starting them (each would
+  // pass its own check, and together they would exhaust the host's memory).
+  if (!g_path_only)
+    detail::require_host_bytes(2 * *std::max_element(sizes.begin(), sizes.end()),
+                               "--sizes: the 2 ranks each register a buffer of the largest size");
   char self[4096] = {};
   ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (length <= 0) throw Error(Errc::internal, "bench nic: cannot find this program (/proc/self/exe)");
@@ -403,7 +410,12 @@ BenchReport run_nic_bench() {
   report.figures["path"] = nlohmann::json::object();
   for (const std::string& transport : g_nic.transports) {
     std::string tls = transport == "default" ? "" : transport;
-    const std::uint64_t bytes = parse_size(tls == "tcp" ? g_path_net_bytes : g_path_shm_bytes, tls == "tcp" ? "--path-net-bytes" : "--path-shm-bytes");
+    const char* bytes_option = tls == "tcp" ? "--path-net-bytes" : "--path-shm-bytes";
+    const std::uint64_t bytes = parse_size(tls == "tcp" ? g_path_net_bytes : g_path_shm_bytes, bytes_option);
+    // Per rank: its end of the copy (unless in GPU memory), the staged version's REG
+    // intermediate and the pattern written into the source.
+    detail::require_host_bytes(2 * (g_path_memory == "sys" ? 3 : 2) * bytes,
+                               fmt::format("{}: the 2 ranks' copies of this size", bytes_option));
     std::string out = fmt::format("/tmp/caravan-bench-nic-path-{}.json", getpid());
     RunSpec spec;
     spec.ranks = 2;

@@ -1,6 +1,7 @@
 #include "runtime/dma/storage.h"
 
 #include "runtime/gpu/devices.h"
+#include "runtime/host_memory.h"
 #include "runtime/net/rma.h"
 
 #include <caravan/error.h>
@@ -20,6 +21,7 @@
 namespace caravan::dma {
 
 std::shared_ptr<Storage> Storage::allocate_host(MemoryId memory, std::uint64_t bytes) {
+  detail::require_host_bytes(bytes, fmt::format("allocating {}", memory.to_string()));
   std::shared_ptr<Storage> s(new Storage(memory, bytes));
   std::size_t rounded = static_cast<std::size_t>((std::max<std::uint64_t>(bytes, 1) + 63) / 64 * 64);
   s->host_ = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
@@ -60,6 +62,7 @@ gpu::IpcHandle Storage::ipc_handle() const {
 }
 
 std::shared_ptr<Storage> Storage::allocate_pinned(MemoryId memory, std::uint64_t bytes) {
+  detail::require_host_bytes(bytes, fmt::format("allocating {}", memory.to_string()));
   std::shared_ptr<Storage> s(new Storage(memory, bytes));
   s->host_ = static_cast<std::byte*>(gpu::allocate_pinned(bytes));
   s->owner_ = Owner::pinned;

@@ -1,5 +1,6 @@
 #include "runtime/net/rma.h"
 
+#include "runtime/host_memory.h"
 #include "runtime/log.h"
 #include "runtime/net/network.h"
 #include "runtime/net/ucx.h"
@@ -94,6 +95,7 @@ Rma::~Rma() {
 
 LocalMemoryRef Rma::allocate(std::size_t bytes) {
   if (bytes == 0) throw Error(Errc::invalid_argument, "Rma::allocate: bytes must be at least 1");
+  detail::require_host_bytes(bytes, "Rma::allocate (registered host memory)");
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.address = nullptr;

@@ -228,6 +228,10 @@ TEST_F(CopyTest, BadInputIsRejectedBeforeAnyByteMoves) {
                        Errc::not_found, "node3/rank0/sys");
   CARAVAN_EXPECT_ERROR(Instance::create(sys_memory(), Rect::from_extents({4}), kFields, Layout::parse("F,x,y")),
                        Errc::invalid_argument, "layout");
+  // More than the host has: refused at the call, not killed by the kernel when the pages are touched.
+  CARAVAN_EXPECT_ERROR(
+      Instance::create(sys_memory(), Rect::from_extents({std::int64_t{1} << 42}), kFields, Layout::parse("F,x")),
+      Errc::invalid_argument, "available (MemAvailable");
   EXPECT_THROW(Rect::from_extents({-5}), Error);
   std::vector<std::byte> value(3);
   CARAVAN_EXPECT_ERROR(fill(src, value), Errc::invalid_argument, "the value is 3 bytes");
