@@ -39,6 +39,11 @@ int resolve_worker_count(const RuntimeOptions& options) {
 
 RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_(owner) {
   log::apply_level_setting();
+  // A misspelt setting would otherwise be ignored without a word.
+  for (const auto& unknown : settings::unknown_environment_variables())
+    log::get("settings")
+        ->warn("{} is not a Caravan setting and is ignored{} (`caravan config` lists them)", unknown.name,
+               unknown.suggestion.empty() ? "" : fmt::format("; did you mean {}?", unknown.suggestion));
   int workers = resolve_worker_count(options);
   // The job: from the options, else from the launcher's environment, else one rank alone.
   std::optional<LaunchOptions> launch =

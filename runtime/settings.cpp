@@ -9,12 +9,17 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
 
 namespace caravan::settings {
 namespace {
@@ -61,7 +66,9 @@ const Definition kTable[] = {
   {"CARAVAN_PLANNER_CACHE_ENTRIES", Kind::integer, "4096",
    "Plans kept in the path cache (least recently used dropped first); 0 disables it", 0, 1000000},
   {"CARAVAN_PLANNER_MACHINE", Kind::string, "local",
-   "The transfer graph: local, a built-in machine (isometry-two-node, h200x4), generate:NxG, or a machine file path"},
+   "The machine `caravan plan` and `caravan machine show` use without --machine: local (this machine as the runtime "
+   "sees it), a built-in machine (isometry-two-node, h200x4), generate:NxG, or a machine file path. Copies always "
+   "plan on the live machine"},
   // --- DMA engine ---
   {"CARAVAN_DMA_REQUEST_BYTES", Kind::bytes, "256K",
    "Smallest batch of bytes a DMA worker sends to a channel in one request (the priority pre-emption granularity)", 4096, kInf},
@@ -82,7 +89,7 @@ const Definition kTable[] = {
    "through the destination's IPC handle (sent with its descriptor) instead of a set-up exchange with its owner "
    "(false: the exchange, which also keeps the owner's instance alive during the copy)", 0, 0},
   {"CARAVAN_DMA_STALL_S", Kind::real, "10",
-   "A copy that makes no progress for this many seconds is reported in the log", 0.01, kInf},
+   "A copy that makes no progress for this many seconds is reported in the log (inf: never)", 0.01, kInf},
   {"CARAVAN_MEMCPY_THREADS", Kind::integer, "1",
    "Threads that share one large memcpy request (1: the channel's worker alone)", 1, 256},
   {"CARAVAN_MEMCPY_SPLIT_BYTES", Kind::bytes, "1M",
@@ -215,6 +222,7 @@ std::string lower(std::string_view s) {
 }
 
 void check_range(const Definition& d, std::string_view text, double value) {
+  if (std::isnan(value)) reject(d, text, fmt::format("must be a number in [{}, {}]", d.min, d.max));
   if (value < d.min || value > d.max)
     reject(d, text, fmt::format("must be in [{}, {}]", d.min, d.max));
 }
@@ -228,10 +236,13 @@ std::int64_t parse_int(const Definition& d, std::string_view text) {
   return value;
 }
 
-std::uint64_t parse_bytes(const Definition& d, std::string_view text) {
+// The byte-count grammar (parse_byte_count); on failure returns nullopt and the rule broken.
+std::optional<std::uint64_t> byte_count(std::string_view text, std::string* rule) {
   std::uint64_t value = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || ptr == text.data()) reject(d, text, "expected a byte count such as 4096, 64K, 16M or 1G");
+  if (ec == std::errc::result_out_of_range) return *rule = "too large", std::nullopt;
+  if (ec != std::errc() || ptr == text.data())
+    return *rule = "expected a byte count such as 4096, 64K, 16M or 1G", std::nullopt;
   std::string_view suffix(ptr, static_cast<std::size_t>(text.data() + text.size() - ptr));
   std::string s = lower(suffix);
   if (!s.empty() && s.back() == 'b') s.pop_back();
@@ -242,11 +253,18 @@ std::uint64_t parse_bytes(const Definition& d, std::string_view text) {
   else if (s == "m") shift = 20;
   else if (s == "g") shift = 30;
   else if (s == "t") shift = 40;
-  else reject(d, text, "unknown size suffix (use K, M, G or T)");
-  if (shift && value > (std::numeric_limits<std::uint64_t>::max() >> shift)) reject(d, text, "too large");
-  value <<= shift;
-  check_range(d, text, static_cast<double>(value));
-  return value;
+  else
+    return *rule = "unknown size suffix (use K, M, G or T, for example 64K)", std::nullopt;
+  if (shift && value > (std::numeric_limits<std::uint64_t>::max() >> shift)) return *rule = "too large", std::nullopt;
+  return value << shift;
+}
+
+std::uint64_t parse_bytes(const Definition& d, std::string_view text) {
+  std::string rule;
+  const std::optional<std::uint64_t> value = byte_count(text, &rule);
+  if (!value) reject(d, text, rule);
+  check_range(d, text, static_cast<double>(*value));
+  return *value;
 }
 
 double parse_real(const Definition& d, std::string_view text) {
@@ -309,6 +327,53 @@ const Definition& require_kind(std::string_view name, std::initializer_list<Kind
 }
 
 }  // namespace
+
+namespace {
+// Edits (insertions, deletions, substitutions) between two names.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+}  // namespace
+
+std::uint64_t parse_byte_count(std::string_view text, std::string_view what) {
+  std::string rule;
+  const std::optional<std::uint64_t> value = byte_count(text, &rule);
+  if (!value) throw Error(Errc::invalid_argument, fmt::format("{} '{}': {}", what, text, rule));
+  return *value;
+}
+
+std::vector<UnknownVariable> unknown_environment_variables() {
+  std::vector<UnknownVariable> out;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    const std::string_view text(*entry);
+    if (!text.starts_with("CARAVAN_")) continue;
+    const std::string_view name = text.substr(0, text.find('='));
+    if (find(name) || name == "CARAVAN_NODE") continue;
+    UnknownVariable unknown{std::string(name), ""};
+    // A name within a third of its length in edits, or one that extends or is extended by a
+    // setting's name (CARAVAN_WAIT_SPIN for CARAVAN_WAIT_SPIN_US), is a likely intended one.
+    std::size_t best = name.size() / 3 + 1;
+    for (const auto& d : kTable) {
+      const std::string_view candidate(d.name);
+      const std::size_t distance =
+          candidate.starts_with(name) || name.starts_with(candidate) ? 1 : edit_distance(name, candidate);
+      if (distance < best) best = distance, unknown.suggestion = d.name;
+    }
+    out.push_back(std::move(unknown));
+  }
+  return out;
+}
 
 std::vector<SettingView> list() {
   std::vector<SettingView> out;

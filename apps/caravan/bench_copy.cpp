@@ -26,6 +26,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr std::uint64_t kMaxMib = std::uint64_t{1} << 24;  // 16 TiB: more than any host, far from overflowing
+
 struct CopyBenchOptions {
   std::uint64_t mib = 256;
   int repetitions = 5;
@@ -193,8 +195,10 @@ BenchReport run_copy_bench() {
 
 BenchReport run_priority_bench() {
   const PriorityBenchOptions& o = g_priority;
-  if (o.low_copies <= 0 || o.low_mib == 0 || o.high_mib == 0 || o.repetitions <= 0)
-    throw Error(Errc::invalid_argument, "--low-copies, --low-mib, --high-mib and --reps must be at least 1");
+  if (o.low_copies <= 0)
+    throw Error(Errc::invalid_argument, fmt::format("--low-copies {}: must be at least 1", o.low_copies));
+  if (o.repetitions <= 0)
+    throw Error(Errc::invalid_argument, fmt::format("--reps {}: must be at least 1", o.repetitions));
   Runtime rt;
   const std::string load_before = load_average();
   Layout aos = Layout::parse("F,x");
@@ -249,13 +253,17 @@ BenchReport run_priority_bench() {
 
 void add_bench_copy(CLI::App& bench) {
   CLI::App& c = add_bench_case(bench, "copy", "Direct and pipelined multi-hop copies vs memcpy and staged hops", run_copy_bench);
-  c.add_option("--mib", g_copy.mib, "MiB per copy")->capture_default_str();
+  // The range is checked on the text: CLI11 would otherwise read -1 as 2^64 - 1.
+  const CLI::Range mebibytes(std::uint64_t{1}, kMaxMib);
+  c.add_option("--mib", g_copy.mib, "MiB per copy")->check(mebibytes)->capture_default_str();
   c.add_option("--reps", g_copy.repetitions, "Runs of each case")->capture_default_str();
   c.add_flag("--timeline", g_copy.timeline, "Also show where each run's hops spent their time (with --json: every request)");
   CLI::App& p = add_bench_case(bench, "priority", "A high-priority copy under load vs alone and vs FIFO", run_priority_bench);
   p.add_option("--low-copies", g_priority.low_copies, "Low-priority copies in the load")->capture_default_str();
-  p.add_option("--low-mib", g_priority.low_mib, "MiB per low-priority copy")->capture_default_str();
-  p.add_option("--high-mib", g_priority.high_mib, "MiB of the high-priority copy")->capture_default_str();
+  p.add_option("--low-mib", g_priority.low_mib, "MiB per low-priority copy")->check(mebibytes)->capture_default_str();
+  p.add_option("--high-mib", g_priority.high_mib, "MiB of the high-priority copy")
+      ->check(mebibytes)
+      ->capture_default_str();
   p.add_option("--reps", g_priority.repetitions, "Runs of each case")->capture_default_str();
 }
 

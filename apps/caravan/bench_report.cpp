@@ -3,6 +3,7 @@
 #include "apps/caravan/commands.h"
 
 #include <caravan/error.h>
+#include <caravan/settings.h>
 #include <caravan/platform.h>
 
 #include <CLI/CLI.hpp>
@@ -160,22 +161,9 @@ Summary summarize(std::vector<double> samples) {
   return s;
 }
 
-// "4096", "64K", "4M", "1G" (powers of 1024).
+// "4096", "64K", "4M", "1G": the grammar of every byte count (settings::parse_byte_count).
 std::uint64_t parse_size(const std::string& text, const char* option) {
-  std::size_t end = 0;
-  std::uint64_t value = 0;
-  try {
-    value = std::stoull(text, &end);
-  } catch (const std::exception&) {
-    end = 0;
-  }
-  std::string suffix = text.substr(end);
-  unsigned shift = suffix.empty() ? 0 : suffix == "K" || suffix == "k" ? 10 : suffix == "M" || suffix == "m" ? 20
-                                                                       : suffix == "G" || suffix == "g"     ? 30
-                                                                                                            : 99;
-  if (end == 0 || shift == 99)
-    throw Error(Errc::invalid_argument, fmt::format("{} {}: expected a byte count such as 4096, 64K, 4M or 1G", option, text));
-  return value << shift;
+  return settings::parse_byte_count(text, option);
 }
 
 std::string fmt_size(std::uint64_t bytes) {

@@ -7,6 +7,7 @@
 
 #include <caravan/error.h>
 #include <caravan/planner/machine_file.h>
+#include <caravan/settings.h>
 #include <caravan/planner/planner.h>
 
 #include <CLI/CLI.hpp>
@@ -22,8 +23,13 @@
 namespace caravan::app {
 namespace {
 
+// The machine a command plans on or shows: --machine, else CARAVAN_PLANNER_MACHINE.
+std::string machine_or_setting(const std::string& option) {
+  return option.empty() ? settings::get_string("CARAVAN_PLANNER_MACHINE") : option;
+}
+
 struct PlanArgs {
-  std::string machine = "local";
+  std::string machine;  // empty: CARAVAN_PLANNER_MACHINE
   std::string src, dst;
   std::string src_layout = "F,x", dst_layout;
   std::string size = "64M";
@@ -36,21 +42,7 @@ struct PlanArgs {
   bool json = false;
 };
 
-std::uint64_t parse_bytes(const std::string& text, const char* what) {
-  double number = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
-  if (ec != std::errc() || ptr == text.data() || number < 0)
-    throw Error(Errc::invalid_argument, fmt::format("{} '{}': expected a byte count such as 4096, 64K, 16M or 1G", what, text));
-  std::string suffix(ptr, static_cast<std::size_t>(text.data() + text.size() - ptr));
-  double scale = 1;
-  if (suffix == "K" || suffix == "KiB" || suffix == "k") scale = 1024.0;
-  else if (suffix == "M" || suffix == "MiB") scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (suffix == "T" || suffix == "TiB") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (!suffix.empty() && suffix != "B")
-    throw Error(Errc::invalid_argument, fmt::format("{} '{}': unknown size suffix (use K, M, G or T)", what, text));
-  return static_cast<std::uint64_t>(number * scale);
-}
+std::uint64_t parse_bytes(const std::string& text, const char* what) { return settings::parse_byte_count(text, what); }
 
 // "4x4": four fields of four bytes; "8,4,4": fields of those sizes.
 FieldSpace parse_fields(const std::string& text) {
@@ -130,7 +122,8 @@ double median_us(F&& fn, int runs) {
 void run_plan(const PlanArgs& a) {
   using namespace caravan::planner;
   // "local": this rank as the runtime sees it (files, GPUs, calibrated throughput), as copies are planned.
-  TransferGraph graph(a.machine == "local" ? dma::live_machine(0) : resolve_machine(a.machine));
+  const std::string machine = machine_or_setting(a.machine);
+  TransferGraph graph(machine == "local" ? dma::live_machine(0) : resolve_machine(machine));
   TransferRequest request;
   request.src = MemoryId::parse(a.src);
   request.dst = MemoryId::parse(a.dst);
@@ -213,8 +206,8 @@ void add_plan_command(CLI::App& app) {
   static PlanArgs args;
   CLI::App* plan = app.add_subcommand("plan", "Plan a copy: print the path, per-hop layouts and request sizes, buffers, predicted GB/s");
   plan->add_option("--machine", args.machine,
-                   "local, a built-in machine (isometry-two-node, h200x4), generate:NODESxGPUS, or a machine file")
-      ->capture_default_str();
+                   "local, a built-in machine (isometry-two-node, h200x4), generate:NODESxGPUS, or a machine file "
+                   "(default: CARAVAN_PLANNER_MACHINE, local unless set)");
   plan->add_option("--src", args.src, "Source memory, e.g. node0/rank0/fbm")->required();
   plan->add_option("--dst", args.dst, "Destination memory, e.g. node1/rank1/fbm")->required();
   plan->add_option("--src-layout", args.src_layout, "Source layout, e.g. F,x,y")->capture_default_str();
@@ -239,15 +232,14 @@ void add_plan_command(CLI::App& app) {
   generate->add_option("--nodes", nodes, "Nodes")->capture_default_str();
   generate->add_option("--gpus", gpus, "GPUs (ranks) per node")->capture_default_str();
   generate->add_option("-o,--output", output, "File to write (default: standard output)");
-  static std::string shown = "local";
+  static std::string shown;  // empty: CARAVAN_PLANNER_MACHINE
   static bool show_json = false;
   CLI::App* show = machine->add_subcommand("show", "List a machine's memories and channels (what Instance::create and copy() accept)");
   show->add_option("--machine", shown,
                    "local (this machine, as the runtime sees it), a built-in machine (isometry-two-node, h200x4), "
-                   "generate:NODESxGPUS, or a machine file")
-      ->capture_default_str();
+                   "generate:NODESxGPUS, or a machine file (default: CARAVAN_PLANNER_MACHINE, local unless set)");
   show->add_flag("--json", show_json, "Print the machine file (JSON) instead of tables");
-  show->callback([] { show_machine(shown, show_json); });
+  show->callback([] { show_machine(machine_or_setting(shown), show_json); });
   generate->callback([] {
     std::string text = planner::to_machine_json(planner::generate_cluster({nodes, gpus}));
     if (output.empty()) {

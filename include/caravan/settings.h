@@ -26,6 +26,16 @@ struct SettingView {
 // All settings, in table order.
 std::vector<SettingView> list();
 
+// A CARAVAN_* variable of the environment that is no setting: most likely a typo, which would
+// otherwise be ignored without a word. `suggestion` is the closest setting name, if one is close.
+struct UnknownVariable {
+  std::string name;
+  std::string suggestion;  // empty when nothing is close
+};
+// Those of this process's environment, in environment order. CARAVAN_NODE (set by `caravan run`
+// for each rank) is not a setting and not reported.
+std::vector<UnknownVariable> unknown_environment_variables();
+
 // Typed reads. Each throws caravan::Error(invalid_argument) naming the variable, its value and
 // the rule when the value does not parse or is out of range, and Error(not_found) for a name
 // that is not in the table.
@@ -34,6 +44,12 @@ std::uint64_t get_bytes(std::string_view name);  // accepts suffixes K, M, G, T 
 double get_double(std::string_view name);
 bool get_bool(std::string_view name);              // 1/0, true/false, yes/no, on/off
 std::string get_string(std::string_view name);     // for enums: one of the allowed choices
+
+// The one grammar of byte counts, for settings and command-line options alike: a whole number
+// with an optional suffix K, M, G or T (powers of 1024; any case, optionally followed by i and
+// B: 64K, 64k, 64KiB, 64KB). Throws Error(invalid_argument) naming `what`, the text and the rule;
+// negative numbers, fractions and counts past 2^64 are refused.
+std::uint64_t parse_byte_count(std::string_view text, std::string_view what);
 
 // Overrides take precedence over the environment (for command-line flags and tests).
 // The value is validated at once; a bad one throws and leaves the previous state unchanged.

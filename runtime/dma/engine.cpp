@@ -22,6 +22,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 
 namespace caravan::dma {
 
@@ -502,7 +503,10 @@ Engine::Engine(RuntimeImpl& runtime)
   tile_bytes_ = settings::get_bytes("CARAVAN_DMA_TILE_BYTES");
   pool_bytes_ = settings::get_bytes("CARAVAN_DMA_POOL_BYTES");
   slots_ = static_cast<int>(settings::get_int("CARAVAN_DMA_SLOTS"));
-  stall_ns_ = static_cast<std::int64_t>(settings::get_double("CARAVAN_DMA_STALL_S") * 1e9);
+  // Seconds to nanoseconds, saturating: inf (or anything past 292 years) means never.
+  const double stall_s = settings::get_double("CARAVAN_DMA_STALL_S");
+  stall_ns_ =
+      stall_s * 1e9 >= 9.0e18 ? std::numeric_limits<std::int64_t>::max() : static_cast<std::int64_t>(stall_s * 1e9);
   network_ = runtime.network();
   auto machine = live_machine(static_cast<std::uint32_t>(runtime.rank()), runtime.ranks());
   multipath_min_bytes_ = settings::get_bytes("CARAVAN_DMA_MULTIPATH_MIN_BYTES");
@@ -1556,7 +1560,10 @@ EngineStats Engine::stats() {
 void Engine::watchdog_main() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
-    watchdog_cv_.wait_for(lock, std::chrono::nanoseconds(std::max<std::int64_t>(stall_ns_ / 4, 10'000'000)));
+    // A quarter of the stall time, at most a second (a never-stall setting must not overflow
+    // the clock's arithmetic), at least 10 ms.
+    watchdog_cv_.wait_for(lock,
+                          std::chrono::nanoseconds(std::clamp<std::int64_t>(stall_ns_ / 4, 10'000'000, 1'000'000'000)));
     if (stopping_) return;
     std::int64_t now = now_ns();
     for (auto& [event, op] : active_) {

@@ -44,7 +44,8 @@ MachineDescription describe_local_machine();
 //   a built-in name      "isometry-two-node", "h200x4"
 //   anything else        a path to a machine file
 MachineDescription resolve_machine(std::string_view spec);
-// resolve_machine(CARAVAN_PLANNER_MACHINE): the machine a runtime plans on.
+// resolve_machine(CARAVAN_PLANNER_MACHINE): the machine `caravan plan` and `caravan machine
+// show` use when not given one (copies always plan on the live machine).
 MachineDescription machine_from_settings();
 
 }  // namespace caravan::planner
