@@ -38,8 +38,11 @@ class Error : public std::runtime_error {
 // The cause attached to a poisoned event. Shared because one failure poisons many events.
 using FailureCause = std::shared_ptr<const Error>;
 
-// Thrown when waiting on an event that triggered as failed. cause() is the original failure
-// (the task's exception, the transport error...), however many events it travelled through.
+// Thrown when waiting on an event that triggered as failed. cause() is the first failure (a
+// task's, a transport's...), however many events it travelled through. A task body that threw
+// is reported as Errc::task_failed with the task's name and the exception's what() in the
+// message (the exception object itself, and a caravan::Error's own code, are not kept); a body
+// that rethrew an EventPoisoned passes the earlier cause on unchanged.
 class EventPoisoned : public Error {
  public:
   explicit EventPoisoned(FailureCause cause);

@@ -723,6 +723,8 @@ void Engine::build_pipeline(CopyOperation& op, const std::vector<planner::Hop>& 
                             const std::vector<std::uint64_t>& slot_bytes, const std::vector<std::uint64_t>& request_bytes,
                             const std::function<bool(std::size_t hop)>& runs_here) {
   op.grid = TileGrid(op.space, tile_points);
+  // A ring never needs more slots than the copy has tiles: a one-tile copy reserves one.
+  op.slots = static_cast<int>(std::clamp<std::uint64_t>(op.grid.count(), 1, static_cast<std::uint64_t>(op.slots)));
   op.buffers.clear();
   for (std::size_t i = 0; i + 1 < hops.size(); ++i) {
     CopyOperation::BufferSpec b;
