@@ -22,6 +22,10 @@ std::optional<std::uint64_t> available_host_bytes() {
 }
 
 void require_host_bytes(std::uint64_t bytes, std::string_view what) {
+  // Below this a request cannot be what exhausts a host, and reading /proc/meminfo (some
+  // microseconds) would be a noticeable share of creating a small instance.
+  constexpr std::uint64_t kCheckedFrom = std::uint64_t{64} << 20;
+  if (bytes < kCheckedFrom) return;
   const std::optional<std::uint64_t> available = available_host_bytes();
   if (!available || bytes <= *available) return;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;

@@ -18,7 +18,7 @@ namespace caravan::detail {
 std::optional<std::uint64_t> available_host_bytes();
 
 // Throws Error(invalid_argument) naming `what` and both sizes when `bytes` is more than
-// available_host_bytes().
+// available_host_bytes(). Requests under 64 MiB are not checked.
 void require_host_bytes(std::uint64_t bytes, std::string_view what);
 
 }  // namespace caravan::detail
