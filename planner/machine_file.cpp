@@ -10,6 +10,7 @@
 #include <cctype>
 #include <charconv>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -75,6 +76,24 @@ const json& member(const json& object, const char* key, const Context& ctx, cons
   return object.at(key);
 }
 
+// A node, rank or memory index: a whole number that fits in 32 bits (nlohmann would wrap -1 and
+// truncate 1.7 without a word).
+std::uint32_t parse_index(const json& value, const Context& ctx, const std::string& where) {
+  if (!value.is_number_unsigned() || value.get<std::uint64_t>() > std::numeric_limits<std::uint32_t>::max())
+    ctx.fail(where, fmt::format("expected a whole number from 0 to {}, got {}",
+                                std::numeric_limits<std::uint32_t>::max(), value.dump()));
+  return value.get<std::uint32_t>();
+}
+
+// An optional string member.
+std::string optional_string(const json& object, const char* key, std::string fallback, const Context& ctx,
+                            const std::string& where) {
+  if (!object.contains(key)) return fallback;
+  const json& value = object.at(key);
+  if (!value.is_string()) ctx.fail(where + "." + key, fmt::format("expected a string, got {}", value.dump()));
+  return value.get<std::string>();
+}
+
 std::vector<MemoryId> parse_memory_list(const json& value, const Context& ctx, const std::string& where) {
   std::vector<MemoryId> ids;
   auto one = [&](const json& v, const std::string& at) {
@@ -108,8 +127,8 @@ MachineDescription parse_machine_json(std::string_view text, std::string_view or
   if (doc.contains("format") && doc["format"] != kFormat)
     ctx.fail("format", fmt::format("unsupported format {} (this build reads \"{}\")", doc["format"].dump(), kFormat));
   MachineDescription m;
-  m.name = doc.value("name", std::string(origin));
-  m.description = doc.value("description", std::string());
+  m.name = optional_string(doc, "name", std::string(origin), ctx, "top level");
+  m.description = optional_string(doc, "description", std::string(), ctx, "top level");
 
   std::map<std::string, std::vector<ThroughputFunction::Sample>> shapes, tables;
   if (doc.contains("shapes"))
@@ -122,29 +141,27 @@ MachineDescription parse_machine_json(std::string_view text, std::string_view or
   for (std::size_t n = 0; n < nodes.size(); ++n) {
     std::string at = fmt::format("nodes[{}]", n);
     const json& node = nodes[n];
-    const json& node_id = member(node, "node", ctx, at);
-    if (!node_id.is_number_unsigned()) ctx.fail(at + ".node", "expected a node number");
+    const std::uint32_t node_id = parse_index(member(node, "node", ctx, at), ctx, at + ".node");
     const json& ranks = member(node, "ranks", ctx, at);
     if (!ranks.is_array()) ctx.fail(at + ".ranks", "expected an array");
     for (std::size_t r = 0; r < ranks.size(); ++r) {
       std::string rat = fmt::format("{}.ranks[{}]", at, r);
-      const json& rank_id = member(ranks[r], "rank", ctx, rat);
-      if (!rank_id.is_number_unsigned()) ctx.fail(rat + ".rank", "expected a rank number");
+      const std::uint32_t rank_id = parse_index(member(ranks[r], "rank", ctx, rat), ctx, rat + ".rank");
       const json& memories = member(ranks[r], "memories", ctx, rat);
       if (!memories.is_array()) ctx.fail(rat + ".memories", "expected an array");
       for (std::size_t k = 0; k < memories.size(); ++k) {
         std::string mat = fmt::format("{}.memories[{}]", rat, k);
         const json& mem = memories[k];
         MemoryDecl decl;
-        decl.id.node = node_id.get<std::uint32_t>();
-        decl.id.rank = rank_id.get<std::uint32_t>();
+        decl.id.node = node_id;
+        decl.id.rank = rank_id;
         const json& kind = member(mem, "kind", ctx, mat);
         try {
           decl.id.kind = parse_memory_kind(kind.is_string() ? kind.get<std::string>() : kind.dump());
         } catch (const Error& e) {
           ctx.fail(mat + ".kind", e.what());
         }
-        decl.id.index = mem.value("index", 0u);
+        decl.id.index = mem.contains("index") ? parse_index(mem["index"], ctx, mat + ".index") : 0u;
         if (mem.contains("capacity")) decl.capacity = parse_size(mem["capacity"], ctx, mat + ".capacity");
         m.memories.push_back(decl);
       }
@@ -178,7 +195,7 @@ MachineDescription parse_machine_json(std::string_view text, std::string_view or
     }
     auto srcs = parse_memory_list(member(c, "src", ctx, at), ctx, at + ".src");
     auto dsts = parse_memory_list(member(c, "dst", ctx, at), ctx, at + ".dst");
-    std::string pairs = c.value("pairs", std::string("all"));
+    std::string pairs = optional_string(c, "pairs", "all", ctx, at);
     if (pairs != "all" && pairs != "distinct") ctx.fail(at + ".pairs", "expected \"all\" or \"distinct\"");
     const json& tp = member(c, "throughput", ctx, at);
     ThroughputFunction function;

@@ -132,6 +132,29 @@ TEST(MachineFile, ErrorsNameTheEntry) {
   EXPECT_NE(message("{" + nodes + R"(, "channels": [{"kind": "memcpy", "src": "node0/rank0/sys", "dst": "node0/rank0/sys", "throughput": {"shape": "none", "gbps": 1}}]})")
                 .find("no shape named 'none'"),
             std::string::npos);
+  // Wrong types and numbers that do not fit are named, not wrapped or truncated.
+  const std::string channel =
+      R"(, "channels": [{"kind": "memcpy", "src": "node0/rank0/sys", "dst": "node0/rank0/sys", "throughput": 1}]})";
+  EXPECT_NE(message(R"({"name": 5, )" + nodes + channel).find("test.json: top level.name: expected a string, got 5"),
+            std::string::npos);
+  const auto with_memory = [&](const std::string& node, const std::string& memory) {
+    return message(R"({"nodes": [{"node": )" + node + R"(, "ranks": [{"rank": 0, "memories": [)" + memory + "]}]}]" +
+                   channel);
+  };
+  EXPECT_NE(with_memory("0", R"({"kind": "sys", "index": -1})")
+                .find("nodes[0].ranks[0].memories[0].index: expected a whole number"),
+            std::string::npos);
+  EXPECT_NE(with_memory("0", R"({"kind": "sys", "index": 1.7})").find("got 1.7"), std::string::npos);
+  EXPECT_NE(with_memory("0", R"({"kind": "sys", "index": "abc"})").find("memories[0].index"), std::string::npos);
+  EXPECT_NE(with_memory("4294967296", R"({"kind": "sys"})")
+                .find("nodes[0].node: expected a whole number from 0 to 4294967295"),
+            std::string::npos);
+  EXPECT_NE(
+      message(
+          "{" + nodes +
+          R"(, "channels": [{"kind": "memcpy", "src": "node0/rank0/sys", "dst": "node0/rank0/sys", "throughput": 1, "pairs": 5}]})")
+          .find("channels[0].pairs: expected a string"),
+      std::string::npos);
   EXPECT_THROW(load_machine_file("/nonexistent/machine.json"), Error);
   EXPECT_THROW(builtin_machine("nope"), Error);
 }
