@@ -20,8 +20,8 @@ std::string size_label(std::uint64_t bytes) {
 }
 
 void run_calibrate(bool force, bool json) {
-  bool cached = false;
-  dma::Calibration c = dma::load_or_calibrate(force, &cached);
+  bool cached = false, written = false;
+  dma::Calibration c = dma::load_or_calibrate(force, &cached, &written);
   if (json) {
     nlohmann::json channels = nlohmann::json::object();
     for (const auto& ch : c.channels) {
@@ -29,12 +29,19 @@ void run_calibrate(bool force, bool json) {
       for (const auto& s : ch.samples) rows.push_back({{"bytes", s.bytes}, {"gbps", s.gbps}});
       channels[ch.channel] = rows;
     }
-    fmt::print("{}\n", nlohmann::json{{"cache", dma::calibration_path()}, {"from_cache", cached},
-                                      {"machine_key", c.machine_key}, {"seconds", c.seconds}, {"channels", channels}}
+    fmt::print("{}\n", nlohmann::json{{"cache", dma::calibration_path()},
+                                      {"from_cache", cached},
+                                      {"written", written},
+                                      {"machine_key", c.machine_key},
+                                      {"seconds", c.seconds},
+                                      {"channels", channels}}
                            .dump(2));
     return;
   }
-  fmt::print("calibration {} {} ({:.2f} s to measure)\n", cached ? "read from" : "measured and written to",
+  fmt::print("calibration {} {} ({:.2f} s to measure)\n",
+             cached    ? "read from"
+             : written ? "measured and written to"
+                       : "measured; it could not be written (see the warning above) to",
              dma::calibration_path(), c.seconds);
   fmt::print("runs under 4 KiB are strided element copies, as layout conversions produce\n\n");
   // Rows: every request size any channel was measured at (GPU channels go up to 64 MiB, host

@@ -298,13 +298,16 @@ class CalibrationLock {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0 && errno == EACCES) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // another user's lock file
     if (fd_ < 0) {
-      log::get("dma")->warn("cannot open the calibration lock {} ({}); calibrating without it", path, std::strerror(errno));
+      const int error = errno;  // before the logger, whose calls may change errno
+      log::get("dma")->warn("cannot open the calibration lock {} ({}); calibrating without it", path,
+                            std::strerror(error));
       return;
     }
     const auto deadline = std::chrono::steady_clock::now() + limit;
     while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK && errno != EINTR) {
-        log::get("dma")->warn("cannot lock {} ({}); calibrating without it", path, std::strerror(errno));
+        const int error = errno;
+        log::get("dma")->warn("cannot lock {} ({}); calibrating without it", path, std::strerror(error));
         return;
       }
       if (std::chrono::steady_clock::now() > deadline) {
@@ -325,8 +328,8 @@ class CalibrationLock {
 };
 
 // Written to a file of its own, then renamed over `path`: a reader sees the old file or the new
-// one, never half of one.
-void write_cache(const std::string& path, const Calibration& c) {
+// one, never half of one. False (with a warning) when it could not be written.
+bool write_cache(const std::string& path, const Calibration& c) {
   // Named by process and thread: two callers that both measured without the lock must not
   // write into one file.
   const std::string partial = fmt::format("{}.{}.{:x}.partial", path, static_cast<long>(::getpid()),
@@ -339,7 +342,7 @@ void write_cache(const std::string& path, const Calibration& c) {
       log::get("dma")->warn("could not write the calibration cache {} (it will be measured again next time)", path);
       std::error_code ignored;
       std::filesystem::remove(partial, ignored);
-      return;
+      return false;
     }
   }
   std::error_code ec;
@@ -347,14 +350,17 @@ void write_cache(const std::string& path, const Calibration& c) {
   if (ec) {
     log::get("dma")->warn("could not move {} to {} ({}); it will be measured again next time", partial, path, ec.message());
     std::filesystem::remove(partial, ec);
+    return false;
   }
+  return true;
 }
 
 }  // namespace
 
-Calibration load_or_calibrate(bool force, bool* from_cache) {
+Calibration load_or_calibrate(bool force, bool* from_cache, bool* cached_now) {
   const std::string path = calibration_path();
   if (from_cache) *from_cache = false;
+  if (cached_now) *cached_now = false;
   auto cached = [&]() -> std::optional<Calibration> {
     if (force) return std::nullopt;
     std::optional<Calibration> c = read_cache(path);
@@ -372,8 +378,9 @@ Calibration load_or_calibrate(bool force, bool* from_cache) {
   CalibrationLock lock((dir / fmt::format("calibration-{}.lock", host_name())).string(), std::chrono::seconds(120));
   if (auto c = cached()) return *c;  // written by the process that held the lock before us
   Calibration c = calibrate_channels();
-  write_cache(path, c);
-  log::get("dma")->info("calibrated channels in {:.2f} s ({})", c.seconds, path);
+  const bool written = write_cache(path, c);
+  if (cached_now) *cached_now = written;
+  log::get("dma")->info("calibrated channels in {:.2f} s ({})", c.seconds, written ? path : "not cached");
   return c;
 }
 

@@ -32,7 +32,8 @@ Calibration calibrate_channels();
 std::string calibration_path();
 // The cached calibration if it exists and matches this machine, else a new one (then cached).
 // `force` always measures.
-Calibration load_or_calibrate(bool force, bool* from_cache = nullptr);
+// `cached_now`: whether a calibration measured by this call was written to the cache.
+Calibration load_or_calibrate(bool force, bool* from_cache = nullptr, bool* cached_now = nullptr);
 
 // The live machine of `rank`: sys and dsk memories, the memcpy self-loop and the file channels
 // both ways; with GPUs also zcm, fbm<i> per GPU, sdma channels (zcm/sys <-> fbm<i>, the fbm<i>
