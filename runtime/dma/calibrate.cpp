@@ -236,16 +236,29 @@ Calibration calibrate_channels() {
   c.machine_key = machine_key();
   MemoryId sys{0, 0, MemoryKind::sys, 0}, dsk{0, 0, MemoryKind::dsk, 0};
   auto a = Storage::allocate_host(sys, kRegion), b = Storage::allocate_host(sys, kRegion);
-  auto file = Storage::allocate_file(dsk, kRegion);
+  // A disk directory that cannot hold a file must not stop programs that never use dsk: the
+  // file channel is then left out (live_machine gives dsk no channels, load_or_calibrate does
+  // not cache the result) and only dsk instances fail, with the directory's error.
+  std::shared_ptr<Storage> file;
+  try {
+    file = Storage::allocate_file(dsk, kRegion);
+  } catch (const Error& e) {
+    log::get("dma")->warn(
+        "{}: the file channel is not calibrated, and dsk memory has no channels until "
+        "CARAVAN_DSK_DIR names a writable directory",
+        e.what());
+  }
   channels::MemcpyChannel memcpy_channel(1, UINT64_MAX);
   channels::FileChannel file_channel;
   ChannelCalibration m{"memcpy", {}}, w{"file_write", {}}, r{"file_read", {}};
   for (std::uint64_t size : kSizes) {
     m.samples.push_back({size, measure(memcpy_channel, *a, *b, size)});
+    if (!file) continue;
     w.samples.push_back({size, measure(file_channel, *a, *file, size)});
     r.samples.push_back({size, measure(file_channel, *file, *b, size)});
   }
-  c.channels = {m, w, r};
+  c.channels = {m};
+  if (file) c.channels.insert(c.channels.end(), {w, r});
   for (auto& g : calibrate_gpu_channels()) c.channels.push_back(std::move(g));
   c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return c;
@@ -378,7 +391,9 @@ Calibration load_or_calibrate(bool force, bool* from_cache, bool* cached_now) {
   CalibrationLock lock((dir / fmt::format("calibration-{}.lock", host_name())).string(), std::chrono::seconds(120));
   if (auto c = cached()) return *c;  // written by the process that held the lock before us
   Calibration c = calibrate_channels();
-  const bool written = write_cache(path, c);
+  std::set<std::string> names;
+  for (const auto& ch : c.channels) names.insert(ch.channel);
+  const bool written = names == expected_channels() && write_cache(path, c);  // an incomplete one is measured again
   if (cached_now) *cached_now = written;
   log::get("dma")->info("calibrated channels in {:.2f} s ({})", c.seconds, written ? path : "not cached");
   return c;
@@ -407,12 +422,17 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
       if (ch.channel == name) return planner::ThroughputFunction(ch.samples);
     throw Error(Errc::internal, fmt::format("calibration has no '{}' channel", name));
   };
+  // No file tables: CARAVAN_DSK_DIR was unusable at calibration (calibrate_channels).
+  const bool files =
+      std::any_of(c.channels.begin(), c.channels.end(), [](const auto& ch) { return ch.channel == "file_write"; });
   const bool job = ranks.size() > 1;
   if (!job) {
     m.memories = {{sys, sys_bytes}, {dsk, dsk_bytes}};
     m.channels.push_back({ChannelKind::memcpy, sys, sys, table("memcpy"), {}});
-    m.channels.push_back({ChannelKind::file, sys, dsk, table("file_write"), {}});
-    m.channels.push_back({ChannelKind::file, dsk, sys, table("file_read"), {}});
+    if (files) {
+      m.channels.push_back({ChannelKind::file, sys, dsk, table("file_write"), {}});
+      m.channels.push_back({ChannelKind::file, dsk, sys, table("file_read"), {}});
+    }
   } else {
     // A job: every rank's host memories (the ranks of one host run the same calibration, and
     // ranks on other hosts are taken to be alike), and the nic between every two ranks' reg.
@@ -432,8 +452,10 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
       m.channels.push_back({ChannelKind::memcpy, rs, rs, table("memcpy"), {}});
       m.channels.push_back({ChannelKind::memcpy, rs, rr, table("memcpy"), {}});
       m.channels.push_back({ChannelKind::memcpy, rr, rs, table("memcpy"), {}});
-      m.channels.push_back({ChannelKind::file, rs, rd, table("file_write"), {}});
-      m.channels.push_back({ChannelKind::file, rd, rs, table("file_read"), {}});
+      if (files) {
+        m.channels.push_back({ChannelKind::file, rs, rd, table("file_write"), {}});
+        m.channels.push_back({ChannelKind::file, rd, rs, table("file_read"), {}});
+      }
     }
     for (const RankInfo& a : ranks)
       for (const RankInfo& b : ranks)
@@ -486,8 +508,10 @@ planner::MachineDescription live_machine(std::uint32_t rank, const std::vector<R
       m.channels.push_back({ChannelKind::memcpy, zcm, reg, table("memcpy"), {}});
       m.channels.push_back({ChannelKind::memcpy, reg, zcm, table("memcpy"), {}});
     }
-    m.channels.push_back({ChannelKind::file, zcm, disk, table("file_write"), {}});
-    m.channels.push_back({ChannelKind::file, disk, zcm, table("file_read"), {}});
+    if (files) {
+      m.channels.push_back({ChannelKind::file, zcm, disk, table("file_write"), {}});
+      m.channels.push_back({ChannelKind::file, disk, zcm, table("file_read"), {}});
+    }
     auto fbm = [&](std::size_t i) { return MemoryId{n, r, MemoryKind::fbm, static_cast<std::uint32_t>(i)}; };
     // Resources are the node's physical links: ranks of one node that use one GPU share them.
     auto resource = [&](std::size_t i, const char* what) { return fmt::format("node{}/gpu{}.{}", n, i, what); };

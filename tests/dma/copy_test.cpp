@@ -119,6 +119,22 @@ TEST(CopyMultiHop, FileToFileThroughBoundedBuffersWithALayoutChange) {
   expect_consistent_timeline(report);
 }
 
+TEST(CopyDisk, AnUnusableDiskDirectoryFailsOnlyDiskInstances) {
+  // Calibration makes a file in CARAVAN_DSK_DIR; a directory that cannot hold one used to fail
+  // every program's first copy, disk or not.
+  settings::ScopedOverride dir("CARAVAN_DSK_DIR", "/nonexistent/caravan-disk");
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  const Rect space = Rect::from_extents({1000});
+  Instance src = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x"));
+  Instance dst = Instance::create(sys_memory(), space, kFields, Layout::parse("x,F"));
+  test::write_pattern(src, 51);
+  test::poison(dst);
+  ASSERT_TRUE(copy(src, dst).wait_for(60s));
+  EXPECT_EQ(test::count_mismatches(dst, 51), 0u);
+  CARAVAN_EXPECT_ERROR(Instance::create(dsk_memory(), space, kFields, Layout::parse("F,x")), Errc::invalid_argument,
+                       "CARAVAN_DSK_DIR=/nonexistent/caravan-disk");
+}
+
 TEST(CopyMultiHop, AOneTileCopyReservesOneSlot) {
   // dsk -> dsk through host memory in one tile: a ring of CARAVAN_DMA_SLOTS slots would reserve
   // (and count against the pool) three times the data.
