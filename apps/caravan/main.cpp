@@ -9,6 +9,48 @@
 #include <cstdlib>
 #include <string>
 #include <exception>
+#include <vector>
+
+namespace {
+
+// CLI11 reports "A subcommand is required" before an unknown word or option at a level that has
+// subcommands (`caravan --bogus`, `caravan bench nosuch`); name the word and the level instead.
+// Returns the exit status to end with, or 0 to let CLI11 parse.
+int check_command_words(CLI::App& app, int argc, char** argv) {
+  CLI::App* level = &app;
+  std::string path = "caravan";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    const std::vector<CLI::App*> subcommands = level->get_subcommands([](CLI::App*) { return true; });
+    if (subcommands.empty() || word == "-h" || word == "--help") return 0;  // a leaf: CLI11 checks the rest
+    std::string names;
+    for (CLI::App* sub : subcommands)
+      if (!sub->get_group().empty()) names += (names.empty() ? "" : ", ") + sub->get_name();  // not the hidden ones
+    if (word.starts_with("-")) {
+      const CLI::Option* option = level->get_option_no_throw(word.substr(0, word.find('=')));
+      if (!option) {
+        std::fprintf(stderr, "%s: unknown option '%s' (commands: %s; see %s --help)\n", path.c_str(), word.c_str(),
+                     names.c_str(), path.c_str());
+        return 2;
+      }
+      if (option->get_expected_max() != 0 && word.find('=') == std::string::npos) ++i;  // its value
+      continue;
+    }
+    CLI::App* next = nullptr;
+    for (CLI::App* sub : subcommands)
+      if (sub->get_name() == word) next = sub;
+    if (!next) {
+      std::fprintf(stderr, "%s: unknown command '%s' (commands: %s; see %s --help)\n", path.c_str(), word.c_str(),
+                   names.c_str(), path.c_str());
+      return 2;
+    }
+    level = next;
+    path += " " + word;
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // GPU streams that wait on a peer's flag (kernels/gpu) block the hardware queue they run on;
@@ -22,19 +64,7 @@ int main(int argc, char** argv) {
   caravan::app::add_calibrate_command(app);
   caravan::app::add_plan_command(app);
   caravan::app::add_run_command(app);
-  // CLI11 reports a missing subcommand before an unexpected word; name the word instead.
-  if (argc > 1 && argv[1][0] != '-') {
-    std::string word = argv[1], names;
-    bool known = false;
-    for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-      known |= sub->get_name() == word;
-      names += (names.empty() ? "" : ", ") + sub->get_name();
-    }
-    if (!known) {
-      std::fprintf(stderr, "caravan: unknown command '%s' (commands: %s; see caravan --help)\n", word.c_str(), names.c_str());
-      return 2;
-    }
-  }
+  if (const int status = check_command_words(app, argc, argv); status != 0) return status;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -252,6 +252,19 @@ void add_run_command(CLI::App& app) {
   run->callback([run] {
     spec.command = run->remaining();
     if (spec.command.empty()) throw Error(Errc::invalid_argument, "caravan run: no PROGRAM given (caravan run -n N PROGRAM ARGS...)");
+    const std::string& program = spec.command.front();
+    // Everything from the first word that is not run's own option on is the program's, so a
+    // misspelt option of run would otherwise be started as the program.
+    if (program.starts_with("-"))
+      throw Error(Errc::invalid_argument,
+                  fmt::format("caravan run: '{}' is not an option of run (see caravan run --help; "
+                              "run's options go before PROGRAM)",
+                              program));
+    // A path that cannot be executed: say why here, where errno can be reported (the ranks'
+    // exec failure can only say that it failed).
+    if (program.find('/') != std::string::npos && ::access(program.c_str(), X_OK) != 0)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("caravan run: cannot start {}: {}", program, std::strerror(errno)));
     int status = run_ranks(spec);
     if (status != 0) throw CLI::RuntimeError(status);
   });
