@@ -58,6 +58,9 @@ FieldSpace parse_fields(const std::string& text) {
   if (x != std::string::npos) {
     auto count = number(std::string_view(text).substr(0, x));
     auto size = number(std::string_view(text).substr(x + 1));
+    constexpr std::uint32_t kMaxFields = 65536;
+    if (count > kMaxFields)
+      throw Error(Errc::invalid_argument, fmt::format("--fields '{}': at most {} fields", text, kMaxFields));
     return FieldSpace::uniform(static_cast<int>(count), size);
   }
   std::string_view rest = text;
@@ -95,7 +98,9 @@ IndexSpace make_space(const PlanArgs& a, int dims, const FieldSpace& fields) {
     }
     return Rect::from_extents(extents);
   }
-  std::uint64_t points = std::max<std::uint64_t>(1, parse_bytes(a.size, "--size") / fields.total_size());
+  const std::uint64_t bytes = parse_bytes(a.size, "--size");
+  if (bytes == 0) throw Error(Errc::invalid_argument, "--size '0': must be at least 1 byte");
+  std::uint64_t points = std::max<std::uint64_t>(1, bytes / fields.total_size());
   auto side = static_cast<std::int64_t>(std::llround(std::pow(static_cast<double>(points), 1.0 / dims)));
   side = std::max<std::int64_t>(side, 1);
   std::uint64_t rest = points;
@@ -212,14 +217,17 @@ void add_plan_command(CLI::App& app) {
   plan->add_option("--dst", args.dst, "Destination memory, e.g. node1/rank1/fbm")->required();
   plan->add_option("--src-layout", args.src_layout, "Source layout, e.g. F,x,y")->capture_default_str();
   plan->add_option("--dst-layout", args.dst_layout, "Destination layout (default: the source layout)");
-  plan->add_option("--size", args.size, "Payload bytes (K/M/G suffixes); the instance is made of about equal dimensions")
-      ->capture_default_str();
-  plan->add_option("--extents", args.extents, "Instead of --size: the extent of each dimension, e.g. 8192,8192");
+  CLI::Option* size = plan->add_option("--size", args.size,
+                                       "Payload bytes (K/M/G suffixes); the instance is made of about equal dimensions")
+                          ->capture_default_str();
+  plan->add_option("--extents", args.extents, "Instead of --size: the extent of each dimension, e.g. 8192,8192")
+      ->excludes(size);
   plan->add_option("--fields", args.fields, "Field space: COUNTxBYTES (4x4) or a list of sizes (8,4,4)")->capture_default_str();
   plan->add_option("--planner", args.planner, "auto (by CARAVAN_PLANNER_FULL_MIN_BYTES), full, simple or multipath")
       ->capture_default_str();
   plan->add_option("--threshold", args.threshold, "Buffer threshold TH (default CARAVAN_PLANNER_BUFFER_THRESHOLD)");
-  plan->add_option("--max-hops", args.max_hops, "Longest path considered (default CARAVAN_PLANNER_MAX_HOPS)");
+  plan->add_option("--max-hops", args.max_hops, "Longest path considered (default CARAVAN_PLANNER_MAX_HOPS)")
+      ->check(CLI::Range(1, 16));  // the setting's range
   plan->add_flag("--transit", args.transit, "Allow paths through memories of other nodes");
   plan->add_flag("--json", args.json, "Print the plan as JSON");
   plan->callback([] { run_plan(args); });
