@@ -326,9 +326,6 @@ const Definition& require_kind(std::string_view name, std::initializer_list<Kind
   return d;
 }
 
-}  // namespace
-
-namespace {
 // Edits (insertions, deletions, substitutions) between two names.
 std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> row(b.size() + 1);

@@ -107,7 +107,6 @@ nlohmann::json summary_json(const Summary& s) {
 }
 
 BenchReport run_copy_bench() {
-  if (g_copy.mib == 0) throw Error(Errc::invalid_argument, "--mib 0: must be at least 1");
   if (g_copy.repetitions <= 0) throw Error(Errc::invalid_argument, fmt::format("--reps {}: must be at least 1", g_copy.repetitions));
   Runtime rt;
   const std::string load_before = load_average();

@@ -42,8 +42,6 @@ struct PlanArgs {
   bool json = false;
 };
 
-std::uint64_t parse_bytes(const std::string& text, const char* what) { return settings::parse_byte_count(text, what); }
-
 // "4x4": four fields of four bytes; "8,4,4": fields of those sizes.
 FieldSpace parse_fields(const std::string& text) {
   std::vector<Field> fields;
@@ -98,7 +96,7 @@ IndexSpace make_space(const PlanArgs& a, int dims, const FieldSpace& fields) {
     }
     return Rect::from_extents(extents);
   }
-  const std::uint64_t bytes = parse_bytes(a.size, "--size");
+  const std::uint64_t bytes = settings::parse_byte_count(a.size, "--size");
   if (bytes == 0) throw Error(Errc::invalid_argument, "--size '0': must be at least 1 byte");
   std::uint64_t points = std::max<std::uint64_t>(1, bytes / fields.total_size());
   auto side = static_cast<std::int64_t>(std::llround(std::pow(static_cast<double>(points), 1.0 / dims)));
@@ -137,7 +135,7 @@ void run_plan(const PlanArgs& a) {
   request.fields = parse_fields(a.fields);
   request.space = make_space(a, std::max(dims_of(request.src_layout), dims_of(request.dst_layout)), request.fields);
   PlannerOptions options = PlannerOptions::from_settings();
-  if (!a.threshold.empty()) options.buffer_threshold = parse_bytes(a.threshold, "--threshold");
+  if (!a.threshold.empty()) options.buffer_threshold = settings::parse_byte_count(a.threshold, "--threshold");
   if (a.max_hops > 0) options.max_hops = a.max_hops;
   if (a.transit) options.transit_nodes = true;
   std::string kind = a.planner;
