@@ -1,12 +1,13 @@
-// `caravan bench attention`: the fused causal attention kernel (kernels/gpu/attention.cu) against
-// the unfused path the GPU layer ran before it (per block of 1024 queries: the scores by cuBLAS,
-// the causal softmax kernel, probabilities x V by cuBLAS), on GPU 0, alternating the two in one
-// run. Shapes: the heads one GPU holds in `bench llm` (Llama-3 70B: 64 query / 8 key-value heads,
-// 8B: 32 / 8, head width 128) at tensor-parallel degree 1, 2 and 4, prefill of 4k to 16k tokens.
+// `caravan bench attention`: the fused causal attention kernels (kernels/gpu/attention.cu: the
+// portable mma.sync one; attention_sm90.cu: the Hopper wgmma one, where the GPU runs it) against
+// the unfused path the GPU layer ran before them (per block of 1024 queries: the scores by cuBLAS,
+// the causal softmax kernel, probabilities x V by cuBLAS), on GPU 0, alternating them in one run. Shapes: the heads one
+// GPU holds in `bench llm` (Llama-3 70B: 64 query / 8 key-value heads, 8B: 32 / 8, head width 128) at tensor-parallel
+// degree 1, 2 and 4, prefill of 4k to 16k tokens.
 //
-// Checks: the fused output against the float32 reference at 2048 tokens per shape (fresh random
-// inputs, output poisoned), and at every measured size its relative difference from the unfused
-// output. Without a GPU, or in a build without the GPU kernels, it says why and skips.
+// Checks: each fused kernel's output against the float32 reference at 2048 tokens per shape (fresh
+// random inputs, output poisoned), and at every measured size its relative difference from the
+// unfused output. Without a GPU, or in a build without the GPU kernels, it says why and skips.
 #include "apps/caravan/bench_report.h"
 #include "apps/caravan/commands.h"
 
@@ -106,8 +107,8 @@ BenchReport run_on_gpu() {
   std::mt19937_64 seeds(std::random_device{}());
 
   BenchTable table{"causal attention on GPU 0, ms per call (median, p10..p90)",
-                   {"model", "TP", "heads q/kv", "tokens", "unfused (cuBLAS)", "fused", "speedup", "fused TFLOP/s",
-                    "check"}};
+                   {"model", "TP", "heads q/kv", "tokens", "unfused (cuBLAS)", "fused mma.sync", "fused wgmma",
+                    "speedup", "wgmma / mma.sync", "TFLOP/s", "check"}};
   nlohmann::json results = nlohmann::json::array();
   std::string failures;
   double worst_error = 0;
@@ -119,29 +120,41 @@ BenchReport run_on_gpu() {
       auto arguments = [&](long tokens, bf16* out_buffer) {
         return gpu::packed_qkv_attention(qkv.get(), ld, tokens, q_heads, kv_heads, d, out_buffer, ld_out);
       };
-      double reference_error = -1;
-      if (o.check) {  // fused vs float32 at check_tokens, fresh inputs, output poisoned
-        const std::uint64_t seed = seeds();
-        gpu::fill_random(qkv.get(), check_tokens, ld, ld, seed, 0, 0, 1.0f, stream);
-        gpu::fill_random(qkv_f.get(), check_tokens, ld, ld, seed, 0, 0, 1.0f, stream);
-        CARAVAN_HIP_CHECK(hipMemsetAsync(fused_out.get(), 0xff, count(check_tokens, ld_out) * sizeof(bf16), stream));
-        const gpu::AttentionArguments a = arguments(check_tokens, fused_out.get());
-        gpu::fused_causal_attention(a, stream, o.block_rows);
-        gpu::attention_reference(qkv_f.get(), qkv_f.get() + q_heads * d, qkv_f.get() + (q_heads + kv_heads) * d, a, ref.get(),
-                                 stream);
-        gpu::compare(fused_out.get(), check_tokens, ld_out, ld_out, ref.get(), ld_out, sums.get(), stream);
+      // The portable kernel always; the Hopper one where this GPU runs it.
+      std::vector<gpu::AttentionKernel> kernels{gpu::AttentionKernel::portable};
+      if (gpu::attention_kernel_runs(gpu::AttentionKernel::hopper, d)) kernels.push_back(gpu::AttentionKernel::hopper);
+      // --block-rows is the portable kernel's; the Hopper one has 128 rows per block.
+      const auto block_rows = [&](std::size_t i) {
+        return kernels[i] == gpu::AttentionKernel::hopper ? 0 : o.block_rows;
+      };
+      const auto error_against = [&](const float* expected, long tokens) {
+        gpu::compare(fused_out.get(), tokens, ld_out, ld_out, expected, ld_out, sums.get(), stream);
         gpu::ErrorSums host;
         CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.get(), sizeof(host), hipMemcpyDefault, stream));
         CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
-        reference_error = host.nonfinite > 0 ? 1.0 : error_of(host);
+        return host.nonfinite > 0 ? 1.0 : error_of(host);
+      };
+      std::vector<double> reference_error(kernels.size(), -1.0);
+      if (o.check) {  // each fused kernel vs float32 at check_tokens, fresh inputs, output poisoned
+        const std::uint64_t seed = seeds();
+        gpu::fill_random(qkv.get(), check_tokens, ld, ld, seed, 0, 0, 1.0f, stream);
+        gpu::fill_random(qkv_f.get(), check_tokens, ld, ld, seed, 0, 0, 1.0f, stream);
+        const gpu::AttentionArguments a = arguments(check_tokens, fused_out.get());
+        gpu::attention_reference(qkv_f.get(), qkv_f.get() + q_heads * d, qkv_f.get() + (q_heads + kv_heads) * d, a, ref.get(),
+                                 stream);
+        for (std::size_t i = 0; i < kernels.size(); ++i) {
+          CARAVAN_HIP_CHECK(hipMemsetAsync(fused_out.get(), 0xff, count(check_tokens, ld_out) * sizeof(bf16), stream));
+          gpu::fused_causal_attention(a, stream, block_rows(i), kernels[i]);
+          reference_error[i] = error_against(ref.get(), check_tokens);
+        }
       }
       for (long tokens : o.tokens) {
         gpu::fill_random(qkv.get(), tokens, ld, ld, seeds(), 0, 0, 1.0f, stream);
-        CARAVAN_HIP_CHECK(hipMemsetAsync(fused_out.get(), 0xff, count(tokens, ld_out) * sizeof(bf16), stream));
         CARAVAN_HIP_CHECK(hipMemsetAsync(unfused_out.get(), 0xff, count(tokens, ld_out) * sizeof(bf16), stream));
         const gpu::AttentionArguments fused_args = arguments(tokens, fused_out.get());
         const gpu::AttentionArguments unfused_args = arguments(tokens, unfused_out.get());
-        std::vector<double> fused_s, unfused_s;
+        std::vector<double> unfused_s;
+        std::vector<std::vector<double>> fused_s(kernels.size());
         auto timed = [&](auto&& call) {
           CARAVAN_HIP_CHECK(hipEventRecord(start, stream));
           call();
@@ -153,34 +166,58 @@ BenchReport run_on_gpu() {
         };
         for (int rep = -1; rep < o.repetitions; ++rep) {  // rep -1: warm-up
           const double u = timed([&] { gpu::unfused_causal_attention(blas, unfused_args, kQueryBlock, scores.get(), probs.get(), stream); });
-          const double f = timed([&] { gpu::fused_causal_attention(fused_args, stream, o.block_rows); });
-          if (rep >= 0) {
-            unfused_s.push_back(u);
-            fused_s.push_back(f);
+          if (rep >= 0) unfused_s.push_back(u);
+          for (std::size_t i = 0; i < kernels.size(); ++i) {
+            const double f = timed([&] { gpu::fused_causal_attention(fused_args, stream, block_rows(i), kernels[i]); });
+            if (rep >= 0) fused_s[i].push_back(f);
           }
         }
-        // The fused output against the unfused one (both bf16; the unfused widened to float).
+        // Each fused output against the unfused one (both bf16; the unfused widened to float),
+        // from one more call on a poisoned output.
         gpu::to_float(unfused_out.get(), unfused_f.get(), count(tokens, ld_out), stream);
-        gpu::compare(fused_out.get(), tokens, ld_out, ld_out, unfused_f.get(), ld_out, sums.get(), stream);
-        gpu::ErrorSums host;
-        CARAVAN_HIP_CHECK(hipMemcpyAsync(&host, sums.get(), sizeof(host), hipMemcpyDefault, stream));
-        CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
-        const double difference = host.nonfinite > 0 ? 1.0 : error_of(host);
-        const Summary fs = summarize(fused_s), us = summarize(unfused_s);
+        std::vector<double> difference(kernels.size());
+        for (std::size_t i = 0; i < kernels.size(); ++i) {
+          CARAVAN_HIP_CHECK(hipMemsetAsync(fused_out.get(), 0xff, count(tokens, ld_out) * sizeof(bf16), stream));
+          gpu::fused_causal_attention(fused_args, stream, block_rows(i), kernels[i]);
+          difference[i] = error_against(unfused_f.get(), tokens);
+        }
+        const Summary us = summarize(unfused_s);
         const double flops = 4.0 * static_cast<double>(d) * static_cast<double>(q_heads) * static_cast<double>(tokens) *
                              static_cast<double>(tokens + 1) / 2.0;
-        const bool ok = difference < 1e-2 && (reference_error < 0 || reference_error < 1e-2);
-        worst_error = std::max({worst_error, difference, reference_error});
-        if (!ok)
-          failures += fmt::format("{}{} TP {} {} tokens: fused vs float32 {:.2e}, vs unfused {:.2e}", failures.empty() ? "" : "; ",
-                                  model, tp, tokens, reference_error, difference);
-        table.rows.push_back({model, std::to_string(tp), fmt::format("{}/{}", q_heads, kv_heads), std::to_string(tokens),
-                              fmt::format("{:.3f} ({:.3f}..{:.3f})", us.median * 1e3, us.p10 * 1e3, us.p90 * 1e3),
-                              fmt::format("{:.3f} ({:.3f}..{:.3f})", fs.median * 1e3, fs.p10 * 1e3, fs.p90 * 1e3),
-                              fmt::format("{:.2f}x", us.median / fs.median), fmt::format("{:.0f}", flops / fs.median / 1e12),
-                              fmt::format("{} (f32 {}, unfused {:.1e})", ok ? "ok" : "FAIL",
-                                          reference_error < 0 ? std::string("-") : fmt::format("{:.1e}", reference_error),
-                                          difference)});
+        const auto cell = [](const Summary& x) {
+          return fmt::format("{:.3f} ({:.3f}..{:.3f})", x.median * 1e3, x.p10 * 1e3, x.p90 * 1e3);
+        };
+        // The last kernel is the one `automatic` runs here: the Hopper one where it runs.
+        const Summary best = summarize(fused_s.back()), portable = summarize(fused_s.front());
+        bool ok = true;
+        std::string check;
+        nlohmann::json per_kernel = nlohmann::json::array();
+        for (std::size_t i = 0; i < kernels.size(); ++i) {
+          const bool kernel_ok = difference[i] < 1e-2 && reference_error[i] < 1e-2;
+          ok = ok && kernel_ok;
+          worst_error = std::max({worst_error, difference[i], reference_error[i]});
+          const std::string name = gpu::attention_kernel_name(kernels[i], d, block_rows(i));
+          check += fmt::format(
+              "{}{} {} (f32 {}, unfused {:.1e})", check.empty() ? "" : "; ", name, kernel_ok ? "ok" : "FAIL",
+              reference_error[i] < 0 ? std::string("-") : fmt::format("{:.1e}", reference_error[i]), difference[i]);
+          if (!kernel_ok)
+            failures +=
+                fmt::format("{}{} TP {} {} tokens, {}: fused vs float32 {:.2e}, vs unfused {:.2e}",
+                            failures.empty() ? "" : "; ", model, tp, tokens, name, reference_error[i], difference[i]);
+          const Summary fs = summarize(fused_s[i]);
+          per_kernel.push_back({{"kernel", name},
+                                {"fused_s", fused_s[i]},
+                                {"speedup", us.median / fs.median},
+                                {"fused_tflops", flops / fs.median / 1e12},
+                                {"error_vs_float32", reference_error[i]},
+                                {"difference_vs_unfused", difference[i]}});
+        }
+        table.rows.push_back(
+            {model, std::to_string(tp), fmt::format("{}/{}", q_heads, kv_heads), std::to_string(tokens), cell(us),
+             cell(portable), kernels.size() > 1 ? cell(best) : std::string("-"),
+             fmt::format("{:.2f}x", us.median / best.median),
+             kernels.size() > 1 ? fmt::format("{:.2f}x", portable.median / best.median) : std::string("-"),
+             fmt::format("{:.0f}", flops / best.median / 1e12), check});
         results.push_back({{"model", model},
                            {"tp", tp},
                            {"q_heads", q_heads},
@@ -188,12 +225,13 @@ BenchReport run_on_gpu() {
                            {"head_dim", d},
                            {"tokens", tokens},
                            {"unfused_s", unfused_s},
-                           {"fused_s", fused_s},
-                           {"speedup", us.median / fs.median},
-                           {"fused_tflops", flops / fs.median / 1e12},
-                           {"error_vs_float32", reference_error},
-                           {"difference_vs_unfused", difference}});
-        fmt::print(stderr, "bench attention: {} TP {} {} tokens: {:.2f}x\n", model, tp, tokens, us.median / fs.median);
+                           {"kernels", per_kernel},
+                           {"speedup", us.median / best.median},
+                           {"fused_tflops", flops / best.median / 1e12}});
+        fmt::print(
+            stderr, "bench attention: {} TP {} {} tokens: {:.2f}x over unfused{}\n", model, tp, tokens,
+            us.median / best.median,
+            kernels.size() > 1 ? fmt::format(", wgmma {:.2f}x over mma.sync", portable.median / best.median) : "");
       }
     }
   }
@@ -201,11 +239,17 @@ BenchReport run_on_gpu() {
   CARAVAN_HIP_CHECK(hipEventDestroy(stop));
   CARAVAN_HIP_CHECK(hipStreamDestroy(stream));
   out.tables.push_back(std::move(table));
-  out.notes.push_back(fmt::format("{} timed calls of each after one warm-up, alternating; speedup = unfused median / fused "
-                                  "median; TFLOP/s counts the causal half (4 d heads T (T + 1) / 2)",
-                                  o.repetitions));
-  out.notes.push_back("check: fused vs float32 reference at " + std::to_string(check_tokens) +
-                      " tokens and fused vs unfused at the measured size, relative error below 1e-2");
+  out.notes.push_back(
+      fmt::format("{} timed calls of each after one warm-up, alternating; speedup = unfused median / the "
+                  "fastest fused kernel's median (wgmma where it runs); TFLOP/s: that kernel's, counting "
+                  "the causal half (4 d heads T (T + 1) / 2)",
+                  o.repetitions));
+  if (!gpu::attention_kernel_runs(gpu::AttentionKernel::hopper, 128))
+    out.notes.push_back(
+        "fused wgmma: '-', this GPU (or build) does not run the Hopper kernel (compute capability 9.0 and "
+        "the sm_90a kernels)");
+  out.notes.push_back("check: each fused kernel vs float32 reference at " + std::to_string(check_tokens) +
+                      " tokens and vs unfused at the measured size, relative error below 1e-2");
   out.headlines.push_back(fmt::format("worst relative error {:.1e}", worst_error));
   out.figures = {{"results", results}, {"block_rows", o.block_rows}};
   out.failure = failures;
@@ -230,7 +274,8 @@ void add_bench_attention(CLI::App& bench) {
   c.add_option("--tokens", g_attention.tokens, "Sequence lengths")->capture_default_str();
   c.add_option("--tp", g_attention.tensor_parallel, "Tensor-parallel degrees: each GPU holds heads / TP")->capture_default_str();
   c.add_option("--reps", g_attention.repetitions, "Timed calls of each")->capture_default_str();
-  c.add_option("--block-rows", g_attention.block_rows, "Query rows per block of the fused kernel: 64, 128 or 0 (default)")
+  c.add_option("--block-rows", g_attention.block_rows,
+               "Query rows per block of the portable (mma.sync) fused kernel: 64, 128 or 0 (default)")
       ->capture_default_str();
   c.add_flag("!--no-check", g_attention.check, "Skip the float32 reference check");
 }

@@ -8,7 +8,13 @@
 // softmax needs to know which row and column each accumulator register holds, and because a
 // score fragment is then, register for register, the probability operand of the next product.
 // K and V tiles come in through cp.async, two stages, while the previous tile is computed.
+//
+// On Hopper (compute capability 9.0) the TMA + wgmma kernel of attention_sm90.cu runs instead,
+// where it takes the head width (AttentionKernel).
 #include "kernels/gpu/kernels.h"
+#ifdef CARAVAN_HAVE_SM90_KERNELS
+#include "kernels/gpu/attention_sm90.h"
+#endif
 
 #include <caravan/error.h>
 
@@ -317,6 +323,19 @@ void launch_depth(const AttentionArguments& a, hipStream_t stream) {
   }
 }
 
+bool hopper_runs(long head_dim) {
+#ifdef CARAVAN_HAVE_SM90_KERNELS
+  return sm90::attention_supports(head_dim) && sm90::attention_available();
+#else
+  (void)head_dim;
+  return false;
+#endif
+}
+
+bool use_hopper(AttentionKernel kernel, long head_dim, int block_rows) {
+  return kernel != AttentionKernel::portable && (block_rows == 0 || block_rows == 128) && hopper_runs(head_dim);
+}
+
 void require_arguments(const AttentionArguments& a, int block_rows) {
   const auto fail = [](const std::string& what) { throw Error(Errc::invalid_argument, "fused_causal_attention: " + what); };
   if (!fused_attention_supports(a.head_dim))
@@ -355,6 +374,7 @@ AttentionArguments packed_qkv_attention(const bf16* qkv, long ld, long tokens, l
 bool fused_attention_supports(long head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
 void preload_attention() {
+  (void)hopper_runs(128);  // loads the Hopper kernels and grants their shared memory, where they run
   allow_shared_memory<32, 4>();
   allow_shared_memory<64, 4>();
   allow_shared_memory<128, 4>();
@@ -367,9 +387,33 @@ void preload_attention() {
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&attention_reference_kernel<128>)));
 }
 
-void fused_causal_attention(const AttentionArguments& a, hipStream_t stream, int block_rows) {
+bool attention_kernel_runs(AttentionKernel kernel, long head_dim) {
+  if (!fused_attention_supports(head_dim)) return false;
+  return kernel != AttentionKernel::hopper || hopper_runs(head_dim);
+}
+
+std::string attention_kernel_name(AttentionKernel kernel, long head_dim, int block_rows) {
+  return use_hopper(kernel, head_dim, block_rows) ? "wgmma" : "mma.sync";
+}
+
+void fused_causal_attention(const AttentionArguments& a, hipStream_t stream, int block_rows, AttentionKernel kernel) {
   require_arguments(a, block_rows);
+  if (kernel == AttentionKernel::hopper) {
+    if (block_rows != 0 && block_rows != 128)
+      throw Error(Errc::invalid_argument,
+                  "fused_causal_attention: kernel = hopper takes 128 query rows per block (got "
+                  "block_rows = " +
+                      std::to_string(block_rows) + ")");
+    if (!hopper_runs(a.head_dim))
+      throw Error(Errc::invalid_argument,
+                  "fused_causal_attention: kernel = hopper needs a build with the sm_90a kernels, a device of compute "
+                  "capability 9.0 and head_dim 64 or 128 (head_dim = " +
+                      std::to_string(a.head_dim) + ")");
+  }
   if (a.tokens == 0) return;
+#ifdef CARAVAN_HAVE_SM90_KERNELS
+  if (use_hopper(kernel, a.head_dim, block_rows)) return sm90::fused_causal_attention(a, stream);
+#endif
   if (block_rows == 0) block_rows = kAttentionBlockRows;
   if (block_rows == 64)
     launch_depth<4>(a, stream);

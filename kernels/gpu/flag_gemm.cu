@@ -6,7 +6,7 @@
 // The portable kernel: one shared-memory stage, no asynchronous copies, about 7x slower than
 // cuBLAS on an H200. On Hopper flag_gemm runs the TMA + wgmma kernel of flag_gemm_sm90.cu instead.
 #include "kernels/gpu/kernels.h"
-#ifdef CARAVAN_HAVE_SM90_GEMM
+#ifdef CARAVAN_HAVE_SM90_KERNELS
 #include "kernels/gpu/flag_gemm_sm90.h"
 #endif
 #include "kernels/gpu/flag_gemm_rows.cuh"
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads)
 // so ldc must be a multiple of 8 and every part of C 16-byte aligned (the portable kernel takes
 // any). `parts` null: only ldc is asked about.
 bool hopper_kernel_for(long ldc, const FlagGemmParts* parts, FlagGemmKernel kernel) {
-#ifdef CARAVAN_HAVE_SM90_GEMM
+#ifdef CARAVAN_HAVE_SM90_KERNELS
   if (kernel == FlagGemmKernel::portable || ldc % 8 != 0) return false;
   for (int p = 0; parts != nullptr && p < parts->count * parts->copies; ++p)
     if (reinterpret_cast<std::uintptr_t>(parts->c[p]) % 16 != 0) return false;
@@ -120,13 +120,13 @@ bool hopper_kernel_for(long ldc, const FlagGemmParts* parts, FlagGemmKernel kern
 void preload_flag_gemm() {
   hipFuncAttributes attributes;
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&flag_gemm_kernel)));
-#ifdef CARAVAN_HAVE_SM90_GEMM
+#ifdef CARAVAN_HAVE_SM90_KERNELS
   (void)sm90::available();  // loads the Hopper kernel and grants its shared memory, where it runs
 #endif
 }
 
 std::string flag_gemm_kernel_name(long m, long n, long ldc, FlagGemmKernel kernel) {
-#ifdef CARAVAN_HAVE_SM90_GEMM
+#ifdef CARAVAN_HAVE_SM90_KERNELS
   if (hopper_kernel_for(ldc, nullptr, kernel))
     return "wgmma 128x" + std::to_string(sm90::choose_tile_n(m, n)) +
            (kernel == FlagGemmKernel::persistent ? " persistent" : "");
@@ -179,7 +179,7 @@ void flag_gemm_parts(const bf16* a, long lda, const bf16* b, long ldb, const Fla
     throw Error(Errc::invalid_argument, "flag_gemm: rows_per_flag must be positive when flags are given");
   if (m > (1L << 31) - kTileM || n > (1L << 31) || k > (1L << 31))
     throw Error(Errc::invalid_argument, "flag_gemm: m, n and k must each be below 2^31");
-#ifdef CARAVAN_HAVE_SM90_GEMM
+#ifdef CARAVAN_HAVE_SM90_KERNELS
   if (hopper_kernel_for(ldc, &parts, kernel)) {
     sm90::flag_gemm(a, lda, b, ldb, out, m, n, k, flags, rows_per_flag, epoch, tile_order, rows_per_done,
                     sm90::choose_tile_n(m, n), kernel == FlagGemmKernel::persistent, stream);

@@ -31,10 +31,12 @@
 #include "kernels/gpu/flag_gemm_sm90.h"
 
 #include "kernels/gpu/flag_gemm_rows.cuh"
+#include "kernels/gpu/sm90.cuh"
+#include "kernels/gpu/sm90_tensor_map.h"
 
 #include <caravan/error.h>
 
-#include <cuda.h>  // CUtensorMap and the encoder's signature only: the driver is reached through the runtime
+#include <cuda.h>  // CUtensorMap
 
 #include <algorithm>
 #include <array>
@@ -68,63 +70,7 @@ struct Config {
   static_assert(kSharedBytes <= 227 * 1024, "fits in an SM's shared memory");
 };
 
-__device__ __forceinline__ std::uint32_t shared_address(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-__device__ __forceinline__ void barrier_init(std::uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count));
-}
-__device__ __forceinline__ void barrier_expect_bytes(std::uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void barrier_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
-}
-__device__ __forceinline__ void barrier_wait(std::uint64_t* bar, std::uint32_t parity) {
-  const std::uint32_t address = shared_address(bar);
-  std::uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(address), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner, int outer) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
-      "[%2];\n" ::"r"(shared_address(dst)),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(shared_address(bar)), "r"(inner), "r"(outer)
-      : "memory");
-}
-
-// A shared-memory matrix descriptor for the 128-byte swizzle (PTX ISA, "matrix descriptor").
-// `leading` and `stride` are the byte offsets between core-matrix groups: for A (K-major) only
-// `stride` (8 rows to the next 8 rows, 1024 bytes) is used; for B (N-major, since B is row-major
-// k x n) `leading` steps 64 columns (one TMA box) and `stride` 8 rows of k.
-__device__ __forceinline__ std::uint64_t descriptor(const void* p, std::uint32_t leading, std::uint32_t stride) {
-  return static_cast<std::uint64_t>((shared_address(p) & 0x3FFFF) >> 4) |
-         static_cast<std::uint64_t>((leading & 0x3FFFF) >> 4) << 16 |
-         static_cast<std::uint64_t>((stride & 0x3FFFF) >> 4) << 32 | std::uint64_t{1} << 62;
-}
-
-// Synchronizes `threads` threads (whole warps) on hardware barrier `id` (0 is __syncthreads').
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int Pending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
-}
 
 #define CARAVAN_ACC8(i)                                                                                       \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
@@ -368,41 +314,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiled encoder() {
-  static const EncodeTiled encode = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    CARAVAN_HIP_CHECK(
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || function == nullptr)
-      throw Error(Errc::device, "flag_gemm: the driver has no cuTensorMapEncodeTiled (CUDA 12 or later is needed)");
-    return reinterpret_cast<EncodeTiled>(function);
-  }();
-  return encode;
-}
-
-// A row-major bf16 matrix (rows x cols, leading dimension ld) as 128-byte swizzled boxes of
-// box_cols x box_rows; reads past its edges are zeros.
-CUtensorMap tensor_map(const bf16* base, long rows, long cols, long ld, int box_cols, int box_rows) {
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(bf16)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides,
-                                    box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS)
-    throw Error(Errc::device, "flag_gemm: cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(result)) +
-                                  ") for a " + std::to_string(rows) + " x " + std::to_string(cols) + " matrix, ld " +
-                                  std::to_string(ld));
-  return map;
-}
-
 constexpr int kMaxDevices = 64;
 std::array<std::atomic<int>, kMaxDevices> g_ready{};  // per device: 0 unknown, 1 Hopper, set up; -1 not Hopper
 
@@ -445,7 +356,7 @@ bool available() {
       grant_shared_memory<128, true>();
       // The encoder is looked up once per process; finding it now keeps the first call's
       // latency and its failure here.
-      encoder();
+      find_tensor_map_encoder();
     }
     g_ready[device].store(state, std::memory_order_release);
   }
@@ -487,8 +398,8 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const dev::Outpu
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, const dev::OutputParts& out, long m, long n, long k,
                std::uint64_t* flags, long rows_per_flag, std::uint64_t epoch, const int* tile_order, long rows_per_done,
                int tile_n, bool persistent, hipStream_t stream) {
-  const CUtensorMap map_a = tensor_map(a, m, k, lda, kTileK, kTileM);
-  const CUtensorMap map_b = tensor_map(b, k, n, ldb, kBlockN, kTileK);
+  const CUtensorMap map_a = tensor_map("flag_gemm", a, m, k, lda, kTileK, kTileM);
+  const CUtensorMap map_b = tensor_map("flag_gemm", b, k, n, ldb, kBlockN, kTileK);
   const auto run = tile_n == 256 ? (persistent ? &launch<256, true> : &launch<256, false>)
                                  : (persistent ? &launch<128, true> : &launch<128, false>);
   run(map_a, map_b, out, m, n, k, flags, rows_per_flag, epoch, tile_order, rows_per_done, stream);

@@ -119,10 +119,20 @@ struct AttentionArguments {
 AttentionArguments packed_qkv_attention(const bf16* qkv, long ld, long tokens, long q_heads, long kv_heads,
                                         long head_dim, bf16* out, long ld_out);
 bool fused_attention_supports(long head_dim);
+// Which kernel runs the fused attention. `portable`: mma.sync, any GPU of compute capability 8.0
+// or later. `hopper`: TMA + wgmma, compute capability 9.0 and head widths 64 and 128, 128 query
+// rows per block. `automatic`: hopper where it can run and block_rows is 0 or 128, else portable.
+enum class AttentionKernel { automatic, portable, hopper };
+// Whether `kernel` would run `head_dim` on the current device, and the name of the kernel that
+// `automatic` (or the kernel asked for) runs there, for reports: "wgmma" or "mma.sync".
+bool attention_kernel_runs(AttentionKernel kernel, long head_dim);
+std::string attention_kernel_name(AttentionKernel kernel, long head_dim, int block_rows = 0);
 // q, k, v 16-byte aligned, out 4-byte aligned.
-// Throws Error(invalid_argument) naming the argument and rule. `block_rows`: query rows per
-// block, 64 or 128 (0: the default, 128). Needs no workspace; the sequence may be any length.
-void fused_causal_attention(const AttentionArguments& a, hipStream_t stream, int block_rows = 0);
+// Throws Error(invalid_argument) naming the argument and rule (among them a kernel that cannot
+// run here). `block_rows`: query rows per block, 64 or 128 (0: the default, 128). Needs no
+// workspace; the sequence may be any length.
+void fused_causal_attention(const AttentionArguments& a, hipStream_t stream, int block_rows = 0,
+                            AttentionKernel kernel = AttentionKernel::automatic);
 // The float32 reference of the same attention (one thread per query and head; for tests and
 // checks): q, k, v and out are float arrays with a's shape and strides (a's pointers unused).
 void attention_reference(const float* q, const float* k, const float* v, const AttentionArguments& a, float* out,

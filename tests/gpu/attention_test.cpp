@@ -1,7 +1,9 @@
 // The fused causal attention kernel (kernels/gpu/attention.cu) against the float32 reference on
 // fresh random inputs, outputs poisoned first, on one GPU: head widths 32, 64 and 128, grouped
 // and plain multi-head attention, both block heights, sequence lengths that are not multiples of
-// the tiles, and inputs scaled up so that the softmax is peaked. Skips without a GPU.
+// the tiles, and inputs scaled up so that the softmax is peaked; each through the portable
+// mma.sync kernel and, on a device of compute capability 9.0, the Hopper wgmma kernel. Skips
+// without a GPU (and the Hopper cases elsewhere), saying why.
 #include "kernels/gpu/blas.h"
 #include "kernels/gpu/kernels.h"
 #include "kernels/gpu/tp_layer.h"
@@ -29,19 +31,28 @@ struct Case {
   long tokens, q_heads, kv_heads, head_dim;
   int block_rows;
   float input_scale;  // inputs uniform in [-scale, scale]; larger: a more peaked softmax
+  AttentionKernel kernel = AttentionKernel::portable;
 };
+
+const char* kernel_label(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::portable: return "portable";
+    case AttentionKernel::hopper: return "hopper";
+    default: return "automatic";
+  }
+}
 
 // gtest prints a parameter with this (not as raw bytes).
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "tokens " << c.tokens << ", heads " << c.q_heads << "/" << c.kv_heads << ", width " << c.head_dim
-      << ", block rows " << c.block_rows << ", input scale " << c.input_scale;
+      << ", block rows " << c.block_rows << ", input scale " << c.input_scale << ", kernel " << kernel_label(c.kernel);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return "t" + std::to_string(c.tokens) + "_h" + std::to_string(c.q_heads) + "_kv" + std::to_string(c.kv_heads) + "_d" +
          std::to_string(c.head_dim) + "_rows" + std::to_string(c.block_rows) + "_scale" +
-         std::to_string(static_cast<int>(c.input_scale));
+         std::to_string(static_cast<int>(c.input_scale)) + "_" + kernel_label(c.kernel);
 }
 
 struct Measured {
@@ -69,7 +80,7 @@ Measured run_case(const Case& c, std::uint64_t seed) {
 
   const AttentionArguments a =
       packed_qkv_attention(qkv.data, ld, c.tokens, c.q_heads, c.kv_heads, d, out.data, ld_out);
-  fused_causal_attention(a, stream, c.block_rows);
+  fused_causal_attention(a, stream, c.block_rows, c.kernel);
   attention_reference(qkv_f.data, qkv_f.data + c.q_heads * d, qkv_f.data + (c.q_heads + c.kv_heads) * d, a, ref.data,
                       stream);
   compare(out.data, c.tokens, out_width, ld_out, ref.data, ld_out, sums.data, stream);
@@ -94,6 +105,10 @@ TEST_P(FusedAttention, MatchesTheFloat32Reference) {
   CARAVAN_REQUIRE_GPU_COUNT(1);
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   preload_attention();
+  if (!attention_kernel_runs(GetParam().kernel, GetParam().head_dim))
+    GTEST_SKIP() << "the Hopper attention kernel needs a build with the sm_90a kernels and a device of compute "
+                    "capability 9.0; this one runs "
+                 << attention_kernel_name(AttentionKernel::automatic, GetParam().head_dim);
   const std::uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const Measured m = run_case(GetParam(), seed);
@@ -103,14 +118,29 @@ TEST_P(FusedAttention, MatchesTheFloat32Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Shapes, FusedAttention,
-    ::testing::Values(Case{1000, 8, 2, 128, 0, 1.0f},    // grouped, tails of both tiles
-                      Case{1000, 8, 2, 128, 64, 1.0f},   // the 4-warp block
-                      Case{4096, 2, 1, 128, 0, 1.0f},    // many key tiles: the online softmax's rescaling
-                      Case{777, 4, 4, 128, 128, 4.0f},   // plain multi-head, peaked softmax
+    Portable, FusedAttention,
+    ::testing::Values(Case{1000, 8, 2, 128, 0, 1.0f},   // grouped, tails of both tiles
+                      Case{1000, 8, 2, 128, 64, 1.0f},  // the 4-warp block
+                      Case{4096, 2, 1, 128, 0, 1.0f},   // many key tiles: the online softmax's rescaling
+                      Case{777, 4, 4, 128, 128, 4.0f},  // plain multi-head, peaked softmax
                       Case{300, 4, 4, 64, 128, 2.0f}, Case{257, 6, 3, 32, 64, 1.0f}, Case{129, 6, 3, 32, 128, 4.0f},
-                      Case{1, 2, 1, 128, 0, 1.0f},       // one token: the output is V's first row
+                      Case{1, 2, 1, 128, 0, 1.0f},  // one token: the output is V's first row
                       Case{64, 2, 2, 64, 64, 1.0f}),
+    case_name);
+
+// The Hopper kernel: 128 query rows per block in two consumer warpgroups of 64, so also a
+// sequence whose last block has rows for the first consumer only (tokens % 128 <= 64), and one
+// shorter than a block.
+INSTANTIATE_TEST_SUITE_P(
+    Hopper, FusedAttention,
+    ::testing::Values(Case{1000, 8, 2, 128, 0, 1.0f, AttentionKernel::hopper},   // grouped, tails of both tiles
+                      Case{4096, 2, 1, 128, 0, 1.0f, AttentionKernel::hopper},   // many key tiles, rescaling
+                      Case{777, 4, 4, 128, 128, 4.0f, AttentionKernel::hopper},  // plain multi-head, peaked
+                      Case{300, 4, 4, 64, 0, 2.0f, AttentionKernel::hopper},     // width 64; 300 % 128 = 44
+                      Case{1090, 6, 3, 64, 0, 1.0f, AttentionKernel::hopper},    // 1090 % 128 = 66
+                      Case{50, 2, 1, 128, 0, 1.0f, AttentionKernel::hopper},     // shorter than one block
+                      Case{1, 2, 1, 128, 0, 1.0f, AttentionKernel::hopper},      // one token
+                      Case{1000, 8, 2, 128, 0, 1.0f, AttentionKernel::automatic}),
     case_name);
 
 // The layer's unfused path (cuBLAS + softmax kernel) agrees with the reference too: it is the
@@ -175,6 +205,23 @@ TEST(FusedAttentionArguments, AreCheckedWithTheRuleNamed) {
   bad.k = reinterpret_cast<const bf16*>(std::uintptr_t{0x1002});
   EXPECT_NE(message(bad).find("16-byte aligned"), std::string::npos);
   EXPECT_NE(message(a, 96).find("block_rows = 96"), std::string::npos);
+  // The Hopper kernel's own rules, also checked before any device call.
+  const auto hopper_message = [](const AttentionArguments& args, int block_rows) {
+    try {
+      fused_causal_attention(args, nullptr, block_rows, AttentionKernel::hopper);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(hopper_message(a, 64).find("kernel = hopper takes 128 query rows per block"), std::string::npos);
+  bad = a;
+  bad.head_dim = 32;
+  bad.ld = 3 * 32;
+  bad.ld_out = 32;
+  EXPECT_NE(hopper_message(bad, 0).find("head_dim 64 or 128 (head_dim = 32)"), std::string::npos);
+  EXPECT_FALSE(attention_kernel_runs(AttentionKernel::hopper, 32));
   EXPECT_FALSE(fused_attention_supports(96));
   EXPECT_TRUE(fused_attention_supports(128));
 }

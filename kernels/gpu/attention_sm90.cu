@@ -1,0 +1,437 @@
+// The Hopper path of the fused causal attention (kernels.h: fused_causal_attention), built for
+// sm_90a only (the sm90 library, see CMakeLists.txt). The same forward pass of flash attention as
+// the portable mma.sync kernel in attention.cu, written the way the Hopper tensor cores want it
+// (FlashAttention-3's design, without its two-tile software pipelining):
+//   - a producer warpgroup, one thread of which issues TMA loads: the block's 128 query rows once,
+//     then each 64-key tile of K and of V into a ring of stages, each half with its own mbarrier
+//     so the scores can start while V is still landing;
+//   - two consumer warpgroups of 64 query rows each compute the scores S = Q K^T with wgmma
+//     straight from shared memory (both operands K-major), fold them into the online softmax in
+//     registers, and add P V with wgmma taking P from registers: the accumulator layout of S is,
+//     pair for pair, the register layout of wgmma's A operand, as with mma.sync.
+// Each consumer gives a stage back (one arrival per warp) once its products on it are done. A
+// consumer whose 64 rows see none of a tile's keys (the first consumer on the block's last,
+// diagonal tile) skips its products but still gives the stage back.
+#include "kernels/gpu/attention_sm90.h"
+
+#include "kernels/gpu/sm90.cuh"
+#include "kernels/gpu/sm90_tensor_map.h"
+
+#include <caravan/error.h>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace caravan::gpu::sm90 {
+namespace {
+
+constexpr int kBlockRows = 128, kConsumerRows = 64, kKeyTile = 64;
+constexpr int kBoxColumns = 64;                        // bf16 per 128-byte swizzled row of a TMA box
+constexpr int kBoxBytes = kKeyTile * kBoxColumns * 2;  // 64 rows x 128 bytes
+constexpr int kThreads = 3 * 128;                      // producer + two consumer warpgroups
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+constexpr int kStages = 3;  // with 2, a stage is given back only one tile before its refill is needed
+
+template <int D>
+struct AttentionConfig {
+  static constexpr int kBoxes = D / kBoxColumns;         // boxes across one head's D columns
+  static constexpr int kTileBytes = kBoxes * kBoxBytes;  // 64 rows of one head: a K or V tile, a consumer's Q
+  static constexpr int kQBytes = 2 * kTileBytes;
+  // Q, then the stages (K tile, V tile), from a 1024-byte boundary (the swizzle's period); then
+  // the barriers: Q landed, and per stage K landed, V landed and stage free.
+  static constexpr int kSharedBytes = 1024 + kQBytes + kStages * 2 * kTileBytes + (1 + 3 * kStages) * 8;
+  static_assert(kSharedBytes <= 227 * 1024, "fits in an SM's shared memory");
+};
+
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// S (64 x 64, fp32) = (accumulate 0) or += A (64 x 16, K-major, shared) x B (16 x 64, K-major,
+// shared): the immediates after the predicate are A's and B's scales (1) and transposes (none).
+__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], std::uint64_t a, std::uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
+      "1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+// The same with D overwritten: D is only written, not an input of the product.
+__device__ __forceinline__ void wgmma_m64n64_ss_overwrite(float (&d)[32], std::uint64_t a, std::uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
+      "1, 0, 0;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]),
+        "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]),
+        "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]),
+        "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "l"(a), "l"(b));
+}
+// D (64 x 64, fp32) += A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16 rows) x
+// B (16 x 64, N-major, shared): B transposed, as flag_gemm's B.
+__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, "
+      "%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+// D (64 x 128, fp32) += A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16 rows) x
+// B (16 x 128, N-major, shared): B transposed, as flag_gemm's B.
+__device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+      "%57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// wgmma reads and writes registers after its asm statement has issued, which the compiler does
+// not know: it may move a use of an accumulator above the wait, or give registers it thinks dead
+// (an A operand still being read) to other values. An empty asm that reads and writes each
+// register, placed after the wait, pins both: the values pass through it, so nothing reads them
+// before it and nothing reuses their registers until it.
+template <int N>
+__device__ __forceinline__ void pin_registers(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void pin_registers(std::uint32_t (&r)[kKeyTile / 16][4]) {
+#pragma unroll
+  for (int i = 0; i < kKeyTile / 16; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+template <int D>
+__device__ __forceinline__ void wgmma_output(float (&d)[D / 2], const std::uint32_t (&a)[4], std::uint64_t b) {
+  if constexpr (D == 128)
+    wgmma_m64n128_rs(d, a, b);
+  else
+    wgmma_m64n64_rs(d, a, b);
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Grid: x = query blocks of 128 rows (heaviest first), y = query heads.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                          const __grid_constant__ CUtensorMap map_v, long tokens, int group, float scale_log2,
+                          bf16* out, long ld_out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = AttentionConfig<D>;
+  extern __shared__ unsigned char shared_raw[];
+  unsigned char* q_tile =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(shared_raw) + 1023) & ~std::uintptr_t{1023});
+  unsigned char* stages = q_tile + C::kQBytes;
+  std::uint64_t* q_full = reinterpret_cast<std::uint64_t*>(stages + kStages * 2 * C::kTileBytes);
+  std::uint64_t* k_full = q_full + 1;
+  std::uint64_t* v_full = k_full + kStages;
+  std::uint64_t* empty = v_full + kStages;
+  const auto k_stage = [&](int s) { return stages + s * 2 * C::kTileBytes; };
+  const auto v_stage = [&](int s) { return stages + s * 2 * C::kTileBytes + C::kTileBytes; };
+
+  // Causal work grows with the query block: the last blocks go first, so short ones fill the tail.
+  const long q0 = static_cast<long>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
+  const int head = static_cast<int>(blockIdx.y), kv_head = head / group;
+  const int key_tiles = static_cast<int>((min(q0 + kBlockRows, tokens) - 1) / kKeyTile) + 1;
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+
+  if (threadIdx.x == 0) {
+    barrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(&k_full[s], 1);
+      barrier_init(&v_full[s], 1);
+      barrier_init(&empty[s], 2 * 4);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if (threadIdx.x == 0) {
+      barrier_expect_bytes(q_full, C::kQBytes);
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int b = 0; b < C::kBoxes; ++b)
+          tma_load(q_tile + (c * C::kBoxes + b) * kBoxBytes, &map_q, q_full, head * D + b * kBoxColumns,
+                   static_cast<int>(q0) + c * kConsumerRows);
+      for (int j = 0; j < key_tiles; ++j) {
+        const int s = j % kStages;
+        if (j >= kStages) barrier_wait(&empty[s], ((j / kStages) - 1) & 1);
+        barrier_expect_bytes(&k_full[s], C::kTileBytes);
+#pragma unroll
+        for (int b = 0; b < C::kBoxes; ++b)
+          tma_load(k_stage(s) + b * kBoxBytes, &map_k, &k_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
+        barrier_expect_bytes(&v_full[s], C::kTileBytes);
+#pragma unroll
+        for (int b = 0; b < C::kBoxes; ++b)
+          tma_load(v_stage(s) + b * kBoxBytes, &map_v, &v_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  const int consumer = warpgroup - 1;
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
+  const int g = lane / 4, t = lane % 4;
+  const bool warp_leader = lane == 0;
+  const long row0 = q0 + consumer * kConsumerRows;
+  // Key tiles holding a key some row of this consumer sees (none if all its rows are past the end).
+  const int my_tiles = row0 < tokens ? static_cast<int>((min(row0 + kConsumerRows, tokens) - 1) / kKeyTile) + 1 : 0;
+  const long warp_first = row0 + warp * 16;
+  const unsigned char* my_q = q_tile + consumer * C::kTileBytes;
+
+  // The output accumulator and, per lane, rows g and g + 8 of its warp: running maximum (scaled
+  // by log2 e / sqrt(D)) and this lane's part of the running sum. Accumulator layout of
+  // m64nNk16: warp w holds rows 16w + g and + 8; in each group of 8 columns, columns 2t and 2t + 1.
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  // The scores of key tile j (stage s) into sc, issued, not waited for.
+  const auto issue_scores = [&](float(&sc)[kKeyTile / 2], int s) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // 16 columns of depth: a box of 64 columns, 32 bytes along its swizzled rows.
+      const int offset = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+      const std::uint64_t a = descriptor(my_q + offset, 16, 1024), b = descriptor(k_stage(s) + offset, 16, 1024);
+      if (kk == 0)
+        wgmma_m64n64_ss_overwrite(sc, a, b);
+      else
+        wgmma_m64n64_ss(sc, a, b, 1);
+    }
+    wgmma_commit();
+  };
+  // o += P V for the probabilities p of the tile in stage s, issued, not waited for.
+  const auto issue_output = [&](const std::uint32_t(&p)[kKeyTile / 16][4], int s) {
+#pragma unroll
+    for (int kk = 0; kk < kKeyTile / 16; ++kk)
+      // 16 keys = two 8-row groups of 1024 bytes; boxes of 64 columns of V kBoxBytes apart.
+      wgmma_output<D>(o, p[kk], descriptor(v_stage(s) + kk * 2048, kBoxBytes, 1024));
+    wgmma_commit();
+  };
+  // Folds key tile j's scores into the running maximum and sum, leaving the probabilities in sc
+  // (fp32) and the factor by which o must be scaled before they are added.
+  const auto softmax = [&](float(&sc)[kKeyTile / 2], int j, float(&correction)[2]) {
+    const long key0 = static_cast<long>(j) * kKeyTile;
+    const bool diagonal = key0 + kKeyTile - 1 > warp_first;
+    // On a diagonal tile a key and a row of the warp differ by less than two tiles: count both
+    // from the warp's first row, in 32-bit arithmetic.
+    const int key_offset = diagonal ? static_cast<int>(key0 - warp_first) : 0;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kKeyTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[4 * n + e] * scale_log2;
+        if (diagonal && key_offset + n * 8 + 2 * t + (e & 1) > g + (e / 2) * 8) x = -INFINITY;
+        sc[4 * n + e] = x;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      }
+    float base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      // The four lanes of a quad share a row.
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+      const float new_max = fmaxf(row_max[i], tile_max[i]);
+      base[i] = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet stays at 0
+      correction[i] = exp2f(row_max[i] - base[i]);
+      row_max[i] = new_max;
+    }
+    float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < kKeyTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[4 * n + e] = exp2f(sc[4 * n + e] - base[e / 2]);
+        tile_sum[e / 2] += sc[4 * n + e];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) row_sum[i] = row_sum[i] * correction[i] + tile_sum[i];
+  };
+  // The probabilities as bf16 A fragments of P V: 16 keys (two groups of 8 columns) make one.
+  const auto pack_probabilities = [&](const float(&sc)[kKeyTile / 2], std::uint32_t(&p)[kKeyTile / 16][4]) {
+#pragma unroll
+    for (int n = 0; n < kKeyTile / 8; ++n) {
+      p[n / 2][(n % 2) * 2] = pack_bf16(sc[4 * n], sc[4 * n + 1]);
+      p[n / 2][(n % 2) * 2 + 1] = pack_bf16(sc[4 * n + 2], sc[4 * n + 3]);
+    }
+  };
+  const auto rescale_output = [&](const float(&correction)[2]) {
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c) {
+      o[4 * c] *= correction[0];
+      o[4 * c + 1] *= correction[0];
+      o[4 * c + 2] *= correction[1];
+      o[4 * c + 3] *= correction[1];
+    }
+  };
+  const auto parity = [](int j) { return static_cast<std::uint32_t>((j / kStages) & 1); };
+
+  // Software pipelining within the warpgroup (FlashAttention-3's): while the tensor cores add
+  // tile j - 1's P V, and compute tile j's scores, the warps wait only for the scores, then run
+  // tile j's softmax, so the exponentials overlap the P V product. The probabilities are packed
+  // into P V's A registers only once that product is done: ptxas serializes every wgmma (C7513)
+  // if an A register of one is written while any is in flight.
+  if (my_tiles > 0) {
+    barrier_wait(q_full, 0);
+    float sc[kKeyTile / 2];
+    std::uint32_t p[kKeyTile / 16][4];
+    float correction[2];
+    barrier_wait(&k_full[0], 0);
+    wgmma_fence();
+    issue_scores(sc, 0);
+    wgmma_wait<0>();
+    pin_registers(sc);
+    softmax(sc, 0, correction);  // o is still zero: nothing to rescale
+    pack_probabilities(sc, p);
+    for (int j = 1; j < my_tiles; ++j) {
+      const int s = j % kStages, previous = (j - 1) % kStages;
+      barrier_wait(&k_full[s], parity(j));
+      barrier_wait(&v_full[previous], parity(j - 1));
+      wgmma_fence();
+      issue_scores(sc, s);
+      issue_output(p, previous);
+      wgmma_wait<1>();  // the scores; P V may still run, reading p and adding into o
+      pin_registers(sc);
+      softmax(sc, j, correction);
+      wgmma_wait<0>();
+      pin_registers(p);
+      pin_registers(o);
+      if (warp_leader) barrier_arrive(&empty[previous]);
+      rescale_output(correction);
+      pack_probabilities(sc, p);
+    }
+    const int last = (my_tiles - 1) % kStages;
+    barrier_wait(&v_full[last], parity(my_tiles - 1));
+    wgmma_fence();
+    issue_output(p, last);
+    wgmma_wait<0>();
+    pin_registers(o);
+    if (warp_leader) barrier_arrive(&empty[last]);
+  }
+  // Tiles none of this consumer's rows see: wait until they have landed (so that this
+  // consumer's arrivals fall in the same phase of each stage as the other's), then give them back.
+  for (int j = my_tiles; j < key_tiles; ++j) {
+    const int s = j % kStages;
+    barrier_wait(&k_full[s], parity(j));
+    barrier_wait(&v_full[s], parity(j));
+    if (warp_leader) barrier_arrive(&empty[s]);
+  }
+
+  float inverse[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+    inverse[i] = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
+  }
+  bf16* out_head = out + static_cast<long>(head) * D;
+#pragma unroll
+  for (int c = 0; c < D / 8; ++c) {
+    const int col = c * 8 + 2 * t;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const long row = warp_first + g + i * 8;
+      if (row < tokens)
+        *reinterpret_cast<std::uint32_t*>(out_head + row * ld_out + col) =
+            pack_bf16(o[4 * c + 2 * i] * inverse[i], o[4 * c + 2 * i + 1] * inverse[i]);
+    }
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<int>, kMaxDevices> g_ready{};  // per device: 0 unknown, 1 Hopper, set up; -1 not Hopper
+
+int current_device() {
+  int device = 0;
+  CARAVAN_HIP_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices)
+    throw Error(Errc::device, "fused_causal_attention: device " + std::to_string(device) + " is beyond the " +
+                                  std::to_string(kMaxDevices) + " this path tracks");
+  return device;
+}
+
+template <int D>
+void grant_shared_memory() {
+  CARAVAN_HIP_CHECK(cudaFuncSetAttribute(&attention_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         AttentionConfig<D>::kSharedBytes));
+}
+
+template <int D>
+void launch(const AttentionArguments& a, hipStream_t stream) {
+  const char* who = "fused_causal_attention";
+  const CUtensorMap map_q = tensor_map(who, a.q, a.tokens, a.q_heads * D, a.ld, kBoxColumns, kKeyTile);
+  const CUtensorMap map_k = tensor_map(who, a.k, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
+  const CUtensorMap map_v = tensor_map(who, a.v, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
+  const dim3 grid(static_cast<unsigned>((a.tokens + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(a.q_heads));
+  const float scale_log2 = a.scale * 1.4426950408889634f;
+  attention_sm90_kernel<D><<<grid, kThreads, AttentionConfig<D>::kSharedBytes, stream>>>(
+      map_q, map_k, map_v, a.tokens, static_cast<int>(a.q_heads / a.kv_heads), scale_log2, a.out, a.ld_out);
+  CARAVAN_HIP_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool attention_available() {
+  const int device = current_device();
+  int state = g_ready[device].load(std::memory_order_acquire);
+  if (state == 0) {
+    cudaDeviceProp properties{};
+    CARAVAN_HIP_CHECK(cudaGetDeviceProperties(&properties, device));
+    state = properties.major == 9 && properties.minor == 0 ? 1 : -1;  // sm_90a code runs on 9.0 exactly
+    if (state == 1) {
+      grant_shared_memory<64>();
+      grant_shared_memory<128>();
+      find_tensor_map_encoder();
+    }
+    g_ready[device].store(state, std::memory_order_release);
+  }
+  return state == 1;
+}
+
+bool attention_supports(long head_dim) { return head_dim == 64 || head_dim == 128; }
+
+void fused_causal_attention(const AttentionArguments& a, hipStream_t stream) {
+  if (a.head_dim == 64)
+    launch<64>(a, stream);
+  else
+    launch<128>(a, stream);
+}
+
+}  // namespace caravan::gpu::sm90
