@@ -292,10 +292,12 @@ BenchReport make_report(const nlohmann::json& run, const LlmOptions& o) {
     const auto& c = run["check_shape"];
     report.notes.push_back(fmt::format(
         "GPU backend: {} GPUs in one process, one thread each ({}); seed {:#x}; baseline {} = NCCL all_gather / "
-        "reduce_scatter + cuBLAS GEMM on one stream, as PyTorch+NCCL runs the layer; attention {} (the same in every variant)",
+        "reduce_scatter + cuBLAS GEMM on one stream, as PyTorch+NCCL runs the layer; attention {} (the same in every "
+        "variant)",
         run["world"].get<int>(), run.value("toolchain", ""), run["seed"].get<std::uint64_t>(), baseline_name,
-        run.value("attention", "fused") == "fused" ? "fused (flash-attention kernel)"
-                                                   : "unfused (cuBLAS batched GEMMs + causal softmax)"));
+        run.value("attention", "fused") == "fused"
+            ? fmt::format("fused (flash-attention kernel, {})", run.value("attention_kernel", std::string("?")))
+            : std::string("unfused (cuBLAS batched GEMMs + causal softmax)")));
     report.notes.push_back(fmt::format(
         "check: each variant against the float32 reference layer at M={} H={} heads={} kv_heads={} F={} (grouped-query "
         "attention, several query blocks, outputs poisoned first); 'diff vs baseline': relative difference of the output "

@@ -8,6 +8,7 @@
 // the measured shape, the output's relative difference from the NCCL baseline's.
 #include "apps/caravan/bench_gpu_ranks.h"
 #include "apps/caravan/bench_llm.h"
+#include "kernels/gpu/kernels.h"
 #include "kernels/gpu/tp_layer.h"
 
 #include <caravan/error.h>
@@ -354,6 +355,11 @@ nlohmann::json run_llm_gpu(const LlmGpuRequest& request) {
           {"seed", bench.seed()},
           {"baseline", kBaseline},
           {"attention", request.attention},
+          // Which fused kernel the layer's attention ran (the same on every GPU of the machine).
+          {"attention_kernel", request.attention == "unfused"
+                                   ? std::string()
+                                   : gpu::attention_kernel_name(gpu::AttentionKernel::automatic,
+                                                                request.shape.hidden / request.shape.heads)},
           {"check_shape",
            {{"tokens", c.tokens}, {"hidden", c.hidden}, {"heads", c.heads}, {"kv_heads", c.kv_heads}, {"ffn", c.ffn}}},
           {"results", results}};
