@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 namespace caravan::gpu {
@@ -409,10 +410,17 @@ void fused_causal_attention(const AttentionArguments& a, hipStream_t stream, int
                   "fused_causal_attention: kernel = hopper needs a build with the sm_90a kernels, a device of compute "
                   "capability 9.0 and head_dim 64 or 128 (head_dim = " +
                       std::to_string(a.head_dim) + ")");
+    if (a.tokens > std::numeric_limits<std::int32_t>::max())
+      throw Error(Errc::invalid_argument,
+                  "fused_causal_attention: kernel = hopper takes at most 2^31 - 1 tokens (TMA "
+                  "coordinates are 32-bit; got tokens = " +
+                      std::to_string(a.tokens) + ")");
   }
   if (a.tokens == 0) return;
 #ifdef CARAVAN_HAVE_SM90_KERNELS
-  if (use_hopper(kernel, a.head_dim, block_rows)) return sm90::fused_causal_attention(a, stream);
+  // TMA coordinates are 32-bit; a longer sequence (absurd for a quadratic kernel) stays portable.
+  if (use_hopper(kernel, a.head_dim, block_rows) && a.tokens <= std::numeric_limits<std::int32_t>::max())
+    return sm90::fused_causal_attention(a, stream);
 #endif
   if (block_rows == 0) block_rows = kAttentionBlockRows;
   if (block_rows == 64)
