@@ -140,6 +140,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1090, 6, 3, 64, 0, 1.0f, AttentionKernel::hopper},    // 1090 % 128 = 66
                       Case{50, 2, 1, 128, 0, 1.0f, AttentionKernel::hopper},     // shorter than one block
                       Case{1, 2, 1, 128, 0, 1.0f, AttentionKernel::hopper},      // one token
+                      Case{2100, 16, 2, 128, 0, 1.0f, AttentionKernel::hopper},  // 70B at TP 4: groups of 8 heads
                       Case{1000, 8, 2, 128, 0, 1.0f, AttentionKernel::automatic}),
     case_name);
 
