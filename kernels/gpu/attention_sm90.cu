@@ -12,10 +12,10 @@
 //     scores are issued with the current P V, and the softmax runs while P V is computed.
 // Each consumer gives a stage back (one arrival per warp) once its products on it are done. A
 // consumer whose 64 rows see none of a tile's keys (the first consumer on the block's last,
-// diagonal tile; both past the end of a short sequence) skips its products but still gives the
-// stage back, once the tile has landed. Not here: FlashAttention-3's turn-taking between the two
-// consumers, which changed nothing on an H100 (docs/overlap.md). TMA coordinates are 32-bit:
-// the dispatcher sends longer sequences to the portable kernel.
+// diagonal tile; the second on the last block when tokens % 128 is 1 to 64, all its rows past the
+// end) skips its products but still gives the stage back, once the tile has landed. Not here: FlashAttention-3's
+// turn-taking between the two consumers, which changed nothing on an H100 (docs/overlap.md). TMA coordinates are
+// 32-bit: the dispatcher sends longer sequences to the portable kernel.
 #include "kernels/gpu/attention_sm90.h"
 
 #include "kernels/gpu/sm90.cuh"
@@ -345,6 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_output(p, last);
     wgmma_wait<0>();
+    pin_registers(p);
     pin_registers(o);
     if (warp_leader) barrier_arrive(&empty[last]);
   }
@@ -382,13 +383,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kMaxDevices = 64;
 std::array<std::atomic<int>, kMaxDevices> g_ready{};  // per device: 0 unknown, 1 Hopper, set up; -1 not Hopper
 
+// The current device, or -1 past the devices this path tracks (which then run the portable kernel).
 int current_device() {
   int device = 0;
   CARAVAN_HIP_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= kMaxDevices)
-    throw Error(Errc::device, "fused_causal_attention: device " + std::to_string(device) + " is beyond the " +
-                                  std::to_string(kMaxDevices) + " this path tracks");
-  return device;
+  return device >= 0 && device < kMaxDevices ? device : -1;
 }
 
 template <int D>
@@ -399,10 +398,12 @@ void grant_shared_memory() {
 
 template <int D>
 void launch(const AttentionArguments& a, hipStream_t stream) {
-  const char* who = "fused_causal_attention";
-  const CUtensorMap map_q = tensor_map(who, a.q, a.tokens, a.q_heads * D, a.ld, kBoxColumns, kKeyTile);
-  const CUtensorMap map_k = tensor_map(who, a.k, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
-  const CUtensorMap map_v = tensor_map(who, a.v, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
+  const CUtensorMap map_q =
+      tensor_map("fused_causal_attention (q)", a.q, a.tokens, a.q_heads * D, a.ld, kBoxColumns, kKeyTile);
+  const CUtensorMap map_k =
+      tensor_map("fused_causal_attention (k)", a.k, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
+  const CUtensorMap map_v =
+      tensor_map("fused_causal_attention (v)", a.v, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
   const dim3 grid(static_cast<unsigned>((a.tokens + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(a.q_heads));
   const float scale_log2 = a.scale * 1.4426950408889634f;
   attention_sm90_kernel<D><<<grid, kThreads, AttentionConfig<D>::kSharedBytes, stream>>>(
@@ -414,6 +415,7 @@ void launch(const AttentionArguments& a, hipStream_t stream) {
 
 bool attention_available() {
   const int device = current_device();
+  if (device < 0) return false;
   int state = g_ready[device].load(std::memory_order_acquire);
   if (state == 0) {
     cudaDeviceProp properties{};
