@@ -64,9 +64,12 @@ int main(int argc, char** argv) {
   caravan::app::add_calibrate_command(app);
   caravan::app::add_plan_command(app);
   caravan::app::add_run_command(app);
-  if (const int status = check_command_words(app, argc, argv); status != 0) return status;
+  std::vector<char*> args(argv, argv + argc);
   try {
-    app.parse(argc, argv);
+    caravan::app::strip_run_separator(app, args);
+    const int count = static_cast<int>(args.size());
+    if (const int status = check_command_words(app, count, args.data()); status != 0) return status;
+    app.parse(count, args.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const caravan::Error& e) {
