@@ -39,7 +39,7 @@ struct LlmOptions {
   int world = 0, nodes = 1, iterations = 10, warmup = 2;
   std::vector<std::string> variants;  // empty: all four
   bool check = true;
-  std::string json_path, plot_path, out;
+  std::string plot_path, out;
   bool sweep = false;  // GPU backend: the matrix of models, token counts and TP degrees
   std::string attention = "fused";  // GPU backend: fused or unfused (every variant alike)
 };
@@ -316,14 +316,6 @@ BenchReport make_report(const nlohmann::json& run, const LlmOptions& o) {
                     {"load_after", run.value("load_after", 0.0)}, {"variants", variants}, {"baseline", baseline_name},
                     {"best", best}, {"best_speedup", baseline / best_median}, {"correct", all_correct},
                     {"bound_ms", bound_median * 1e3}};
-  if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    nlohmann::json file = report.figures;
-    file["bench"] = "llm";
-    file["machine"] = describe_machine();
-    out << file.dump(2) << "\n";
-    if (!out) throw Error(Errc::invalid_argument, fmt::format("bench llm --json: cannot write '{}'", o.json_path));
-  }
   if (!o.plot_path.empty())
     write_plot(o.plot_path, step_names, bulk_ms, best_ms, baseline_name, best,
                fmt::format("caravan bench llm ({}): layer M={} H={} TP {}, median ms per step", gpu ? "GPU" : "CPU", o.tokens,
@@ -390,7 +382,6 @@ BenchReport run_llm_sweep_gpu(const LlmOptions& given) {
         o.tokens = tokens;
         o.world = world;
         o.check = given.check && first;
-        o.json_path.clear();
         first = false;
         fmt::print(stderr, "bench llm --sweep: {} TP {} tokens {}\n", model, world, tokens);
         const BenchReport r = run_llm_bench_gpu(o);
@@ -419,15 +410,7 @@ BenchReport run_llm_sweep_gpu(const LlmOptions& given) {
                           "the JSON); baseline NCCL all_gather / reduce_scatter + cuBLAS on one stream");
   summary.headlines.push_back(all_correct ? "check: every configuration's variants match the reference and the baseline"
                                           : "check: FAILED in a configuration (see the check column)");
-  summary.figures = {{"backend", "gpu"}, {"configurations", all}};
-  if (!given.json_path.empty()) {
-    std::ofstream out(given.json_path);
-    nlohmann::json file = summary.figures;
-    file["bench"] = "llm --sweep";
-    file["machine"] = describe_machine();
-    out << file.dump(2) << "\n";
-    if (!out) throw Error(Errc::invalid_argument, fmt::format("bench llm --json: cannot write '{}'", given.json_path));
-  }
+  summary.figures = {{"backend", "gpu"}, {"sweep", true}, {"configurations", all}};
   if (!all_correct) summary.failure = "bench llm --sweep: a variant does not match";
   return summary;
 }
@@ -501,7 +484,6 @@ void add_bench_llm(CLI::App& bench) {
       ->capture_default_str();
   sub.add_option("--world", g_llm.world, "Ranks (tensor-parallel degree); 0: 2 on the CPU, up to 4 GPUs")->capture_default_str();
   sub.add_option("--nodes", g_llm.nodes, "Logical nodes the ranks are split into (2+: UCX between them)")->capture_default_str();
-  sub.add_option("--json", g_llm.json_path, "Also write the figures as JSON to this file");
   sub.add_option("--plot", g_llm.plot_path, "Also write an SVG plot of the per-step times to this file");
   sub.add_flag("--sweep", g_llm.sweep,
                "GPU backend: Llama-3 70B and 8B x 4096/8192/16384 tokens x TP 4 and 2, one summary table (several "

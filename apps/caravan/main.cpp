@@ -46,7 +46,14 @@ int check_command_words(CLI::App& app, int argc, char** argv) {
                      names.c_str(), path.c_str());
         return kUsageError;
       }
-      if (option->get_expected_max() != 0 && word.find('=') == std::string::npos) ++i;  // its value
+      if (option->get_expected_max() != 0 && word.find('=') == std::string::npos && i + 1 < argc) {
+        // Its value; an optional one (`bench --json [FILE]`) only where CLI11 takes the next word
+        // as one: neither a command of this level nor an option.
+        const std::string next = argv[i + 1];
+        bool is_command = false;
+        for (CLI::App* sub : subcommands) is_command = is_command || sub->get_name() == next;
+        if (option->get_expected_min() > 0 || !(is_command || next == "--" || (next.size() > 1 && next[0] == '-'))) ++i;
+      }
       continue;
     }
     CLI::App* next = nullptr;
