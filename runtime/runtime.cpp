@@ -164,7 +164,7 @@ int RuntimeImpl::gpu_count() {
   if (gpu_count_ < 0) {
     GpuProbe probe = probe_gpus();
     gpu_count_ = probe.device_count;
-    no_gpu_reason_ = probe.built ? probe.reason : "this build has no GPU support (no GPU toolchain was found)";
+    no_gpu_reason_ = probe.reason;  // without GPU support: why (CARAVAN_GPU=OFF, or no compiler found)
     gpus_.resize(static_cast<std::size_t>(gpu_count_));
   }
   return gpu_count_;

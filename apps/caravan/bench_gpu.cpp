@@ -495,8 +495,8 @@ BenchReport run_gpu_bench() {
   BenchReport out;
   GpuProbe probe = probe_gpus();
   if (probe.device_count == 0) {
-    out.headlines.push_back("skipped: no GPU (" + probe.reason + ")");
-    out.figures = {{"skipped", true}, {"reason", probe.reason}};
+    out.headlines.push_back("skipped: " + no_gpu_reason(probe));
+    out.figures = {{"skipped", true}, {"reason", no_gpu_reason(probe)}};
     return out;
   }
   if (g_gpu.mib == 0 || g_gpu.repetitions <= 0) throw Error(Errc::invalid_argument, "--mib and --reps must be at least 1");

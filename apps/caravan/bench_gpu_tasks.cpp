@@ -102,8 +102,8 @@ BenchReport run_gpu_tasks_bench() {
   const std::uint64_t urgent_bytes = parse_size(o.urgent_size, "--urgent-size");
   GpuProbe probe = probe_gpus();
   if (probe.device_count == 0) {
-    out.headlines.push_back("skipped: no GPU (" + probe.reason + ")");
-    out.figures = {{"skipped", true}, {"reason", probe.reason}};
+    out.headlines.push_back("skipped: " + no_gpu_reason(probe));
+    out.figures = {{"skipped", true}, {"reason", no_gpu_reason(probe)}};
     return out;
   }
   if (o.device < 0 || o.device >= probe.device_count)

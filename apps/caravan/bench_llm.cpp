@@ -349,7 +349,9 @@ BenchReport run_llm_bench_gpu(const LlmOptions& given) {
                         .variants = o.variants, .check = o.check, .attention = o.attention};
   return make_report(run_llm_gpu(request), o);
 #else
-  throw Error(Errc::invalid_argument, "bench llm --backend gpu: this build has no GPU backend (no GPU toolchain or NCCL found)");
+  throw Error(Errc::invalid_argument,
+              fmt::format("--backend gpu: this build has no GPU backend for bench llm: {}; use --backend cpu",
+                          no_gpu_kernels_reason()));
 #endif
 }
 

@@ -418,13 +418,14 @@ BenchReport run_overlap_bench(const BenchOverlapArgs& args, const CpuOptions& cp
 #else
   if (args.backend == "gpu")
     throw Error(Errc::invalid_argument,
-                "bench overlap --backend gpu: this build has no GPU overlap backend (it needs the GPU toolchain and NCCL at "
-                "configure time: CARAVAN_HAVE_OVERLAP_GPU); use --backend cpu");
+                fmt::format("--backend gpu: this build has no GPU backend for bench overlap: {}; use --backend cpu",
+                            no_gpu_kernels_reason()));
 #endif
   BenchReport report = run_cpu(args, cpu);
 #ifndef CARAVAN_HAVE_OVERLAP_GPU
   if (gpu_present && !report.printed)
-    report.notes.push_back("a GPU is present but this build has no GPU overlap backend (CARAVAN_HAVE_OVERLAP_GPU): ran on the CPU");
+    report.notes.push_back("a GPU is present but this build has no GPU backend for bench overlap (" +
+                           no_gpu_kernels_reason() + "): ran on the CPU");
 #endif
   return report;
 }

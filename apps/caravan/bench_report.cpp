@@ -166,12 +166,23 @@ void add_bench_command(CLI::App& app) {
   });
 }
 
+std::string no_gpu_reason(const GpuProbe& probe) {
+  return probe.built ? "no GPU (" + probe.reason + ")" : probe.reason;
+}
+
+std::string no_gpu_kernels_reason() {
+  const GpuProbe probe = probe_gpus();
+  if (!probe.built) return probe.reason;
+  return "this build has GPU support but no GPU kernels backend: NCCL (the baseline) was not found when it was "
+         "configured";
+}
+
 BenchReport run_on_gpu_or_skip(const std::function<BenchReport()>& on_gpu) {
-  std::string reason = "this build has no GPU kernels (configure with nvcc and NCCL present)";
+  std::string reason = no_gpu_kernels_reason();
   if (on_gpu) {
     const GpuProbe probe = probe_gpus();
     if (probe.device_count > 0) return on_gpu();
-    reason = "no GPU (" + probe.reason + ")";
+    reason = no_gpu_reason(probe);
   }
   BenchReport out;
   out.headlines.push_back("skipped: " + reason);

@@ -13,6 +13,10 @@ namespace CLI {
 class App;
 }
 
+namespace caravan {
+struct GpuProbe;
+}
+
 namespace caravan::app {
 
 struct BenchTable {
@@ -47,6 +51,13 @@ void emit_report(const BenchReport& report);
 using BenchRunner = std::function<BenchReport()>;
 CLI::App& add_bench_case(CLI::App& bench, const std::string& name, const std::string& description,
                          BenchRunner run);
+
+// Why a GPU benchmark cannot run here: "no GPU (why)" in a build with GPU support; without it,
+// why the build has none (turned off with CARAVAN_GPU=OFF, or no GPU compiler found).
+std::string no_gpu_reason(const GpuProbe& probe);
+// Why this build has no GPU backend for the benchmarks of kernels/gpu (bench overlap, llm,
+// attention, gemm): no GPU support at all (as above), or no NCCL found at configure time.
+std::string no_gpu_kernels_reason();
 
 // The report of a benchmark of the GPU kernels: `on_gpu()` where this build has them (`on_gpu`
 // not null) and the runtime sees a GPU; otherwise a skip that says which is missing.
