@@ -1,8 +1,19 @@
 # GPU sources are optional. With CARAVAN_GPU=AUTO they build when a CUDA compiler is found
 # (nvcc, also looked for in /usr/local/cuda/bin); CARAVAN_GPU=ON makes a missing one an error.
 # The result is CARAVAN_HAVE_GPU, which runtime/ turns into the CARAVAN_HAVE_GPU definition.
+# CARAVAN_GPU_REASON says why a build has no GPU sources (configure message, and the runtime's
+# probe_gpus().reason through runtime/gpu/probe_none.cpp): turned off, or no compiler found. It
+# becomes a compile definition: no ';' in it (a CMake list separator).
 set(CARAVAN_HAVE_GPU OFF)
-if(NOT CARAVAN_GPU STREQUAL "OFF")
+set(CARAVAN_GPU_REASON "")
+if(NOT CARAVAN_GPU MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "CARAVAN_GPU=${CARAVAN_GPU}: expected AUTO, ON or OFF")
+endif()
+if(CARAVAN_GPU STREQUAL "OFF")
+  string(CONCAT CARAVAN_GPU_REASON "it was turned off when the build was configured (CARAVAN_GPU=OFF): "
+                                   "reconfigure with -DCARAVAN_GPU=AUTO or -DCARAVAN_GPU=ON to build it")
+  set(gpu_status "OFF (turned off: CARAVAN_GPU=OFF; -DCARAVAN_GPU=AUTO or ON builds them)")
+else()
   if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
   endif()
@@ -25,6 +36,14 @@ if(NOT CARAVAN_GPU STREQUAL "OFF")
     set(CARAVAN_HAVE_GPU ON)
   elseif(CARAVAN_GPU STREQUAL "ON")
     message(FATAL_ERROR "CARAVAN_GPU=ON but no CUDA compiler was found (set CUDACXX or put nvcc on PATH)")
+  else()
+    string(CONCAT CARAVAN_GPU_REASON "no CUDA compiler was found when the build was configured (CARAVAN_GPU=AUTO): "
+                                     "install the CUDA toolkit (nvcc on PATH, in /usr/local/cuda/bin, or CUDACXX) "
+                                     "and reconfigure")
+    set(gpu_status "OFF (CARAVAN_GPU=AUTO found no CUDA compiler: set CUDACXX or put nvcc on PATH)")
   endif()
 endif()
-message(STATUS "Caravan GPU sources: ${CARAVAN_HAVE_GPU}")
+if(CARAVAN_HAVE_GPU)
+  set(gpu_status "ON (CARAVAN_GPU=${CARAVAN_GPU})")
+endif()
+message(STATUS "Caravan GPU sources: ${gpu_status}")

@@ -107,13 +107,17 @@ EventTable::Slot& EventTable::slot(std::uint32_t index) const {
 }
 
 EventTable::Slot& EventTable::checked_slot(const Event& e) const {
-  if (e.owner_rank() != rank_ || e.runtime_instance() != instance_ ||
-      (e.slot() >> kChunkBits) >= chunk_count_.load(std::memory_order_acquire))
+  if (e.owner_rank() != rank_ || e.runtime_instance() != instance_)
     throw Error(Errc::invalid_argument, fmt::format("{} does not belong to this runtime (rank {}, instance {})",
                                                     e.to_string(), rank_, instance_));
+  if ((e.slot() >> kChunkBits) >= chunk_count_.load(std::memory_order_acquire))
+    throw Error(Errc::invalid_argument,
+                fmt::format("{} was never issued by this runtime (it has no slot {})", e.to_string(), e.slot()));
   Slot& s = slot(e.slot());
-  if (e.generation() > s.issued_generation.load(std::memory_order_acquire))
-    throw Error(Errc::invalid_argument, fmt::format("{} was never created", e.to_string()));
+  if (const std::uint64_t issued = s.issued_generation.load(std::memory_order_acquire); e.generation() > issued)
+    throw Error(Errc::invalid_argument,
+                fmt::format("{} was never issued by this runtime (slot {} has reached generation {})", e.to_string(),
+                            e.slot(), issued));
   return s;
 }
 

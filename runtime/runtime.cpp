@@ -20,7 +20,16 @@ std::atomic<RuntimeImpl*> RuntimeImpl::g_current{nullptr};
 
 namespace {
 
-std::atomic<std::uint16_t> g_next_instance{1};
+// Runtimes created in this process, plus one: a runtime's instance is the low 16 bits (0 skipped).
+std::atomic<std::uint64_t> g_next_instance{1};
+
+// Whether a runtime of this process was ever given `instance`: false for a handle that no
+// runtime here issued (made up, corrupted, or from another process). Exact until 65535 runtimes
+// have been created; after that instances repeat and every one counts as issued.
+bool instance_was_issued(std::uint16_t instance) {
+  const std::uint64_t next = g_next_instance.load(std::memory_order_relaxed);
+  return instance != 0 && (next > 0xFFFF || instance < next);
+}
 
 int resolve_worker_count(const RuntimeOptions& options) {
   if (options.cpu_workers) {
@@ -57,8 +66,8 @@ RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_
   const int wait_spin = detail::wait_spin_us_for(wait_spin_setting_, false);
   int worker_spin = static_cast<int>(settings::get_int("CARAVAN_WORKER_SPIN_US"));
   // Instance 0 is never used, so that no live runtime matches a zeroed handle.
-  std::uint16_t instance = g_next_instance.fetch_add(1);
-  if (instance == 0) instance = g_next_instance.fetch_add(1);
+  auto instance = static_cast<std::uint16_t>(g_next_instance.fetch_add(1));
+  if (instance == 0) instance = static_cast<std::uint16_t>(g_next_instance.fetch_add(1));
   events_ = std::make_unique<detail::EventTable>(static_cast<std::uint16_t>(rank()), instance, wait_spin);
   RuntimeImpl* expected = nullptr;
   if (!g_current.compare_exchange_strong(expected, this))
@@ -139,6 +148,11 @@ RuntimeService& RuntimeImpl::service(const std::string& name,
 detail::EventTable& RuntimeImpl::table_for(const Event& e) {
   RuntimeImpl* rt = current();
   if (!rt || rt->events_->instance() != e.runtime_instance()) {
+    if (!instance_was_issued(e.runtime_instance()))
+      throw Error(Errc::invalid_argument,
+                  fmt::format("{} was never issued: no Caravan runtime of this process had instance {} (a made-up or "
+                              "corrupted handle, or one from another process)",
+                              e.to_string(), e.runtime_instance()));
     throw Error(Errc::shut_down,
                 fmt::format("{} belongs to a Caravan runtime that has been shut down{}", e.to_string(),
                             rt ? " (another runtime is running now)" : ""));
@@ -164,7 +178,7 @@ int RuntimeImpl::gpu_count() {
   if (gpu_count_ < 0) {
     GpuProbe probe = probe_gpus();
     gpu_count_ = probe.device_count;
-    no_gpu_reason_ = probe.built ? probe.reason : "this build has no GPU support (no GPU toolchain was found)";
+    no_gpu_reason_ = probe.reason;  // without GPU support: why (CARAVAN_GPU=OFF, or no compiler found)
     gpus_.resize(static_cast<std::size_t>(gpu_count_));
   }
   return gpu_count_;

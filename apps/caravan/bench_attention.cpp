@@ -53,6 +53,28 @@ HeadShape model_heads(const std::string& model) {
   throw Error(Errc::invalid_argument, "bench attention: --model '" + model + "' is not llama3-8b or llama3-70b");
 }
 
+// Every option, checked before the run, so that a machine without a GPU (the benchmark skips
+// there) refuses nonsense as one with a GPU does.
+void validate_options(const AttentionBenchOptions& o) {
+  if (o.repetitions < 1)
+    throw Error(Errc::invalid_argument, fmt::format("bench attention: --reps {}: must be at least 1", o.repetitions));
+  for (long t : o.tokens)
+    if (t < 1) throw Error(Errc::invalid_argument, fmt::format("bench attention: --tokens {}: must be at least 1", t));
+  for (int tp : o.tensor_parallel)
+    if (tp < 1) throw Error(Errc::invalid_argument, fmt::format("bench attention: --tp {}: must be at least 1", tp));
+  for (const auto& model : o.models) {
+    const HeadShape h = model_heads(model);
+    for (int tp : o.tensor_parallel)
+      if (h.q_heads % tp != 0 || h.kv_heads % tp != 0)
+        throw Error(Errc::invalid_argument, fmt::format("bench attention: --tp {} does not divide {}'s {} query and {} "
+                                                        "key/value heads",
+                                                        tp, model, h.q_heads, h.kv_heads));
+  }
+  if (o.block_rows != 0 && o.block_rows != 64 && o.block_rows != 128)
+    throw Error(Errc::invalid_argument,
+                fmt::format("bench attention: --block-rows {}: must be 64, 128 or 0 (the default)", o.block_rows));
+}
+
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
 using gpu::bf16;
 
@@ -60,12 +82,7 @@ double error_of(const gpu::ErrorSums& s) { return s.ref2 > 0 ? std::sqrt(s.diff2
 
 BenchReport run_on_gpu() {
   BenchReport out;
-  const AttentionBenchOptions& o = g_attention;
-  if (o.repetitions < 1) throw Error(Errc::invalid_argument, "bench attention: --reps must be at least 1");
-  for (long t : o.tokens)
-    if (t < 1) throw Error(Errc::invalid_argument, fmt::format("bench attention: --tokens {} must be at least 1", t));
-  for (int tp : o.tensor_parallel)
-    if (tp < 1) throw Error(Errc::invalid_argument, fmt::format("bench attention: --tp {} must be at least 1", tp));
+  const AttentionBenchOptions& o = g_attention;  // validate_options() has checked them
   constexpr long kQueryBlock = 1024;
 
   CARAVAN_HIP_CHECK(hipSetDevice(0));
@@ -80,10 +97,6 @@ BenchReport run_on_gpu() {
   for (const auto& model : o.models) {
     const HeadShape h = model_heads(model);
     for (int tp : o.tensor_parallel) {
-      if (h.q_heads % tp != 0 || h.kv_heads % tp != 0)
-        throw Error(Errc::invalid_argument, fmt::format("bench attention: --tp {} does not divide {}'s {} query and {} "
-                                                        "key/value heads",
-                                                        tp, model, h.q_heads, h.kv_heads));
       max_cols = std::max(max_cols, (h.q_heads + 2 * h.kv_heads) / tp * h.head_dim);
       max_heads = std::max(max_heads, h.q_heads / tp);
     }
@@ -262,7 +275,10 @@ BenchReport (*const kOnGpu)() = run_on_gpu;
 #else
 BenchReport (*const kOnGpu)() = nullptr;
 #endif
-BenchReport run_attention_bench() { return run_on_gpu_or_skip(kOnGpu); }
+BenchReport run_attention_bench() {
+  validate_options(g_attention);
+  return run_on_gpu_or_skip(kOnGpu);
+}
 
 }  // namespace
 

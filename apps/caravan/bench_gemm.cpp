@@ -57,6 +57,23 @@ const std::vector<GemmShape> kShapes = {
     {"llama3-70B qkv", 8192, 8192L + 2 * 1024, true}, {"llama3-70B mlp-down", 28672, 8192, false},
     {"llama3-8B mlp-down", 14336, 4096, false},       {"llama3-70B o-proj", 8192, 8192, false}};
 
+// Every option, checked before the run, so that a machine without a GPU (the benchmark skips
+// there) refuses nonsense as one with a GPU does.
+void validate_options(const GemmBenchOptions& o) {
+  if (o.repetitions < 1)
+    throw Error(Errc::invalid_argument, fmt::format("bench gemm: --reps {}: must be at least 1", o.repetitions));
+  for (long t : o.tokens)
+    if (t < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tokens {}: must be at least 1", t));
+  for (int tp : o.tensor_parallel)
+    if (tp < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tp {}: must be at least 1", tp));
+  for (const GemmShape& s : kShapes)
+    for (int tp : o.tensor_parallel)
+      if ((s.split_n ? s.n_full : s.k_full) % (8L * tp) != 0)
+        throw Error(Errc::invalid_argument,
+                    fmt::format("bench gemm: --tp {} does not split {}'s {} {} into multiples of 8", tp, s.name,
+                                s.split_n ? s.n_full : s.k_full, s.split_n ? "columns" : "inner dimension"));
+}
+
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
 using gpu::bf16;
 
@@ -64,18 +81,7 @@ double error_of(const gpu::ErrorSums& s) { return s.ref2 > 0 ? std::sqrt(s.diff2
 
 BenchReport run_on_gpu() {
   BenchReport out;
-  const GemmBenchOptions& o = g_gemm;
-  if (o.repetitions < 1) throw Error(Errc::invalid_argument, "bench gemm: --reps must be at least 1");
-  for (long t : o.tokens)
-    if (t < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tokens {} must be at least 1", t));
-  for (int tp : o.tensor_parallel)
-    if (tp < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tp {} must be at least 1", tp));
-  for (const GemmShape& s : kShapes)
-    for (int tp : o.tensor_parallel)
-      if ((s.split_n ? s.n_full : s.k_full) % (8L * tp) != 0)
-        throw Error(Errc::invalid_argument,
-                    fmt::format("bench gemm: --tp {} does not split {}'s {} {} into multiples of 8", tp, s.name,
-                                s.split_n ? s.n_full : s.k_full, s.split_n ? "columns" : "inner dimension"));
+  const GemmBenchOptions& o = g_gemm;  // validate_options() has checked them
 
   CARAVAN_HIP_CHECK(hipSetDevice(0));
   gpu::preload_kernels();
@@ -265,7 +271,10 @@ BenchReport (*const kOnGpu)() = run_on_gpu;
 #else
 BenchReport (*const kOnGpu)() = nullptr;
 #endif
-BenchReport run_gemm_bench() { return run_on_gpu_or_skip(kOnGpu); }
+BenchReport run_gemm_bench() {
+  validate_options(g_gemm);
+  return run_on_gpu_or_skip(kOnGpu);
+}
 
 }  // namespace
 

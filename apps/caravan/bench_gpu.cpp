@@ -32,6 +32,7 @@
 #include <cstring>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace caravan::app {
@@ -56,6 +57,24 @@ struct GpuBenchOptions {
   int priority_runs = 5;
 };
 GpuBenchOptions g_gpu;
+
+// Every option, checked before anything runs, so that a machine without a GPU (the benchmark
+// skips there) refuses nonsense as one with a GPU does.
+void validate_options(const GpuBenchOptions& o) {
+  constexpr std::uint64_t kMaxMib = std::uint64_t{1} << 24;  // 16 TiB: MiB << 20 stays far from overflowing
+  const std::pair<const char*, std::uint64_t> sizes[] = {{"--mib", o.mib},
+                                                         {"--multipath-mib", o.multipath_mib},
+                                                         {"--priority-mib", o.priority_mib},
+                                                         {"--priority-load-mib", o.priority_load_mib}};
+  for (const auto& [name, mib] : sizes)
+    if (mib < 1 || mib > kMaxMib)
+      throw Error(Errc::invalid_argument, fmt::format("{} {}: must be in [1, {}]", name, mib, kMaxMib));
+  const std::pair<const char*, int> counts[] = {{"--reps", o.repetitions},
+                                                {"--priority-load-copies", o.priority_load_copies},
+                                                {"--priority-runs", o.priority_runs}};
+  for (const auto& [name, count] : counts)
+    if (count < 1) throw Error(Errc::invalid_argument, fmt::format("{} {}: must be at least 1", name, count));
+}
 
 const FieldSpace& fields() {
   static const FieldSpace f({{"a", 8}, {"b", 8}});
@@ -99,7 +118,6 @@ void run_multipath_case(BenchReport& out, nlohmann::json& figures, std::uint32_t
                      topo.devices.size()));
     return;
   }
-  if (g_gpu.multipath_mib == 0) throw Error(Errc::invalid_argument, "--multipath-mib must be at least 1");
   const MemoryId zcm{0, rank, MemoryKind::zcm, 0}, fbm0{0, rank, MemoryKind::fbm, 0};
   const Rect space = Rect::from_extents({static_cast<std::int64_t>((g_gpu.multipath_mib << 20) / fields().total_size())});
   const std::uint64_t bytes = space.volume() * fields().total_size();
@@ -202,10 +220,6 @@ void run_multipath_case(BenchReport& out, nlohmann::json& figures, std::uint32_t
 // before each run), and the last low-priority destination once at the end.
 void run_priority_case(BenchReport& out, nlohmann::json& figures, std::uint32_t rank) {
   const GpuBenchOptions& o = g_gpu;
-  if (o.priority_mib == 0) throw Error(Errc::invalid_argument, "--priority-mib must be at least 1");
-  if (o.priority_load_mib == 0) throw Error(Errc::invalid_argument, "--priority-load-mib must be at least 1");
-  if (o.priority_load_copies < 1) throw Error(Errc::invalid_argument, "--priority-load-copies must be at least 1");
-  if (o.priority_runs < 1) throw Error(Errc::invalid_argument, "--priority-runs must be at least 1");
   const MemoryId zcm{0, rank, MemoryKind::zcm, 0}, fbm0{0, rank, MemoryKind::fbm, 0};
   const Layout aos = Layout::parse("F,x");
   auto space_of = [](std::uint64_t mib) {
@@ -492,14 +506,14 @@ void run_both_ways_case(BenchReport& out, nlohmann::json& figures, const Instanc
 }
 
 BenchReport run_gpu_bench() {
+  validate_options(g_gpu);
   BenchReport out;
   GpuProbe probe = probe_gpus();
   if (probe.device_count == 0) {
-    out.headlines.push_back("skipped: no GPU (" + probe.reason + ")");
-    out.figures = {{"skipped", true}, {"reason", probe.reason}};
+    out.headlines.push_back("skipped: " + no_gpu_reason(probe));
+    out.figures = {{"skipped", true}, {"reason", no_gpu_reason(probe)}};
     return out;
   }
-  if (g_gpu.mib == 0 || g_gpu.repetitions <= 0) throw Error(Errc::invalid_argument, "--mib and --reps must be at least 1");
   Runtime rt;
   const gpu::Topology& topo = gpu::topology();
   const auto rank = static_cast<std::uint32_t>(rt.rank());
@@ -741,12 +755,19 @@ void add_bench_gpu(CLI::App& bench) {
                                run_gpu_bench);
   c.add_option("--mib", g_gpu.mib, "MiB per copy")->capture_default_str();
   c.add_option("--reps", g_gpu.repetitions, "Runs of each case")->capture_default_str();
-  c.add_flag("!--no-priority", g_gpu.priority, "Skip the copy-engine priority case");
-  c.add_flag("!--no-multipath", g_gpu.multipath, "Skip the multi-path host->fbm0 case");
-  c.add_flag("--multipath-only", g_gpu.multipath_only, "Run only the multi-path host->fbm0 case");
-  c.add_flag("--all-to-all-only", g_gpu.all_to_all_only, "Run only the all-to-all case over the peer links");
+  CLI::Option* no_priority = c.add_flag("!--no-priority", g_gpu.priority, "Skip the copy-engine priority case");
+  CLI::Option* no_multipath = c.add_flag("!--no-multipath", g_gpu.multipath, "Skip the multi-path host->fbm0 case");
+  CLI::Option* multipath_only =
+      c.add_flag("--multipath-only", g_gpu.multipath_only, "Run only the multi-path host->fbm0 case")
+          ->excludes(no_multipath);
   c.add_option("--multipath-mib", g_gpu.multipath_mib, "MiB per copy of the multi-path case")->capture_default_str();
-  c.add_flag("--priority-only", g_gpu.priority_only, "Run only the copy-engine priority case");
+  CLI::Option* priority_only =
+      c.add_flag("--priority-only", g_gpu.priority_only, "Run only the copy-engine priority case")
+          ->excludes(no_priority);
+  // With --multipath-only or --priority-only, --all-to-all-only was ignored.
+  c.add_flag("--all-to-all-only", g_gpu.all_to_all_only, "Run only the all-to-all case over the peer links")
+      ->excludes(multipath_only)
+      ->excludes(priority_only);
   c.add_option("--priority-mib", g_gpu.priority_mib, "MiB of the high-priority copy")->capture_default_str();
   c.add_option("--priority-load-copies", g_gpu.priority_load_copies, "Low-priority copies queued before it")
       ->capture_default_str();

@@ -20,6 +20,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace caravan::app {
@@ -34,6 +36,17 @@ struct GpuTasksOptions {
   std::string urgent_size = "64M";
 };
 GpuTasksOptions g_options;
+
+// Every option that needs no GPU to check, checked before the run, so that a machine without a
+// GPU (the benchmark skips there) refuses nonsense as one with a GPU does. Returns the two sizes.
+std::pair<std::uint64_t, std::uint64_t> validate_options(const GpuTasksOptions& o) {
+  if (o.tasks <= 0) throw Error(Errc::invalid_argument, fmt::format("--tasks {}: must be at least 1", o.tasks));
+  if (o.repetitions <= 0)
+    throw Error(Errc::invalid_argument, fmt::format("--reps {}: must be at least 1", o.repetitions));
+  if (o.backlog <= 0) throw Error(Errc::invalid_argument, fmt::format("--backlog {}: must be at least 1", o.backlog));
+  if (o.device < 0) throw Error(Errc::invalid_argument, fmt::format("--gpu {}: must be at least 0", o.device));
+  return {parse_size(o.backlog_size, "--backlog-size"), parse_size(o.urgent_size, "--urgent-size")};
+}
 
 #if CARAVAN_HAVE_GPU
 
@@ -95,15 +108,12 @@ nlohmann::json summary_json(const Summary& s) {
 BenchReport run_gpu_tasks_bench() {
   BenchReport out;
   const GpuTasksOptions& o = g_options;
-  if (o.tasks <= 0) throw Error(Errc::invalid_argument, fmt::format("--tasks {}: must be at least 1", o.tasks));
-  if (o.repetitions <= 0) throw Error(Errc::invalid_argument, fmt::format("--reps {}: must be at least 1", o.repetitions));
-  if (o.backlog <= 0) throw Error(Errc::invalid_argument, fmt::format("--backlog {}: must be at least 1", o.backlog));
-  const std::uint64_t backlog_bytes = parse_size(o.backlog_size, "--backlog-size");
-  const std::uint64_t urgent_bytes = parse_size(o.urgent_size, "--urgent-size");
+  const std::pair<std::uint64_t, std::uint64_t> sizes = validate_options(o);
+  const std::uint64_t backlog_bytes = sizes.first, urgent_bytes = sizes.second;
   GpuProbe probe = probe_gpus();
   if (probe.device_count == 0) {
-    out.headlines.push_back("skipped: no GPU (" + probe.reason + ")");
-    out.figures = {{"skipped", true}, {"reason", probe.reason}};
+    out.headlines.push_back("skipped: " + no_gpu_reason(probe));
+    out.figures = {{"skipped", true}, {"reason", no_gpu_reason(probe)}};
     return out;
   }
   if (o.device < 0 || o.device >= probe.device_count)
@@ -252,6 +262,7 @@ BenchReport run_gpu_tasks_bench() {
 #else
 
 BenchReport run_gpu_tasks_bench() {
+  validate_options(g_options);
   BenchReport out;
   out.headlines.push_back("skipped: " + probe_gpus().reason);
   out.figures = {{"skipped", true}, {"reason", probe_gpus().reason}};

@@ -39,9 +39,15 @@ struct LlmOptions {
   int world = 0, nodes = 1, iterations = 10, warmup = 2;
   std::vector<std::string> variants;  // empty: all four
   bool check = true;
-  std::string json_path, plot_path, out;
+  std::string plot_path, out;
   bool sweep = false;  // GPU backend: the matrix of models, token counts and TP degrees
   std::string attention = "fused";  // GPU backend: fused or unfused (every variant alike)
+  // Set by with_defaults: the shape options it filled from a model, and which model, so that an
+  // error names where a value the user did not give came from.
+  struct {
+    bool hidden = false, heads = false, kv_heads = false, ffn = false;
+  } filled;
+  std::string filled_from;
 };
 LlmOptions g_llm, g_llm_rank;
 
@@ -72,6 +78,8 @@ LlmOptions with_defaults(LlmOptions o, bool gpu) {
     for (const auto& m : kModels)
       if (model == m.name) found = &m;
     if (!found) throw Error(Errc::invalid_argument, fmt::format("--model {}: expected llama3-8b or llama3-70b", model));
+    o.filled = {o.hidden == 0, o.heads == 0, o.kv_heads == 0, o.ffn == 0};
+    o.filled_from = o.model.empty() ? model + ", the GPU backend's default --model" : "--model " + model;
     if (o.hidden == 0) o.hidden = found->hidden;
     if (o.heads == 0) o.heads = found->heads;
     if (o.kv_heads == 0) o.kv_heads = found->kv_heads;
@@ -86,6 +94,8 @@ LlmOptions with_defaults(LlmOptions o, bool gpu) {
 }
 
 void validate(const LlmOptions& o, int world, bool gpu = false) {
+  // " (from --model M)" after a value that the user did not give.
+  const auto from = [&](bool filled) { return filled ? fmt::format(" (from {})", o.filled_from) : std::string(); };
   if (o.iterations < 1) throw Error(Errc::invalid_argument, fmt::format("--iterations {}: must be at least 1", o.iterations));
   if (o.warmup < 0) throw Error(Errc::invalid_argument, fmt::format("--warmup {}: must be at least 0", o.warmup));
   if (o.nodes < 1 || o.nodes > world)
@@ -93,13 +103,16 @@ void validate(const LlmOptions& o, int world, bool gpu = false) {
   if (o.tokens < 1 || o.tokens % world != 0)
     throw Error(Errc::invalid_argument, fmt::format("--tokens {}: must be a positive multiple of the world size {}", o.tokens, world));
   if (o.heads < 1 || o.heads % world != 0 || o.hidden % o.heads != 0)
-    throw Error(Errc::invalid_argument, fmt::format("--heads {}: must divide --hidden {} and be a multiple of the world size {}",
-                                                    o.heads, o.hidden, world));
+    throw Error(Errc::invalid_argument,
+                fmt::format("--heads {}{}: must divide --hidden {}{} and be a multiple of the world size {}", o.heads,
+                            from(o.filled.heads), o.hidden, from(o.filled.hidden), world));
   if (o.kv_heads < 0 || (o.kv_heads > 0 && (o.heads % o.kv_heads != 0 || o.kv_heads % world != 0)))
-    throw Error(Errc::invalid_argument, fmt::format("--kv-heads {}: must divide --heads {} and be a multiple of the world size {}",
-                                                    o.kv_heads, o.heads, world));
+    throw Error(Errc::invalid_argument,
+                fmt::format("--kv-heads {}{}: must divide --heads {}{} and be a multiple of the world size {}",
+                            o.kv_heads, from(o.filled.kv_heads), o.heads, from(o.filled.heads), world));
   if (o.ffn < 1 || o.ffn % world != 0)
-    throw Error(Errc::invalid_argument, fmt::format("--ffn {}: must be a positive multiple of the world size {}", o.ffn, world));
+    throw Error(Errc::invalid_argument, fmt::format("--ffn {}{}: must be a positive multiple of the world size {}",
+                                                    o.ffn, from(o.filled.ffn), world));
   if (!gpu) variants_of(o);  // names (the GPU backend checks its own)
 }
 
@@ -318,14 +331,6 @@ BenchReport make_report(const nlohmann::json& run, const LlmOptions& o) {
                     {"load_after", run.value("load_after", 0.0)}, {"variants", variants}, {"baseline", baseline_name},
                     {"best", best}, {"best_speedup", baseline / best_median}, {"correct", all_correct},
                     {"bound_ms", bound_median * 1e3}};
-  if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    nlohmann::json file = report.figures;
-    file["bench"] = "llm";
-    file["machine"] = describe_machine();
-    out << file.dump(2) << "\n";
-    if (!out) throw Error(Errc::invalid_argument, fmt::format("bench llm --json: cannot write '{}'", o.json_path));
-  }
   if (!o.plot_path.empty())
     write_plot(o.plot_path, step_names, bulk_ms, best_ms, baseline_name, best,
                fmt::format("caravan bench llm ({}): layer M={} H={} TP {}, median ms per step", gpu ? "GPU" : "CPU", o.tokens,
@@ -346,11 +351,24 @@ constexpr bool kGpuBackendBuilt = true;
 constexpr bool kGpuBackendBuilt = false;
 #endif
 
+// The GPU backend (--backend gpu, or auto with 2+ GPUs). Where this build has no GPU backend or
+// the machine no GPU, says that first: the shape checks below would otherwise judge the GPU
+// backend's defaults against GPUs that are not there.
 BenchReport run_llm_bench_gpu(const LlmOptions& given) {
+  if (!kGpuBackendBuilt)
+    throw Error(Errc::invalid_argument,
+                fmt::format("--backend gpu: this build has no GPU backend for bench llm: {}; use --backend cpu",
+                            no_gpu_kernels_reason()));
+  const GpuProbe probe = probe_gpus();
+  if (probe.device_count == 0)
+    throw Error(Errc::invalid_argument,
+                fmt::format("--backend gpu: no GPU is present ({}); use --backend cpu", probe.reason));
   const LlmOptions o = with_defaults(given, true);
-  const int gpus = probe_gpus().device_count;
-  const int world = o.world != 0 ? o.world : std::min(gpus, 4);
-  if (world < 1) throw Error(Errc::invalid_argument, fmt::format("bench llm --backend gpu: no GPU ({})", probe_gpus().reason));
+  const int world = o.world != 0 ? o.world : std::min(probe.device_count, 4);
+  if (world < 1 || world > probe.device_count)
+    throw Error(Errc::invalid_argument,
+                fmt::format("--world {}: the GPU backend runs one rank per GPU, and this machine has {} GPU(s)", world,
+                            probe.device_count));
   validate(o, world, true);
   if (o.nodes != 1)
     throw Error(Errc::invalid_argument, "--nodes: the GPU backend runs the GPUs of one node (one process); use 1");
@@ -359,7 +377,7 @@ BenchReport run_llm_bench_gpu(const LlmOptions& given) {
                         .variants = o.variants, .check = o.check, .attention = o.attention};
   return make_report(run_llm_gpu(request), o);
 #else
-  throw Error(Errc::invalid_argument, "bench llm --backend gpu: this build has no GPU backend (no GPU toolchain or NCCL found)");
+  throw Error(Errc::internal, "bench llm: no GPU backend in this build");  // refused above
 #endif
 }
 
@@ -392,7 +410,6 @@ BenchReport run_llm_sweep_gpu(const LlmOptions& given) {
         o.tokens = tokens;
         o.world = world;
         o.check = given.check && first;
-        o.json_path.clear();
         first = false;
         fmt::print(stderr, "bench llm --sweep: {} TP {} tokens {}\n", model, world, tokens);
         const BenchReport r = run_llm_bench_gpu(o);
@@ -421,23 +438,26 @@ BenchReport run_llm_sweep_gpu(const LlmOptions& given) {
                           "the JSON); baseline NCCL all_gather / reduce_scatter + cuBLAS on one stream");
   summary.headlines.push_back(all_correct ? "check: every configuration's variants match the reference and the baseline"
                                           : "check: FAILED in a configuration (see the check column)");
-  summary.figures = {{"backend", "gpu"}, {"configurations", all}};
-  if (!given.json_path.empty()) {
-    std::ofstream out(given.json_path);
-    nlohmann::json file = summary.figures;
-    file["bench"] = "llm --sweep";
-    file["machine"] = describe_machine();
-    out << file.dump(2) << "\n";
-    if (!out) throw Error(Errc::invalid_argument, fmt::format("bench llm --json: cannot write '{}'", given.json_path));
-  }
+  summary.figures = {{"backend", "gpu"}, {"sweep", true}, {"configurations", all}};
   if (!all_correct) summary.failure = "bench llm --sweep: a variant does not match";
   return summary;
 }
 
 BenchReport run_llm_bench(const LlmOptions& given) {
   if (given.sweep) {
-    if (given.backend == "cpu" || !kGpuBackendBuilt || probe_gpus().device_count < 2)
-      throw Error(Errc::invalid_argument, "bench llm --sweep: the matrix of Llama-3 layers needs the GPU backend and 2+ GPUs");
+    const GpuProbe probe = probe_gpus();
+    std::string missing;
+    if (given.backend == "cpu")
+      missing = "--backend cpu";
+    else if (!kGpuBackendBuilt)
+      missing = no_gpu_kernels_reason();
+    else if (probe.device_count == 0)
+      missing = no_gpu_reason(probe);
+    else if (probe.device_count == 1)
+      missing = "this machine has 1 GPU";
+    if (!missing.empty())
+      throw Error(Errc::invalid_argument,
+                  fmt::format("--sweep: the matrix of Llama-3 layers needs the GPU backend and 2+ GPUs ({})", missing));
     return run_llm_sweep_gpu(given);
   }
   if (given.backend != "auto" && given.backend != "cpu" && given.backend != "gpu")
@@ -503,7 +523,6 @@ void add_bench_llm(CLI::App& bench) {
       ->capture_default_str();
   sub.add_option("--world", g_llm.world, "Ranks (tensor-parallel degree); 0: 2 on the CPU, up to 4 GPUs")->capture_default_str();
   sub.add_option("--nodes", g_llm.nodes, "Logical nodes the ranks are split into (2+: UCX between them)")->capture_default_str();
-  sub.add_option("--json", g_llm.json_path, "Also write the figures as JSON to this file");
   sub.add_option("--plot", g_llm.plot_path, "Also write an SVG plot of the per-step times to this file");
   sub.add_flag("--sweep", g_llm.sweep,
                "GPU backend: Llama-3 70B and 8B x 4096/8192/16384 tokens x TP 4 and 2, one summary table (several "

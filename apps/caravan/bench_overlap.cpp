@@ -361,14 +361,6 @@ BenchReport make_report(const nlohmann::json& run, const BenchOverlapArgs& args)
                     {"threads", run["threads"]}, {"iterations", args.iterations}, {"warmup", args.warmup},
                     {"load_before", run["load_before"]}, {"load_after", run["load_after"]},
                     {"correct", all_correct},    {"shapes", figures},             {"best", best_all}};
-  if (!args.json_path.empty()) {
-    std::ofstream out(args.json_path);
-    nlohmann::json file = report.figures;
-    file["bench"] = "overlap";
-    file["machine"] = describe_machine();
-    out << file.dump(2) << "\n";
-    if (!out) throw Error(Errc::invalid_argument, fmt::format("bench overlap --json: cannot write '{}'", args.json_path));
-  }
   if (args.check && !all_correct) report.failure = "bench overlap: a variant does not match the float32 reference";
   return report;
 }
@@ -426,13 +418,14 @@ BenchReport run_overlap_bench(const BenchOverlapArgs& args, const CpuOptions& cp
 #else
   if (args.backend == "gpu")
     throw Error(Errc::invalid_argument,
-                "bench overlap --backend gpu: this build has no GPU overlap backend (it needs the GPU toolchain and NCCL at "
-                "configure time: CARAVAN_HAVE_OVERLAP_GPU); use --backend cpu");
+                fmt::format("--backend gpu: this build has no GPU backend for bench overlap: {}; use --backend cpu",
+                            no_gpu_kernels_reason()));
 #endif
   BenchReport report = run_cpu(args, cpu);
 #ifndef CARAVAN_HAVE_OVERLAP_GPU
   if (gpu_present && !report.printed)
-    report.notes.push_back("a GPU is present but this build has no GPU overlap backend (CARAVAN_HAVE_OVERLAP_GPU): ran on the CPU");
+    report.notes.push_back("a GPU is present but this build has no GPU backend for bench overlap (" +
+                           no_gpu_kernels_reason() + "): ran on the CPU");
 #endif
   return report;
 }
@@ -464,7 +457,6 @@ void add_bench_overlap(CLI::App& bench) {
       ->capture_default_str();
   sub.add_option("--nodes", g_cpu.nodes, "CPU backend: logical nodes the ranks are split into (2+: UCX between them)")
       ->capture_default_str();
-  sub.add_option("--json", g_args.json_path, "Also write the figures as JSON to this file");
   add_options(sub, g_args, g_cpu);
   // What each rank of the CPU backend runs; not meant for users (no group: hidden).
   CLI::App* rank = bench.add_subcommand("overlap-rank", "One rank of `bench overlap` (internal)");

@@ -18,10 +18,10 @@ struct BenchOverlapArgs {
   int warmup = 5;
   bool check = true;                    // verify every variant against a float32 reference
   bool stamps = false;                  // GPU gemm_rs: also time the phases on the GPU clock (diagnostic)
-  std::string json_path;                // write results as JSON here when not empty
 };
 
-// Implemented in kernels/gpu when CARAVAN_HAVE_GPU; returns the process exit code.
+// Implemented in bench_overlap_gpu.cpp when CARAVAN_HAVE_OVERLAP_GPU; prints its report (as
+// --json asks: emit_report) and returns the process exit code.
 int run_bench_overlap_gpu(const BenchOverlapArgs& args);
 
 }  // namespace caravan::app

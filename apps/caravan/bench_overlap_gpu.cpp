@@ -1070,14 +1070,7 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
   report.figures["cases"] = cases;
   report.figures["world"] = world;
   report.figures["seed"] = bench.seed();
-  print_report(report, false);
-  if (!args.json_path.empty()) {
-    std::ofstream out(args.json_path);
-    nlohmann::json j = {{"bench", report.name}, {"machine", report.machine}, {"headlines", report.headlines},
-                        {"notes", report.notes}, {"figures", report.figures}};
-    out << j.dump(2) << "\n";
-    if (!out) throw Error(Errc::invalid_argument, fmt::format("bench overlap --json: cannot write '{}'", args.json_path));
-  }
+  emit_report(report);  // tables, or JSON as --json asks
   if (!all_ok) {
     fmt::print(stderr, "bench overlap: a variant failed its correctness check (see the table)\n");
     return 1;

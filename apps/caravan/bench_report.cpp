@@ -28,7 +28,27 @@ std::vector<BenchCaseEntry>& bench_cases() {
   return cases;
 }
 
-bool g_json = false;
+// Where --json sends the figures: "" (nowhere: tables), "-" (stdout, instead of tables) or a file.
+std::string g_json;
+bool g_json_written = false;  // the file has been started (truncated) by this process
+
+// `--json [FILE]`, on `bench` and on every case (one destination: the last one given wins).
+void add_json_option(CLI::App& app) {
+  app.add_option_function<std::string>(
+         "--json", [](const std::string& file) { g_json = file.empty() ? "-" : file; },
+         "Print the figures as one JSON object per case: on stdout instead of tables (no FILE, or -), "
+         "or to FILE besides the tables")
+      ->expected(0, 1)
+      ->type_name("[FILE]");
+}
+
+// --json FILE: fails before a case runs, not after, when FILE cannot be written (opened for
+// appending: nothing is truncated yet; ranks of a job other than rank 0 only check).
+void check_json_file() {
+  if (g_json.empty() || g_json == "-") return;
+  if (!std::ofstream(g_json, std::ios::app))
+    throw Error(Errc::invalid_argument, fmt::format("--json {}: cannot write it", g_json));
+}
 
 void print_table(const BenchTable& table) {
   std::vector<std::size_t> width(table.columns.size(), 0);
@@ -69,13 +89,28 @@ std::string describe_machine() {
   return fmt::format("{} x {} ({}), {}", std::thread::hardware_concurrency(), cpu, "cores", gpu);
 }
 
+nlohmann::json report_json(const BenchReport& report) {
+  nlohmann::json out = report.figures;
+  out["bench"] = report.name;
+  out["machine"] = report.machine;
+  out["headlines"] = report.headlines;
+  out["notes"] = report.notes;
+  return out;
+}
+
+void emit_report(const BenchReport& report) {
+  if (g_json == "-") return print_report(report, true);
+  print_report(report, false);
+  if (g_json.empty()) return;
+  std::ofstream out(g_json, g_json_written ? std::ios::app : std::ios::trunc);
+  g_json_written = true;
+  out << report_json(report).dump(2) << "\n";
+  if (!out) throw Error(Errc::invalid_argument, fmt::format("--json {}: cannot write it", g_json));
+}
+
 void print_report(const BenchReport& report, bool json) {
   if (json) {
-    nlohmann::json out = report.figures;
-    out["bench"] = report.name;
-    out["machine"] = report.machine;
-    out["headlines"] = report.headlines;
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", report_json(report).dump(2));
     return;
   }
   fmt::print("== caravan bench {} ==\nmachine: {}\n", report.name, report.machine);
@@ -89,12 +124,14 @@ void print_report(const BenchReport& report, bool json) {
 CLI::App& add_bench_case(CLI::App& bench, const std::string& name, const std::string& description,
                          BenchRunner run) {
   CLI::App* sub = bench.add_subcommand(name, description);
+  add_json_option(*sub);
   bench_cases().push_back({name, run});
   sub->callback([name, run] {
+    check_json_file();
     BenchReport report = run();
     report.name = name;
     report.machine = describe_machine();
-    if (!report.printed) print_report(report, g_json);
+    if (!report.printed) emit_report(report);
     if (!report.failure.empty()) throw Error(Errc::internal, report.failure);
   });
   return *sub;
@@ -102,7 +139,7 @@ CLI::App& add_bench_case(CLI::App& bench, const std::string& name, const std::st
 
 void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Run benchmarks; each prints a ratio against a baseline measured in the same run");
-  bench->add_flag("--json", g_json, "Print one JSON object of figures per case instead of tables");
+  add_json_option(*bench);
   bench->require_subcommand(1);
   add_bench_tasks(*bench);
   add_bench_copy(*bench);
@@ -116,24 +153,36 @@ void add_bench_command(CLI::App& app) {
   add_bench_attention(*bench);
   add_bench_gemm(*bench);
   bench->add_subcommand("all", "Run every benchmark case with its default options")->callback([] {
+    check_json_file();
     std::string failures;
     for (const auto& entry : bench_cases()) {
       BenchReport report = entry.run();
       report.name = entry.name;
       report.machine = describe_machine();
-      if (!report.printed) print_report(report, g_json);
+      if (!report.printed) emit_report(report);
       if (!report.failure.empty()) failures += (failures.empty() ? "" : "; ") + report.failure;
     }
     if (!failures.empty()) throw Error(Errc::internal, failures);
   });
 }
 
+std::string no_gpu_reason(const GpuProbe& probe) {
+  return probe.built ? "no GPU (" + probe.reason + ")" : probe.reason;
+}
+
+std::string no_gpu_kernels_reason() {
+  const GpuProbe probe = probe_gpus();
+  if (!probe.built) return probe.reason;
+  return "this build has GPU support but no GPU kernels backend: NCCL (the baseline) was not found when it was "
+         "configured";
+}
+
 BenchReport run_on_gpu_or_skip(const std::function<BenchReport()>& on_gpu) {
-  std::string reason = "this build has no GPU kernels (configure with nvcc and NCCL present)";
+  std::string reason = no_gpu_kernels_reason();
   if (on_gpu) {
     const GpuProbe probe = probe_gpus();
     if (probe.device_count > 0) return on_gpu();
-    reason = "no GPU (" + probe.reason + ")";
+    reason = no_gpu_reason(probe);
   }
   BenchReport out;
   out.headlines.push_back("skipped: " + reason);

@@ -13,6 +13,10 @@ namespace CLI {
 class App;
 }
 
+namespace caravan {
+struct GpuProbe;
+}
+
 namespace caravan::app {
 
 struct BenchTable {
@@ -34,12 +38,26 @@ struct BenchReport {
 
 // Prints the report as tables or as one JSON object.
 void print_report(const BenchReport& report, bool json);
+// The report as the JSON object --json gives: the figures, with bench, machine, headlines, notes.
+nlohmann::json report_json(const BenchReport& report);
+// Prints the report as --json asks: tables (no --json), one JSON object on stdout instead of
+// tables (--json or --json -), or tables and the JSON object written to FILE (--json FILE; the
+// cases of one command, `bench all`, one object after another). For a case that prints its own
+// report (a backend of its own); the framework calls it for every other.
+void emit_report(const BenchReport& report);
 
-// Registers a case: adds `bench <name>` with the common --json flag and lets `bench all` run it.
-// `setup` adds the case's own options to its subcommand; `run` runs it.
+// Registers a case: adds `bench <name>` with the common --json [FILE] option and lets `bench
+// all` run it. `run` runs it; the caller adds the case's own options to the returned subcommand.
 using BenchRunner = std::function<BenchReport()>;
 CLI::App& add_bench_case(CLI::App& bench, const std::string& name, const std::string& description,
                          BenchRunner run);
+
+// Why a GPU benchmark cannot run here: "no GPU (why)" in a build with GPU support; without it,
+// why the build has none (turned off with CARAVAN_GPU=OFF, or no GPU compiler found).
+std::string no_gpu_reason(const GpuProbe& probe);
+// Why this build has no GPU backend for the benchmarks of kernels/gpu (bench overlap, llm,
+// attention, gemm): no GPU support at all (as above), or no NCCL found at configure time.
+std::string no_gpu_kernels_reason();
 
 // The report of a benchmark of the GPU kernels: `on_gpu()` where this build has them (`on_gpu`
 // not null) and the runtime sees a GPU; otherwise a skip that says which is missing.

@@ -1,6 +1,8 @@
 // Each subcommand of the caravan tool adds itself to the CLI11 app through one function here.
 #pragma once
 
+#include <vector>
+
 namespace CLI {
 class App;
 }
@@ -20,6 +22,9 @@ void add_plan_command(CLI::App& app);
 void add_bench_plan(CLI::App& bench);
 // `caravan run -n N [--nodes K] PROGRAM ARGS` (run_command.cpp); `caravan bench nic` (bench_nic.cpp).
 void add_run_command(CLI::App& app);
+// Before parsing: removes the `--` that may separate `caravan run`'s options from PROGRAM (CLI11
+// would hand what follows it to the top level). `args` is argv.
+void strip_run_separator(CLI::App& app, std::vector<char*>& args);
 void add_bench_nic(CLI::App& bench);
 // `caravan bench ipc` (bench_ipc.cpp: copies between GPU memories of ranks of one node vs raw peer copies).
 void add_bench_ipc(CLI::App& bench);

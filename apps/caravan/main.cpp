@@ -13,6 +13,19 @@
 
 namespace {
 
+// Exit statuses, the same for every command (apps/README.md): 0 success; 1 the command ran and
+// failed; 2 the command was not accepted (a usage error: an unknown command or option, a missing,
+// malformed or out-of-range value, a name that does not exist). `caravan run` passes on its
+// first failed rank's status instead (run_ranks).
+constexpr int kFailure = 1;
+constexpr int kUsageError = 2;
+
+// caravan::Errors that mean the input was not accepted: bad input to a call, nothing started
+// (invalid_argument), or a named thing (a memory, a machine file, a setting) that does not exist.
+bool is_usage_error(const caravan::Error& e) {
+  return e.code() == caravan::Errc::invalid_argument || e.code() == caravan::Errc::not_found;
+}
+
 // CLI11 reports "A subcommand is required" before an unknown word or option at a level that has
 // subcommands (`caravan --bogus`, `caravan bench nosuch`); name the word and the level instead.
 // Returns the exit status to end with, or 0 to let CLI11 parse.
@@ -31,9 +44,16 @@ int check_command_words(CLI::App& app, int argc, char** argv) {
       if (!option) {
         std::fprintf(stderr, "%s: unknown option '%s' (commands: %s; see %s --help)\n", path.c_str(), word.c_str(),
                      names.c_str(), path.c_str());
-        return 2;
+        return kUsageError;
       }
-      if (option->get_expected_max() != 0 && word.find('=') == std::string::npos) ++i;  // its value
+      if (option->get_expected_max() != 0 && word.find('=') == std::string::npos && i + 1 < argc) {
+        // Its value; an optional one (`bench --json [FILE]`) only where CLI11 takes the next word
+        // as one: neither a command of this level nor an option.
+        const std::string next = argv[i + 1];
+        bool is_command = false;
+        for (CLI::App* sub : subcommands) is_command = is_command || sub->get_name() == next;
+        if (option->get_expected_min() > 0 || !(is_command || next == "--" || (next.size() > 1 && next[0] == '-'))) ++i;
+      }
       continue;
     }
     CLI::App* next = nullptr;
@@ -42,7 +62,7 @@ int check_command_words(CLI::App& app, int argc, char** argv) {
     if (!next) {
       std::fprintf(stderr, "%s: unknown command '%s' (commands: %s; see %s --help)\n", path.c_str(), word.c_str(),
                    names.c_str(), path.c_str());
-      return 2;
+      return kUsageError;
     }
     level = next;
     path += " " + word;
@@ -64,18 +84,25 @@ int main(int argc, char** argv) {
   caravan::app::add_calibrate_command(app);
   caravan::app::add_plan_command(app);
   caravan::app::add_run_command(app);
-  if (const int status = check_command_words(app, argc, argv); status != 0) return status;
+  std::vector<char*> args(argv, argv + argc);
   try {
-    app.parse(argc, argv);
+    caravan::app::strip_run_separator(app, args);
+    const int count = static_cast<int>(args.size());
+    if (const int status = check_command_words(app, count, args.data()); status != 0) return status;
+    app.parse(count, args.data());
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // `caravan run`: the failed rank's status, already reported
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Prints the message (or the help); CLI11's own codes (100-115) all mean the command line
+    // was not accepted. --help and --version are successes (0).
+    return app.exit(e) == 0 ? 0 : kUsageError;
   } catch (const caravan::Error& e) {
     std::fprintf(stderr, "caravan: error (%s): %s\n", std::string(caravan::to_string(e.code())).c_str(),
                  e.what());
-    return 1;
+    return is_usage_error(e) ? kUsageError : kFailure;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "caravan: error: %s\n", e.what());
-    return 1;
+    return kFailure;
   }
   return 0;
 }

@@ -35,6 +35,8 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <string_view>
+#include <vector>
 
 extern char** environ;
 
@@ -236,6 +238,32 @@ int run_ranks(const RunSpec& spec) {
   return exit_code(first_status) == 0 ? 1 : exit_code(first_status);
 }
 
+// CLI11 2.1 ends a subcommand without positional options at `--` and hands the rest to the top
+// level, which refuses it ("The following arguments were not expected"). `caravan run` takes the
+// first `--` among its own options to mean "PROGRAM follows": it is removed here, before
+// parsing, and everything after it is the program's (options that look like run's included).
+void strip_run_separator(CLI::App& app, std::vector<char*>& args) {
+  if (args.size() < 2 || std::string_view(args[1]) != "run") return;  // the top level has no options but --help
+  CLI::App* run = app.get_subcommand("run");
+  for (std::size_t i = 2; i < args.size(); ++i) {
+    const std::string word = args[i];
+    if (word == "--") {
+      // Without the `--`, a PROGRAM that starts with '-' would be parsed as an option of run.
+      if (i + 1 < args.size() && std::string_view(args[i + 1]).starts_with("-"))
+        throw Error(Errc::invalid_argument,
+                    fmt::format("caravan run: PROGRAM '{}' (after --) starts with '-'; name a program of that name "
+                                "as ./{}",
+                                args[i + 1], args[i + 1]));
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+    if (!word.starts_with("-")) return;  // PROGRAM: what follows is the program's
+    // One of run's options (its value skipped), or a word the callback refuses by name.
+    const CLI::Option* option = run->get_option_no_throw(word.substr(0, word.find('=')));
+    if (option && option->get_expected_max() != 0 && word.find('=') == std::string::npos) ++i;
+  }
+}
+
 void add_run_command(CLI::App& app) {
   static RunSpec spec;
   CLI::App* run = app.add_subcommand("run", "Start N ranks of PROGRAM on this host (split into K logical nodes)");
@@ -246,9 +274,12 @@ void add_run_command(CLI::App& app) {
   run->add_option("--port", spec.port, "MASTER_PORT (0: pick a free port)")->capture_default_str();
   run->add_option("--grace", spec.grace_s,
                   "Seconds the other ranks may run on after one fails (default: CARAVAN_PEER_TIMEOUT_S + 10)");
-  // Everything from PROGRAM on belongs to the program, options included.
+  // Everything from PROGRAM on belongs to the program, options included; `--` before PROGRAM
+  // is optional (strip_run_separator).
   run->prefix_command();
-  run->footer("Example: caravan run -n 4 --nodes 2 ./my_program --size 1G");
+  run->footer(
+      "Example: caravan run -n 4 --nodes 2 [--] ./my_program --size 1G\n"
+      "Everything from PROGRAM on is the program's; `--` may separate run's options from it.");
   run->callback([run] {
     spec.command = run->remaining();
     if (spec.command.empty()) throw Error(Errc::invalid_argument, "caravan run: no PROGRAM given (caravan run -n N PROGRAM ARGS...)");

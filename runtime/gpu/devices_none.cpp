@@ -1,4 +1,5 @@
-// Built when no GPU toolchain was found: there are no devices, and GPU memory cannot be had.
+// Built without GPU sources (CARAVAN_GPU=OFF, or no GPU compiler found at configure time): there
+// are no devices, and GPU memory cannot be had; probe_gpus().reason says why.
 #include "runtime/gpu/devices.h"
 
 #include <caravan/error.h>

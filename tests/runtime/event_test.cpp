@@ -237,6 +237,26 @@ TEST(EventShutdown, UsingAnEventOfAShutDownRuntimeIsAClearError) {
   CARAVAN_EXPECT_ERROR(Runtime(RuntimeOptions{.cpu_workers = 1}), Errc::already_done, "already running");
 }
 
+// A handle no runtime issued is said to be that, not to belong to a runtime that shut down.
+TEST(EventShutdown, AHandleThatWasNeverIssuedIsNamedSo) {
+  const Event made_up = Event::from_parts(3, 0, 0xFFF0, 1);   // an instance no runtime of this test had
+  const Event instance_zero = Event::from_parts(3, 0, 0, 1);  // instance 0 is never given out
+  CARAVAN_EXPECT_ERROR(made_up.wait(), Errc::invalid_argument, "was never issued: no Caravan runtime of this process");
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  CARAVAN_EXPECT_ERROR(made_up.wait(), Errc::invalid_argument, "instance 65520");
+  CARAVAN_EXPECT_ERROR(made_up.query(), Errc::invalid_argument, "was never issued");
+  CARAVAN_EXPECT_ERROR(instance_zero.wait(), Errc::invalid_argument, "was never issued");
+  CARAVAN_EXPECT_ERROR(UserEvent::from_event(made_up).trigger(), Errc::invalid_argument, "was never issued");
+  // This runtime's instance, but a slot or a generation it never issued.
+  UserEvent real = UserEvent::create();
+  const Event no_slot = Event::from_parts(1u << 30, real.owner_rank(), real.runtime_instance(), 1);
+  CARAVAN_EXPECT_ERROR(no_slot.wait(), Errc::invalid_argument, "was never issued by this runtime (it has no slot");
+  const Event later = Event::from_parts(real.slot(), real.owner_rank(), real.runtime_instance(), real.generation() + 5);
+  CARAVAN_EXPECT_ERROR(later.query(), Errc::invalid_argument, "was never issued by this runtime (slot");
+  real.trigger();
+  EXPECT_NO_THROW(real.wait());
+}
+
 TEST(EventShutdown, NoRuntimeMeansAClearError) {
   CARAVAN_EXPECT_ERROR(UserEvent::create(), Errc::shut_down, "no Caravan runtime is running");
   CARAVAN_EXPECT_ERROR(Runtime::current(), Errc::shut_down, "no Caravan runtime is running");
