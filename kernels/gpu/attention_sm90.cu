@@ -23,6 +23,7 @@
 
 #include <caravan/error.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -45,8 +46,8 @@ struct AttentionConfig {
   static constexpr int kTileBytes = kBoxes * kBoxBytes;  // 64 rows of one head: a K or V tile, a consumer's Q
   static constexpr int kQBytes = 2 * kTileBytes;
   // Q, then the stages (K tile, V tile), from a 1024-byte boundary (the swizzle's period); then
-  // the barriers: Q landed, and per stage K landed, V landed and stage free.
-  static constexpr int kSharedBytes = 1024 + kQBytes + kStages * 2 * kTileBytes + (1 + 3 * kStages) * 8;
+  // the barriers: Q landed, Q free, and per stage K landed, V landed and stage free.
+  static constexpr int kSharedBytes = 1024 + kQBytes + kStages * 2 * kTileBytes + (2 + 3 * kStages) * 8;
   static_assert(kSharedBytes <= 227 * 1024, "fits in an SM's shared memory");
 };
 
@@ -145,12 +146,14 @@ __device__ __forceinline__ void wgmma_output(float (&d)[D / 2], const std::uint3
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Grid: x = query blocks of 128 rows (heaviest first), y = query heads.
+// Persistent: at most one block per SM, each taking work items (128 query rows of one head) in
+// turn, the heaviest first, so that its producer loads the next item's rows and first tiles while
+// the consumers finish the last product and store the item before.
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                          const __grid_constant__ CUtensorMap map_v, long tokens, int group, float scale_log2,
-                          bf16* out, long ld_out) {
+                          const __grid_constant__ CUtensorMap map_v, long tokens, int heads, int group,
+                          float scale_log2, bf16* out, long ld_out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = AttentionConfig<D>;
   extern __shared__ unsigned char shared_raw[];
@@ -158,20 +161,37 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(shared_raw) + 1023) & ~std::uintptr_t{1023});
   unsigned char* stages = q_tile + C::kQBytes;
   std::uint64_t* q_full = reinterpret_cast<std::uint64_t*>(stages + kStages * 2 * C::kTileBytes);
-  std::uint64_t* k_full = q_full + 1;
+  std::uint64_t* q_empty = q_full + 1;
+  std::uint64_t* k_full = q_empty + 1;
   std::uint64_t* v_full = k_full + kStages;
   std::uint64_t* empty = v_full + kStages;
   const auto k_stage = [&](int s) { return stages + s * 2 * C::kTileBytes; };
   const auto v_stage = [&](int s) { return stages + s * 2 * C::kTileBytes + C::kTileBytes; };
 
-  // Causal work grows with the query block: the last blocks go first, so short ones fill the tail.
-  const long q0 = static_cast<long>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
-  const int head = static_cast<int>(blockIdx.y), kv_head = head / group;
-  const int key_tiles = static_cast<int>((min(q0 + kBlockRows, tokens) - 1) / kKeyTile) + 1;
+  // Causal work grows with the query block: the last query blocks go first (every head of one,
+  // then the next), so short items fill the tail.
+  const long query_blocks = (tokens + kBlockRows - 1) / kBlockRows, items = query_blocks * heads;
+  struct Item {
+    long q0;
+    int head, key_tiles;
+  };
+  const auto item_at = [&](long i) {
+    const long q0 = (query_blocks - 1 - i / heads) * kBlockRows;
+    return Item{q0, static_cast<int>(i % heads), static_cast<int>((min(q0 + kBlockRows, tokens) - 1) / kKeyTile) + 1};
+  };
+  const auto parity = [](int n) { return static_cast<std::uint32_t>((n / kStages) & 1); };
+  // The item a block takes n-th: rounds of one item per block, every other round in reverse
+  // block order, so that the heavy and the light items even out over a block's rounds (taken
+  // round-robin, the first block got the heaviest of every round: up to 10% slower at 16k tokens).
+  const auto item_index = [&](int n) {
+    const long round = static_cast<long>(n) * gridDim.x;
+    return round + (n % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x);
+  };
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
 
   if (threadIdx.x == 0) {
     barrier_init(q_full, 1);
+    barrier_init(q_empty, 2 * 4);  // one arrival per consumer warp
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&k_full[s], 1);
       barrier_init(&v_full[s], 1);
@@ -184,24 +204,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (threadIdx.x == 0) {
-      barrier_expect_bytes(q_full, C::kQBytes);
+      int loaded = 0;  // K and V tiles this block has loaded: the stage ring's position
+      int taken = 0;   // items this block has taken
+      for (long i = item_index(0); i < items; i = item_index(++taken)) {
+        const Item item = item_at(i);
+        const int kv_head = item.head / group;
+        if (taken > 0) barrier_wait(q_empty, (taken - 1) & 1);  // the last item's scores are done
+        barrier_expect_bytes(q_full, C::kQBytes);
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
+        for (int c = 0; c < 2; ++c)
 #pragma unroll
-        for (int b = 0; b < C::kBoxes; ++b)
-          tma_load(q_tile + (c * C::kBoxes + b) * kBoxBytes, &map_q, q_full, head * D + b * kBoxColumns,
-                   static_cast<int>(q0) + c * kConsumerRows);
-      for (int j = 0; j < key_tiles; ++j) {
-        const int s = j % kStages;
-        if (j >= kStages) barrier_wait(&empty[s], ((j / kStages) - 1) & 1);
-        barrier_expect_bytes(&k_full[s], C::kTileBytes);
+          for (int b = 0; b < C::kBoxes; ++b)
+            tma_load(q_tile + (c * C::kBoxes + b) * kBoxBytes, &map_q, q_full, item.head * D + b * kBoxColumns,
+                     static_cast<int>(item.q0) + c * kConsumerRows);
+        for (int j = 0; j < item.key_tiles; ++j, ++loaded) {
+          const int s = loaded % kStages;
+          if (loaded >= kStages) barrier_wait(&empty[s], parity(loaded) ^ 1);
+          barrier_expect_bytes(&k_full[s], C::kTileBytes);
 #pragma unroll
-        for (int b = 0; b < C::kBoxes; ++b)
-          tma_load(k_stage(s) + b * kBoxBytes, &map_k, &k_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
-        barrier_expect_bytes(&v_full[s], C::kTileBytes);
+          for (int b = 0; b < C::kBoxes; ++b)
+            tma_load(k_stage(s) + b * kBoxBytes, &map_k, &k_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
+          barrier_expect_bytes(&v_full[s], C::kTileBytes);
 #pragma unroll
-        for (int b = 0; b < C::kBoxes; ++b)
-          tma_load(v_stage(s) + b * kBoxBytes, &map_v, &v_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
+          for (int b = 0; b < C::kBoxes; ++b)
+            tma_load(v_stage(s) + b * kBoxBytes, &map_v, &v_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
+        }
       }
     }
     return;
@@ -212,19 +239,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
   const int g = lane / 4, t = lane % 4;
   const bool warp_leader = lane == 0;
-  const long row0 = q0 + consumer * kConsumerRows;
-  // Key tiles holding a key some row of this consumer sees (none if all its rows are past the end).
-  const int my_tiles = row0 < tokens ? static_cast<int>((min(row0 + kConsumerRows, tokens) - 1) / kKeyTile) + 1 : 0;
-  const long warp_first = row0 + warp * 16;
   const unsigned char* my_q = q_tile + consumer * C::kTileBytes;
 
-  // The output accumulator and, per lane, rows g and g + 8 of its warp: running maximum (scaled
-  // by log2 e / sqrt(D)) and this lane's part of the running sum. Accumulator layout of
-  // m64nNk16: warp w holds rows 16w + g and + 8; in each group of 8 columns, columns 2t and 2t + 1.
+  // Per item: the first query row of this warp; the output accumulator and, per lane, rows g and
+  // g + 8 of its warp: running maximum (scaled by log2 e / sqrt(D)) and this lane's part of the
+  // running sum. Accumulator layout of m64nNk16: warp w holds rows 16w + g and + 8; in each group
+  // of 8 columns, columns 2t and 2t + 1.
+  long warp_first = 0;
   float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  float row_max[2], row_sum[2];
   // The scores of key tile j (stage s) into sc, issued, not waited for.
   const auto issue_scores = [&](float(&sc)[kKeyTile / 2], int s) {
 #pragma unroll
@@ -304,77 +327,96 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[4 * c + 3] *= correction[1];
     }
   };
-  const auto parity = [](int j) { return static_cast<std::uint32_t>((j / kStages) & 1); };
 
-  // Software pipelining within the warpgroup (FlashAttention-3's): while the tensor cores add
-  // tile j - 1's P V, and compute tile j's scores, the warps wait only for the scores, then run
-  // tile j's softmax, so the exponentials overlap the P V product. The probabilities are packed
-  // into P V's A registers only once that product is done: ptxas serializes every wgmma (C7513)
-  // if an A register of one is written while any is in flight.
-  if (my_tiles > 0) {
-    barrier_wait(q_full, 0);
-    float sc[kKeyTile / 2];
-    std::uint32_t p[kKeyTile / 16][4];
-    float correction[2];
-    barrier_wait(&k_full[0], 0);
-    wgmma_fence();
-    issue_scores(sc, 0);
-    wgmma_wait<0>();
-    pin_registers(sc);
-    softmax(sc, 0, correction);  // o is still zero: nothing to rescale
-    pack_probabilities(sc, p);
-    for (int j = 1; j < my_tiles; ++j) {
-      const int s = j % kStages, previous = (j - 1) % kStages;
-      barrier_wait(&k_full[s], parity(j));
-      barrier_wait(&v_full[previous], parity(j - 1));
+  int consumed = 0;  // K and V tiles this block's producer has handed out before this item
+  int taken = 0;
+  for (long i = item_index(0); i < items; i = item_index(++taken)) {
+    const Item item = item_at(i);
+    const long row0 = item.q0 + consumer * kConsumerRows;
+    // Key tiles holding a key some row of this consumer sees (none if all its rows are past the end).
+    const int my_tiles = row0 < tokens ? static_cast<int>((min(row0 + kConsumerRows, tokens) - 1) / kKeyTile) + 1 : 0;
+    warp_first = row0 + warp * 16;
+#pragma unroll
+    for (int c = 0; c < D / 2; ++c) o[c] = 0.0f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+    // Stage and phase of this item's key tile j.
+    const auto stage = [&](int j) { return (consumed + j) % kStages; };
+    const auto phase = [&](int j) { return parity(consumed + j); };
+    barrier_wait(q_full, taken & 1);
+
+    // Software pipelining within the warpgroup (FlashAttention-3's): while the tensor cores add
+    // tile j - 1's P V, and compute tile j's scores, the warps wait only for the scores, then run
+    // tile j's softmax, so the exponentials overlap the P V product. The probabilities are packed
+    // into P V's A registers only once that product is done: ptxas serializes every wgmma (C7513)
+    // if an A register of one is written while any is in flight.
+    if (my_tiles > 0) {
+      float sc[kKeyTile / 2];
+      std::uint32_t p[kKeyTile / 16][4];
+      float correction[2];
+      barrier_wait(&k_full[stage(0)], phase(0));
       wgmma_fence();
-      issue_scores(sc, s);
-      issue_output(p, previous);
-      wgmma_wait<1>();  // the scores; P V may still run, reading p and adding into o
+      issue_scores(sc, stage(0));
+      wgmma_wait<0>();
       pin_registers(sc);
-      softmax(sc, j, correction);
+      softmax(sc, 0, correction);  // o is still zero: nothing to rescale
+      pack_probabilities(sc, p);
+      for (int j = 1; j < my_tiles; ++j) {
+        barrier_wait(&k_full[stage(j)], phase(j));
+        barrier_wait(&v_full[stage(j - 1)], phase(j - 1));
+        wgmma_fence();
+        issue_scores(sc, stage(j));
+        issue_output(p, stage(j - 1));
+        wgmma_wait<1>();  // the scores; P V may still run, reading p and adding into o
+        pin_registers(sc);
+        softmax(sc, j, correction);
+        wgmma_wait<0>();
+        pin_registers(p);
+        pin_registers(o);
+        if (warp_leader) barrier_arrive(&empty[stage(j - 1)]);
+        rescale_output(correction);
+        pack_probabilities(sc, p);
+      }
+      // The query rows are read for the last time: the producer may load the next item's.
+      if (warp_leader) barrier_arrive(q_empty);
+      const int last = stage(my_tiles - 1);
+      barrier_wait(&v_full[last], phase(my_tiles - 1));
+      wgmma_fence();
+      issue_output(p, last);
       wgmma_wait<0>();
       pin_registers(p);
       pin_registers(o);
-      if (warp_leader) barrier_arrive(&empty[previous]);
-      rescale_output(correction);
-      pack_probabilities(sc, p);
+      if (warp_leader) barrier_arrive(&empty[last]);
+    } else if (warp_leader) {
+      barrier_arrive(q_empty);
     }
-    const int last = (my_tiles - 1) % kStages;
-    barrier_wait(&v_full[last], parity(my_tiles - 1));
-    wgmma_fence();
-    issue_output(p, last);
-    wgmma_wait<0>();
-    pin_registers(p);
-    pin_registers(o);
-    if (warp_leader) barrier_arrive(&empty[last]);
-  }
-  // Tiles none of this consumer's rows see: wait until they have landed (so that this
-  // consumer's arrivals fall in the same phase of each stage as the other's), then give them back.
-  for (int j = my_tiles; j < key_tiles; ++j) {
-    const int s = j % kStages;
-    barrier_wait(&k_full[s], parity(j));
-    barrier_wait(&v_full[s], parity(j));
-    if (warp_leader) barrier_arrive(&empty[s]);
-  }
+    // Tiles none of this consumer's rows see: wait until they have landed (so that this
+    // consumer's arrivals fall in the same phase of each stage as the other's), then give them back.
+    for (int j = my_tiles; j < item.key_tiles; ++j) {
+      barrier_wait(&k_full[stage(j)], phase(j));
+      barrier_wait(&v_full[stage(j)], phase(j));
+      if (warp_leader) barrier_arrive(&empty[stage(j)]);
+    }
+    consumed += item.key_tiles;
 
-  float inverse[2];
+    float inverse[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
-    inverse[i] = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
-  }
-  bf16* out_head = out + static_cast<long>(head) * D;
+    for (int r = 0; r < 2; ++r) {
+      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+      inverse[r] = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+    }
+    bf16* out_head = out + static_cast<long>(item.head) * D;
 #pragma unroll
-  for (int c = 0; c < D / 8; ++c) {
-    const int col = c * 8 + 2 * t;
+    for (int c = 0; c < D / 8; ++c) {
+      const int col = c * 8 + 2 * t;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const long row = warp_first + g + i * 8;
-      if (row < tokens)
-        *reinterpret_cast<std::uint32_t*>(out_head + row * ld_out + col) =
-            pack_bf16(o[4 * c + 2 * i] * inverse[i], o[4 * c + 2 * i + 1] * inverse[i]);
+      for (int r = 0; r < 2; ++r) {
+        const long row = warp_first + g + r * 8;
+        if (row < tokens)
+          *reinterpret_cast<std::uint32_t*>(out_head + row * ld_out + col) =
+              pack_bf16(o[4 * c + 2 * r] * inverse[r], o[4 * c + 2 * r + 1] * inverse[r]);
+      }
     }
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -404,10 +446,15 @@ void launch(const AttentionArguments& a, hipStream_t stream) {
       tensor_map("fused_causal_attention (k)", a.k, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
   const CUtensorMap map_v =
       tensor_map("fused_causal_attention (v)", a.v, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
-  const dim3 grid(static_cast<unsigned>((a.tokens + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(a.q_heads));
+  int device = 0, sms = 0;
+  CARAVAN_HIP_CHECK(cudaGetDevice(&device));
+  CARAVAN_HIP_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const long items = (a.tokens + kBlockRows - 1) / kBlockRows * a.q_heads;
+  const dim3 grid(static_cast<unsigned>(std::min<long>(items, sms)));
   const float scale_log2 = a.scale * 1.4426950408889634f;
   attention_sm90_kernel<D><<<grid, kThreads, AttentionConfig<D>::kSharedBytes, stream>>>(
-      map_q, map_k, map_v, a.tokens, static_cast<int>(a.q_heads / a.kv_heads), scale_log2, a.out, a.ld_out);
+      map_q, map_k, map_v, a.tokens, static_cast<int>(a.q_heads), static_cast<int>(a.q_heads / a.kv_heads), scale_log2,
+      a.out, a.ld_out);
   CARAVAN_HIP_CHECK(cudaGetLastError());
 }
 
