@@ -92,22 +92,25 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, long ld, 
   }
 }
 
-// Grid: x = query blocks (heaviest first), y = query heads. Shared memory: two stages of
+// Grid: query blocks x heads, heaviest query block first. Shared memory: two stages of
 // {K tile, V tile}; the query tile borrows the second stage before the loop starts.
 template <int D, int Warps>
 __global__ void __launch_bounds__(Warps * 32)
-    attention_kernel(const bf16* q, const bf16* k, const bf16* v, long ld, long tokens, int group, float scale_log2,
-                     bf16* out, long ld_out) {
+    attention_kernel(const bf16* q, const bf16* k, const bf16* v, long ld, long tokens, int heads, int group,
+                     float scale_log2, bf16* out, long ld_out) {
   constexpr int kBlockRows = 16 * Warps, kThreads = Warps * 32, kDepthSteps = D / 16, kColumnTiles = D / 8;
   constexpr int kStage = 2 * kKeyTile * D;  // elements of one {K, V} stage
   static_assert(kBlockRows <= 2 * kKeyTile, "the query tile must fit in one stage");
   extern __shared__ __align__(128) unsigned char shared_raw[];
   bf16* shared = reinterpret_cast<bf16*>(shared_raw);
 
-  // Causal work grows with the query block: launch the last blocks first so that the short
-  // ones fill the tail of the grid.
-  const long q0 = static_cast<long>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
-  const int head = static_cast<int>(blockIdx.y), kv_head = head / group;
+  // Causal work grows with the query block: launch the last blocks first, every head of one
+  // before the next (a grid of query blocks x heads ran one head's blocks, light ones included,
+  // before the next head's heavy ones: 20-30% slower at 4096 tokens in the Hopper kernel), so
+  // that the short ones fill the tail of the grid.
+  const long query_blocks = (tokens + kBlockRows - 1) / kBlockRows;
+  const long q0 = (query_blocks - 1 - blockIdx.x / heads) * kBlockRows;
+  const int head = static_cast<int>(blockIdx.x % heads), kv_head = head / group;
   const bf16* q_head = q + static_cast<long>(head) * D;
   const bf16* k_head = k + static_cast<long>(kv_head) * D;
   const bf16* v_head = v + static_cast<long>(kv_head) * D;
@@ -308,10 +311,11 @@ template <int D, int Warps>
 void launch(const AttentionArguments& a, hipStream_t stream) {
   allow_shared_memory<D, Warps>();
   constexpr int rows = 16 * Warps;
-  const dim3 grid(static_cast<unsigned>((a.tokens + rows - 1) / rows), static_cast<unsigned>(a.q_heads));
+  const dim3 grid(static_cast<unsigned>((a.tokens + rows - 1) / rows * a.q_heads));
   const float scale_log2 = a.scale * 1.4426950408889634f;
   attention_kernel<D, Warps><<<grid, Warps * 32, shared_bytes<D>(), stream>>>(
-      a.q, a.k, a.v, a.ld, a.tokens, static_cast<int>(a.q_heads / a.kv_heads), scale_log2, a.out, a.ld_out);
+      a.q, a.k, a.v, a.ld, a.tokens, static_cast<int>(a.q_heads), static_cast<int>(a.q_heads / a.kv_heads), scale_log2,
+      a.out, a.ld_out);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
