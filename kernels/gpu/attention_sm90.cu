@@ -1,21 +1,24 @@
 // The Hopper path of the fused causal attention (kernels.h: fused_causal_attention), built for
 // sm_90a only (the sm90 library, see CMakeLists.txt). The same forward pass of flash attention as
 // the portable mma.sync kernel in attention.cu, written the way the Hopper tensor cores want it
-// (FlashAttention-3's design, written from its paper):
-//   - a producer warpgroup, one thread of which issues TMA loads: the block's 128 query rows once,
-//     then each 64-key tile of K and of V into a ring of stages, each half with its own mbarrier
-//     so the scores can start while V is still landing;
+// (FlashAttention-3's design, written from its paper). Persistent: a block per SM at most, each
+// taking work items (128 query rows of one head) in turn, heaviest first.
+//   - a producer warpgroup, one thread of which issues TMA loads: an item's 128 query rows once
+//     (as soon as the previous item's last scores are done), then each 64-key tile of K and of V
+//     into a ring of stages, each half with its own mbarrier so the scores can start while V is
+//     still landing;
 //   - two consumer warpgroups of 64 query rows each compute the scores S = Q K^T with wgmma
 //     straight from shared memory (both operands K-major), fold them into the online softmax in
 //     registers, and add P V with wgmma taking P from registers: the accumulator layout of S is,
 //     pair for pair, the register layout of wgmma's A operand, as with mma.sync. The next tile's
 //     scores are issued with the current P V, and the softmax runs while P V is computed.
 // Each consumer gives a stage back (one arrival per warp) once its products on it are done. A
-// consumer whose 64 rows see none of a tile's keys (the first consumer on the block's last,
-// diagonal tile; the second on the last block when tokens % 128 is 1 to 64, all its rows past the
-// end) skips its products but still gives the stage back, once the tile has landed. Not here: FlashAttention-3's
-// turn-taking between the two consumers, which changed nothing on an H100 (docs/overlap.md). TMA coordinates are
-// 32-bit: the dispatcher sends longer sequences to the portable kernel.
+// consumer whose 64 rows see none of a tile's keys (the first consumer on an item's last,
+// diagonal tile; the second on the last query block when tokens % 128 is 1 to 64, all its rows
+// past the end) skips its products but still gives the stage back, once the tile has landed.
+// Not here: FlashAttention-3's turn-taking between the two consumers, which changed nothing on an
+// H100 (docs/overlap.md). TMA coordinates are 32-bit: the dispatcher sends longer sequences to
+// the portable kernel.
 #include "kernels/gpu/attention_sm90.h"
 
 #include "kernels/gpu/sm90.cuh"
