@@ -12,6 +12,7 @@
 // On Hopper (compute capability 9.0) the TMA + wgmma kernel of attention_sm90.cu runs instead,
 // where it takes the head width (AttentionKernel).
 #include "kernels/gpu/kernels.h"
+#include "kernels/gpu/online_softmax.cuh"
 #ifdef CARAVAN_HAVE_SM90_KERNELS
 #include "kernels/gpu/attention_sm90.h"
 #endif
@@ -188,16 +189,7 @@ __global__ void __launch_bounds__(Warps * 32)
           tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
         }
       float base[2], correction[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        // The four lanes of a quad share a row.
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-        const float new_max = fmaxf(row_max[i], tile_max[i]);
-        base[i] = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet stays at 0
-        correction[i] = exp2f(row_max[i] - base[i]);
-        row_max[i] = new_max;
-      }
+      fold_tile_maxima(tile_max, row_max, base, correction);
       // The probabilities as bf16 A fragments of P x V (two adjacent score fragments, 16 keys,
       // make one), packed as soon as they are computed so that the fp32 scores die early.
       float tile_sum[2] = {0.0f, 0.0f};

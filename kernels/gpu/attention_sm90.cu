@@ -21,6 +21,7 @@
 // the portable kernel.
 #include "kernels/gpu/attention_sm90.h"
 
+#include "kernels/gpu/online_softmax.cuh"
 #include "kernels/gpu/sm90.cuh"
 #include "kernels/gpu/sm90_tensor_map.h"
 
@@ -292,16 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
       }
     float base[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      // The four lanes of a quad share a row.
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-      const float new_max = fmaxf(row_max[i], tile_max[i]);
-      base[i] = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet stays at 0
-      correction[i] = exp2f(row_max[i] - base[i]);
-      row_max[i] = new_max;
-    }
+    fold_tile_maxima(tile_max, row_max, base, correction);
     float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < kKeyTile / 8; ++n)

@@ -1,0 +1,28 @@
+// The online softmax step both fused attention kernels share (attention.cu, attention_sm90.cu):
+// their score fragments have the same layout (a lane holds rows g and g + 8 of its warp's 16, the
+// four lanes of a quad the same rows), so folding a tile's row maxima into the running ones is the
+// same arithmetic on the same registers. NVIDIA only, like the kernels (warp shuffles by mask).
+#pragma once
+
+#include <cmath>
+
+namespace caravan::gpu {
+
+// tile_max: this lane's maxima over its scores of the tile (scaled, masked), for rows g and g + 8.
+// Reduces them over the quad, raises row_max to include them, and gives the base the tile's
+// exponentials subtract (0 for a row that has seen no visible key yet: -inf - -inf would be NaN)
+// and the factor by which the earlier sum and output must be scaled.
+__device__ __forceinline__ void fold_tile_maxima(float (&tile_max)[2], float (&row_max)[2], float (&base)[2],
+                                                 float (&correction)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+    const float new_max = fmaxf(row_max[i], tile_max[i]);
+    base[i] = new_max == -INFINITY ? 0.0f : new_max;
+    correction[i] = exp2f(row_max[i] - base[i]);
+    row_max[i] = new_max;
+  }
+}
+
+}  // namespace caravan::gpu
