@@ -57,10 +57,18 @@ struct GpuTpLayer::Rank {
 std::uint64_t GpuTpLayer::heap_bytes(const kernels::TpLayerShape& s, int world) {
   const std::uint64_t m = static_cast<std::uint64_t>(s.tokens), h = static_cast<std::uint64_t>(s.hidden);
   const std::uint64_t shard = m / static_cast<std::uint64_t>(world) * h * sizeof(bf16);
+  // Every operation's low-latency lines where its shard (or output) is small: four operations.
   const std::uint64_t lines = shard <= kLlMaxBytes ? ll_buffer_bytes(world, shard) + 4096 : 0;
+  // A GEMM+ReduceScatter also takes two partials for sm-pull and sm-push where one of M x H is at
+  // most kPullMaxBytes (small shapes), before its tile-scatter inboxes: without them here, the
+  // inboxes found no room and blas-scatter and tile-scatter were refused (Llama-3 8B at TP 2 and
+  // 4096 tokens in `bench llm --sweep`).
+  const std::uint64_t partial = m * h * sizeof(bf16);
+  const std::uint64_t pull = partial <= GemmReduceScatter::kPullMaxBytes ? 2 * partial : 0;
   // Two gathered A (AllGather+GEMM) and two received partials (GEMM+ReduceScatter) of M x H,
-  // the two GEMM+ReduceScatters' tile-scatter inboxes (two of M x H each), flags and alignment.
-  return 8 * m * h * sizeof(bf16) + 2 * lines + (8u << 20);
+  // the two GEMM+ReduceScatters' tile-scatter inboxes (two of M x H each) and sm-pull partials,
+  // flags and alignment.
+  return 8 * partial + 2 * pull + 4 * lines + (8u << 20);
 }
 
 GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommunication communication, long query_block,

@@ -1221,6 +1221,51 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
   }
 }
 
+// GpuTpLayer::heap_bytes is enough for one layer of any variant: the variants whose inboxes are
+// taken last, where they fit (tile-scatter, blas-scatter), run in a heap of exactly that size. The
+// shape's partials are small enough that every GEMM+ReduceScatter also takes sm-pull's two
+// (at most GemmReduceScatter::kPullMaxBytes), which the estimate once left out: the second
+// operation's inboxes then found no room (outputs are not checked here;
+// MatchesTheFloat32ReferenceLayer checks them).
+TEST(GpuTpLayer, HeapBytesHoldEveryVariant) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  const int world = team_size();
+  const kernels::TpLayerShape shape{
+      .tokens = 1024L * world, .hidden = 1024, .heads = 8, .ffn = 256L * world, .kv_heads = 4};
+  ASSERT_LE(static_cast<std::uint64_t>(shape.tokens * shape.hidden) * sizeof(bf16), GemmReduceScatter::kPullMaxBytes);
+  const long rows = shape.tokens / world;
+  const kernels::TpLayerWeights weights = kernels::random_layer_weights(shape, fresh_seed());
+  GpuTeam team(first_devices(world), GpuTpLayer::heap_bytes(shape, world));
+  const std::vector<LayerCommunication> variants = {
+      {.name = "tile-scatter x4", .reduce_scatter = GemmRsVariant::tile_scatter, .reduce_scatter_splits = 4},
+      {.name = "blas-scatter x2 2 lanes",
+       .reduce_scatter = GemmRsVariant::blas_scatter,
+       .reduce_scatter_lanes = 2,
+       .reduce_scatter_splits = 2}};
+  for (const auto& variant : variants) {
+    SCOPED_TRACE(variant.name);
+    const std::uint64_t mark = team.heap().mark();
+    {
+      GpuTpLayer layer(team, shape, variant, /*query_block=*/256);
+      layer.set_weights(weights);
+      run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
+        const std::size_t mine = static_cast<std::size_t>(rows * shape.hidden);
+        bf16* x = device_alloc<bf16>(mine);
+        bf16* y = device_alloc<bf16>(mine);
+        CARAVAN_HIP_CHECK(hipMemsetAsync(x, 0, mine * sizeof(bf16), stream));
+        CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+        barrier.arrive_and_wait();
+        layer.run(r, x, y, stream);  // throws if the variant found no room
+        CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
+        barrier.arrive_and_wait();
+        CARAVAN_HIP_CHECK(hipFree(x));
+        CARAVAN_HIP_CHECK(hipFree(y));
+      });
+    }
+    team.heap().release_to(mark);
+  }
+}
+
 TEST(GpuTpLayer, RejectsShapesTheWorldDoesNotDivide) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
   GpuTeam team(first_devices(2), 64 << 20);
