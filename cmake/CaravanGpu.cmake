@@ -6,6 +6,13 @@
 # becomes a compile definition: no ';' in it (a CMake list separator).
 set(CARAVAN_HAVE_GPU OFF)
 set(CARAVAN_GPU_REASON "")
+# Any case, and CMake's boolean spellings (1/0, TRUE/FALSE, YES/NO) for ON and OFF.
+string(TOUPPER "${CARAVAN_GPU}" CARAVAN_GPU)
+if(CARAVAN_GPU MATCHES "^(1|TRUE|YES|Y)$")
+  set(CARAVAN_GPU ON)
+elseif(CARAVAN_GPU MATCHES "^(0|FALSE|NO|N)$")
+  set(CARAVAN_GPU OFF)
+endif()
 if(NOT CARAVAN_GPU MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "CARAVAN_GPU=${CARAVAN_GPU}: expected AUTO, ON or OFF")
 endif()
@@ -14,6 +21,11 @@ if(CARAVAN_GPU STREQUAL "OFF")
                                    "reconfigure with -DCARAVAN_GPU=AUTO or -DCARAVAN_GPU=ON to build it")
   set(gpu_status "OFF (turned off: CARAVAN_GPU=OFF; -DCARAVAN_GPU=AUTO or ON builds them)")
 else()
+  # A compiler not found before is looked for again (check_language caches NOTFOUND), so that
+  # installing the toolkit and reconfiguring the same build folder finds it.
+  if(CMAKE_CUDA_COMPILER STREQUAL "CMAKE_CUDA_COMPILER-NOTFOUND" OR CMAKE_CUDA_COMPILER STREQUAL "NOTFOUND")
+    unset(CMAKE_CUDA_COMPILER CACHE)
+  endif()
   if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
   endif()

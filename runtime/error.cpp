@@ -14,6 +14,7 @@ std::string_view to_string(Errc code) noexcept {
     case Errc::task_failed: return "task_failed";
     case Errc::transport: return "transport";
     case Errc::device: return "device";
+    case Errc::io: return "io";
     case Errc::internal: return "internal";
   }
   return "unknown";

@@ -215,7 +215,7 @@ void write_plot(const std::string& path, const std::vector<std::string>& steps, 
   svg += "</svg>\n";
   std::ofstream out(path);
   out << svg;
-  if (!out) throw Error(Errc::invalid_argument, fmt::format("bench llm --plot: cannot write '{}'", path));
+  if (!out) throw Error(Errc::io, fmt::format("bench llm --plot: cannot write '{}'", path));
 }
 
 BenchReport make_report(const nlohmann::json& run, const LlmOptions& o) {

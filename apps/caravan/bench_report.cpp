@@ -31,6 +31,11 @@ std::vector<BenchCaseEntry>& bench_cases() {
 // Where --json sends the figures: "" (nowhere: tables), "-" (stdout, instead of tables) or a file.
 std::string g_json;
 bool g_json_written = false;  // the file has been started (truncated) by this process
+// `bench all`: one object per case, each on one line (JSON Lines), so that the stream parses;
+// a single case prints one indented object.
+bool g_json_lines = false;
+
+std::string json_text(const nlohmann::json& j) { return g_json_lines ? j.dump() : j.dump(2); }
 
 // `--json [FILE]`, on `bench` and on every case (one destination: the last one given wins).
 void add_json_option(CLI::App& app) {
@@ -104,13 +109,14 @@ void emit_report(const BenchReport& report) {
   if (g_json.empty()) return;
   std::ofstream out(g_json, g_json_written ? std::ios::app : std::ios::trunc);
   g_json_written = true;
-  out << report_json(report).dump(2) << "\n";
-  if (!out) throw Error(Errc::invalid_argument, fmt::format("--json {}: cannot write it", g_json));
+  out << json_text(report_json(report)) << "\n";
+  // After the run: a failure, not a usage error (check_json_file refused an unwritable FILE before).
+  if (!out) throw Error(Errc::io, fmt::format("--json {}: cannot write it", g_json));
 }
 
 void print_report(const BenchReport& report, bool json) {
   if (json) {
-    fmt::print("{}\n", report_json(report).dump(2));
+    fmt::print("{}\n", json_text(report_json(report)));
     return;
   }
   fmt::print("== caravan bench {} ==\nmachine: {}\n", report.name, report.machine);
@@ -152,8 +158,11 @@ void add_bench_command(CLI::App& app) {
   add_bench_llm(*bench);
   add_bench_attention(*bench);
   add_bench_gemm(*bench);
-  bench->add_subcommand("all", "Run every benchmark case with its default options")->callback([] {
+  CLI::App* all = bench->add_subcommand("all", "Run every benchmark case with its default options");
+  add_json_option(*all);
+  all->callback([] {
     check_json_file();
+    g_json_lines = true;
     std::string failures;
     for (const auto& entry : bench_cases()) {
       BenchReport report = entry.run();

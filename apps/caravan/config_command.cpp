@@ -23,7 +23,7 @@ const char* source_name(settings::Source s) {
   return "?";
 }
 
-// After the listing: an error (exit status 1) when any value is invalid or any CARAVAN_*
+// After the listing: an error (exit status 2, a usage error) when any value is invalid or any CARAVAN_*
 // variable is no setting, so that a script can check its environment with `caravan config`.
 void fail_on_problems(const std::vector<settings::SettingView>& all,
                       const std::vector<settings::UnknownVariable>& unknown) {

@@ -253,7 +253,7 @@ void add_plan_command(CLI::App& app) {
       return;
     }
     std::ofstream out(output);
-    if (!out) throw Error(Errc::not_found, fmt::format("cannot write '{}'", output));
+    if (!out) throw Error(Errc::io, fmt::format("machine generate --output: cannot write '{}'", output));
     out << text << "\n";
   });
 }

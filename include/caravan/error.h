@@ -21,6 +21,7 @@ enum class Errc {
   task_failed,       // a task body threw
   transport,         // a transport (UCX, a channel) failed
   device,            // a GPU reported an error
+  io,                // reading or writing a file failed (after the call was accepted)
   internal,          // a bug in Caravan
 };
 
