@@ -23,16 +23,13 @@
 
 #include "kernels/gpu/online_softmax.cuh"
 #include "kernels/gpu/sm90.cuh"
-#include "kernels/gpu/sm90_tensor_map.h"
+#include "kernels/gpu/sm90_host.h"
 
 #include <caravan/error.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <string>
 
 namespace caravan::gpu::sm90 {
 namespace {
@@ -54,11 +51,6 @@ struct AttentionConfig {
   static constexpr int kSharedBytes = 1024 + kQBytes + kStages * 2 * kTileBytes + (2 + 3 * kStages) * 8;
   static_assert(kSharedBytes <= 227 * 1024, "fits in an SM's shared memory");
 };
-
-__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<std::uint32_t*>(&v);
-}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -417,15 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-constexpr int kMaxDevices = 64;
-std::array<std::atomic<int>, kMaxDevices> g_ready{};  // per device: 0 unknown, 1 Hopper, set up; -1 not Hopper
-
-// The current device, or -1 past the devices this path tracks (which then run the portable kernel).
-int current_device() {
-  int device = 0;
-  CARAVAN_HIP_CHECK(cudaGetDevice(&device));
-  return device >= 0 && device < kMaxDevices ? device : -1;
-}
+HopperDevices g_devices;
 
 template <int D>
 void grant_shared_memory() {
@@ -441,11 +425,8 @@ void launch(const AttentionArguments& a, hipStream_t stream) {
       tensor_map("fused_causal_attention (k)", a.k, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
   const CUtensorMap map_v =
       tensor_map("fused_causal_attention (v)", a.v, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
-  int device = 0, sms = 0;
-  CARAVAN_HIP_CHECK(cudaGetDevice(&device));
-  CARAVAN_HIP_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const long items = (a.tokens + kBlockRows - 1) / kBlockRows * a.q_heads;
-  const dim3 grid(static_cast<unsigned>(std::min<long>(items, sms)));
+  const dim3 grid(static_cast<unsigned>(std::min<long>(items, current_multiprocessors())));
   const float scale_log2 = a.scale * 1.4426950408889634f;
   attention_sm90_kernel<D><<<grid, kThreads, AttentionConfig<D>::kSharedBytes, stream>>>(
       map_q, map_k, map_v, a.tokens, static_cast<int>(a.q_heads), static_cast<int>(a.q_heads / a.kv_heads), scale_log2,
@@ -456,21 +437,11 @@ void launch(const AttentionArguments& a, hipStream_t stream) {
 }  // namespace
 
 bool attention_available() {
-  const int device = current_device();
-  if (device < 0) return false;
-  int state = g_ready[device].load(std::memory_order_acquire);
-  if (state == 0) {
-    cudaDeviceProp properties{};
-    CARAVAN_HIP_CHECK(cudaGetDeviceProperties(&properties, device));
-    state = properties.major == 9 && properties.minor == 0 ? 1 : -1;  // sm_90a code runs on 9.0 exactly
-    if (state == 1) {
-      grant_shared_memory<64>();
-      grant_shared_memory<128>();
-      find_tensor_map_encoder();
-    }
-    g_ready[device].store(state, std::memory_order_release);
-  }
-  return state == 1;
+  return g_devices.ready_on_current_device([] {
+    grant_shared_memory<64>();
+    grant_shared_memory<128>();
+    find_tensor_map_encoder();
+  });
 }
 
 bool attention_supports(long head_dim) { return head_dim == 64 || head_dim == 128; }

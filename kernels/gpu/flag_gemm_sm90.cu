@@ -32,16 +32,13 @@
 
 #include "kernels/gpu/flag_gemm_rows.cuh"
 #include "kernels/gpu/sm90.cuh"
-#include "kernels/gpu/sm90_tensor_map.h"
+#include "kernels/gpu/sm90_host.h"
 
 #include <caravan/error.h>
 
 #include <cuda.h>  // CUtensorMap
 
 #include <algorithm>
-#include <array>
-#include <atomic>
-#include <string>
 
 namespace caravan::gpu::sm90 {
 namespace {
@@ -314,23 +311,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-constexpr int kMaxDevices = 64;
-std::array<std::atomic<int>, kMaxDevices> g_ready{};  // per device: 0 unknown, 1 Hopper, set up; -1 not Hopper
+HopperDevices g_devices;
 
 template <int TileN, bool Persistent>
 void grant_shared_memory() {
   CARAVAN_HIP_CHECK(cudaFuncSetAttribute(&flag_gemm_sm90_kernel<TileN, Persistent>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Config<TileN, Persistent>::kSharedBytes));
-}
-
-int current_device() {
-  int device = 0;
-  CARAVAN_HIP_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= kMaxDevices)
-    throw Error(Errc::device, "flag_gemm: device " + std::to_string(device) + " is beyond the " +
-                                  std::to_string(kMaxDevices) + " this path tracks");
-  return device;
 }
 
 // Grid columns of 128 x tile_n tiles, and the waves they take on `sms` multiprocessors.
@@ -342,30 +329,19 @@ long waves(long m, long n, int tile_n, int sms) {
 }  // namespace
 
 bool available() {
-  const int device = current_device();
-  int state = g_ready[device].load(std::memory_order_acquire);
-  if (state == 0) {
-    cudaDeviceProp properties{};
-    CARAVAN_HIP_CHECK(cudaGetDeviceProperties(&properties, device));
-    // sm_90a code runs on compute capability 9.0 exactly.
-    state = properties.major == 9 && properties.minor == 0 ? 1 : -1;
-    if (state == 1) {
-      grant_shared_memory<256, false>();
-      grant_shared_memory<128, false>();
-      grant_shared_memory<256, true>();
-      grant_shared_memory<128, true>();
-      // The encoder is looked up once per process; finding it now keeps the first call's
-      // latency and its failure here.
-      find_tensor_map_encoder();
-    }
-    g_ready[device].store(state, std::memory_order_release);
-  }
-  return state == 1;
+  return g_devices.ready_on_current_device([] {
+    grant_shared_memory<256, false>();
+    grant_shared_memory<128, false>();
+    grant_shared_memory<256, true>();
+    grant_shared_memory<128, true>();
+    // The encoder is looked up once per process; finding it now keeps the first call's latency
+    // and its failure here.
+    find_tensor_map_encoder();
+  });
 }
 
 int choose_tile_n(long m, long n) {
-  int sms = 132;
-  CARAVAN_HIP_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()));
+  const int sms = current_multiprocessors();
   // Time ~ waves x the time of one tile. A 128-column tile took 0.68-0.75 of a 256-column
   // one's time on an H100 (it reloads A for half the columns and runs narrower products), so
   // 128 wins only where it saves more than a quarter of the waves.
@@ -382,11 +358,7 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const dev::Outpu
             hipStream_t stream) {
   const long col_tiles = (n + TileN - 1) / TileN, tiles = col_tiles * ((m + kTileM - 1) / kTileM);
   long blocks = tiles;
-  if (Persistent) {
-    int sms = 132;
-    CARAVAN_HIP_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()));
-    blocks = std::min<long>(tiles, sms);
-  }
+  if (Persistent) blocks = std::min<long>(tiles, current_multiprocessors());
   flag_gemm_sm90_kernel<TileN, Persistent>
       <<<dim3(static_cast<unsigned>(blocks)), kThreads, Config<TileN, Persistent>::kSharedBytes, stream>>>(
           map_a, map_b, out, m, n, k, col_tiles, kGroupRows, flags, rows_per_flag, epoch, tile_order, rows_per_done);

@@ -1,10 +1,14 @@
-// The online softmax step both fused attention kernels share (attention.cu, attention_sm90.cu):
+// The online softmax steps both fused attention kernels share (attention.cu, attention_sm90.cu):
 // their score fragments have the same layout (a lane holds rows g and g + 8 of its warp's 16, the
-// four lanes of a quad the same rows), so folding a tile's row maxima into the running ones is the
-// same arithmetic on the same registers. NVIDIA only, like the kernels (warp shuffles by mask).
+// four lanes of a quad the same rows), so folding a tile's row maxima into the running ones, and
+// packing probabilities into A fragments, are the same arithmetic on the same registers. NVIDIA
+// only, like the kernels (warp shuffles by mask, __nv_bfloat162).
 #pragma once
 
+#include "kernels/gpu/bf16.h"
+
 #include <cmath>
+#include <cstdint>
 
 namespace caravan::gpu {
 
@@ -23,6 +27,12 @@ __device__ __forceinline__ void fold_tile_maxima(float (&tile_max)[2], float (&r
     correction[i] = exp2f(row_max[i] - base[i]);
     row_max[i] = new_max;
   }
+}
+
+// Two floats rounded to bf16 in one 32-bit register, low half first: a pair of an A fragment.
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
 }  // namespace caravan::gpu

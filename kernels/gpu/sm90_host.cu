@@ -1,4 +1,4 @@
-#include "kernels/gpu/sm90_tensor_map.h"
+#include "kernels/gpu/sm90_host.h"
 
 #include <caravan/error.h>
 
@@ -27,6 +27,28 @@ EncodeTiled encoder() {
 }
 
 }  // namespace
+
+bool HopperDevices::ready_on_current_device(const std::function<void()>& setup) {
+  int device = 0;
+  CARAVAN_HIP_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices) return false;
+  int state = state_[device].load(std::memory_order_acquire);
+  if (state == 0) {
+    cudaDeviceProp properties{};
+    CARAVAN_HIP_CHECK(cudaGetDeviceProperties(&properties, device));
+    state = properties.major == 9 && properties.minor == 0 ? 1 : -1;  // sm_90a code runs on 9.0 exactly
+    if (state == 1) setup();
+    state_[device].store(state, std::memory_order_release);
+  }
+  return state == 1;
+}
+
+int current_multiprocessors() {
+  int device = 0, sms = 0;
+  CARAVAN_HIP_CHECK(cudaGetDevice(&device));
+  CARAVAN_HIP_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
 
 void find_tensor_map_encoder() { (void)encoder(); }
 
