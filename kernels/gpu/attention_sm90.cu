@@ -4,7 +4,7 @@
 // (FlashAttention-3's design, written from its paper). Persistent: a block per SM at most, each
 // taking work items (128 query rows of one head) in turn, heaviest first.
 //   - a producer warpgroup, one thread of which issues TMA loads: an item's 128 query rows once
-//     (as soon as the previous item's last scores are done), then each 64-key tile of K and of V
+//     (as soon as the previous item's last scores are done), then each 128-key tile of K and of V
 //     into a ring of stages, each half with its own mbarrier so the scores can start while V is
 //     still landing;
 //   - two consumer warpgroups of 64 query rows each compute the scores S = Q K^T with wgmma
@@ -13,9 +13,9 @@
 //     pair for pair, the register layout of wgmma's A operand, as with mma.sync. The next tile's
 //     scores are issued with the current P V, and the softmax runs while P V is computed.
 // Each consumer gives a stage back (one arrival per warp) once its products on it are done. A
-// consumer whose 64 rows see none of a tile's keys (the first consumer on an item's last,
-// diagonal tile; the second on the last query block when tokens % 128 is 1 to 64, all its rows
-// past the end) skips its products but still gives the stage back, once the tile has landed.
+// consumer whose 64 rows see none of a tile's keys (the second on the last query block when
+// tokens % 128 is 1 to 64: all its rows are past the end) skips its products but still gives the
+// stage back, once the tile has landed.
 // Not here: FlashAttention-3's turn-taking between the two consumers, which changed nothing on an
 // H100 (docs/overlap.md). TMA coordinates are 32-bit: the dispatcher sends longer sequences to
 // the portable kernel.
@@ -34,86 +34,88 @@
 namespace caravan::gpu::sm90 {
 namespace {
 
-constexpr int kBlockRows = 128, kConsumerRows = 64, kKeyTile = 64;
+// 128 keys per K or V tile: with 64 (twice the per-tile waits, fences and row reductions) the
+// kernel was 8-15% slower on 70B's shapes at 8192-16384 tokens on an H100, 2-14% on 8B's, and the
+// same at 4096 (docs/results/attention-key-tile-h100-s23.txt).
+constexpr int kBlockRows = 128, kConsumerRows = 64, kKeyTile = 128;
 constexpr int kBoxColumns = 64;                        // bf16 per 128-byte swizzled row of a TMA box
-constexpr int kBoxBytes = kKeyTile * kBoxColumns * 2;  // 64 rows x 128 bytes
 constexpr int kThreads = 3 * 128;                      // producer + two consumer warpgroups
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr int kStages = 3;  // with 2, a stage is given back only one tile before its refill is needed
 
 template <int D>
 struct AttentionConfig {
-  static constexpr int kBoxes = D / kBoxColumns;         // boxes across one head's D columns
-  static constexpr int kTileBytes = kBoxes * kBoxBytes;  // 64 rows of one head: a K or V tile, a consumer's Q
-  static constexpr int kQBytes = 2 * kTileBytes;
+  static constexpr int kBoxes = D / kBoxColumns;               // boxes across one head's D columns
+  static constexpr int kQBoxBytes = kConsumerRows * 128;       // 64 query rows x 128 bytes
+  static constexpr int kKeyBoxBytes = kKeyTile * 128;          // a tile's keys x 128 bytes
+  static constexpr int kQTileBytes = kBoxes * kQBoxBytes;      // a consumer's 64 query rows of one head
+  static constexpr int kKeyTileBytes = kBoxes * kKeyBoxBytes;  // a K or V tile of one head
+  static constexpr int kQBytes = 2 * kQTileBytes;
   // Q, then the stages (K tile, V tile), from a 1024-byte boundary (the swizzle's period); then
   // the barriers: Q landed, Q free, and per stage K landed, V landed and stage free.
-  static constexpr int kSharedBytes = 1024 + kQBytes + kStages * 2 * kTileBytes + (2 + 3 * kStages) * 8;
+  static constexpr int kSharedBytes = 1024 + kQBytes + kStages * 2 * kKeyTileBytes + (2 + 3 * kStages) * 8;
   static_assert(kSharedBytes <= 227 * 1024, "fits in an SM's shared memory");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// S (64 x 64, fp32) = (accumulate 0) or += A (64 x 16, K-major, shared) x B (16 x 64, K-major,
-// shared): the immediates after the predicate are A's and B's scales (1) and transposes (none).
-__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], std::uint64_t a, std::uint64_t b, int accumulate) {
+#define CARAVAN_OUT8(c, i) \
+  c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3]), c(d[i + 4]), c(d[i + 5]), c(d[i + 6]), c(d[i + 7])
+#define CARAVAN_OUT32(c) CARAVAN_OUT8(c, 0), CARAVAN_OUT8(c, 8), CARAVAN_OUT8(c, 16), CARAVAN_OUT8(c, 24)
+#define CARAVAN_OUT64(c) \
+  CARAVAN_OUT32(c), CARAVAN_OUT8(c, 32), CARAVAN_OUT8(c, 40), CARAVAN_OUT8(c, 48), CARAVAN_OUT8(c, 56)
+#define CARAVAN_REGS32                                                                                             \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31"
+#define CARAVAN_REGS64                                                                                               \
+  CARAVAN_REGS32                                                                                                     \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, " \
+  "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define CARAVAN_ACCUMULATE(x) "+f"(x)
+#define CARAVAN_OVERWRITE(x) "=f"(x)
+
+// The scores S (64 x 128, fp32) += A (64 x 16, K-major, shared) x B (16 x 128, K-major, shared), or,
+// in the _overwrite forms, S = A x B (S only written, not an input of the product). The
+// immediates after the predicate: A's and B's scales (1) and transposes (none).
+__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], std::uint64_t a, std::uint64_t b) {
   asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
-      "1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-// The same with D overwritten: D is only written, not an input of the product.
-__device__ __forceinline__ void wgmma_m64n64_ss_overwrite(float (&d)[32], std::uint64_t a, std::uint64_t b) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, "
-      "1, 0, 0;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]),
-        "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]),
-        "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]),
-        "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" CARAVAN_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : CARAVAN_OUT64(CARAVAN_ACCUMULATE)
       : "l"(a), "l"(b));
 }
-// D (64 x 64, fp32) += A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16 rows) x
-// B (16 x 64, N-major, shared): B transposed, as flag_gemm's B.
+__device__ __forceinline__ void wgmma_m64n128_ss_overwrite(float (&d)[64], std::uint64_t a, std::uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" CARAVAN_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : CARAVAN_OUT64(CARAVAN_OVERWRITE)
+      : "l"(a), "l"(b));
+}
+// O (64 x N, fp32) += A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16 rows) x
+// B (16 x N, N-major, shared): B transposed, as flag_gemm's B.
 __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t b) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, "
-      "%35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" CARAVAN_REGS32
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : CARAVAN_OUT32(CARAVAN_ACCUMULATE)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
-// D (64 x 128, fp32) += A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16 rows) x
-// B (16 x 128, N-major, shared): B transposed, as flag_gemm's B.
 __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t b) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
-      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
-      "%57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" CARAVAN_REGS64
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : CARAVAN_OUT64(CARAVAN_ACCUMULATE)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
+#undef CARAVAN_OUT8
+#undef CARAVAN_OUT32
+#undef CARAVAN_OUT64
+#undef CARAVAN_REGS32
+#undef CARAVAN_REGS64
+#undef CARAVAN_ACCUMULATE
+#undef CARAVAN_OVERWRITE
 
 // wgmma reads and writes registers after its asm statement has issued, which the compiler does
 // not know: it may move a use of an accumulator above the wait, or give registers it thinks dead
@@ -125,9 +127,10 @@ __device__ __forceinline__ void pin_registers(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
-__device__ __forceinline__ void pin_registers(std::uint32_t (&r)[kKeyTile / 16][4]) {
+template <int N>
+__device__ __forceinline__ void pin_registers(std::uint32_t (&r)[N][4]) {
 #pragma unroll
-  for (int i = 0; i < kKeyTile / 16; ++i)
+  for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
@@ -156,13 +159,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* q_tile =
       reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(shared_raw) + 1023) & ~std::uintptr_t{1023});
   unsigned char* stages = q_tile + C::kQBytes;
-  std::uint64_t* q_full = reinterpret_cast<std::uint64_t*>(stages + kStages * 2 * C::kTileBytes);
+  std::uint64_t* q_full = reinterpret_cast<std::uint64_t*>(stages + kStages * 2 * C::kKeyTileBytes);
   std::uint64_t* q_empty = q_full + 1;
   std::uint64_t* k_full = q_empty + 1;
   std::uint64_t* v_full = k_full + kStages;
   std::uint64_t* empty = v_full + kStages;
-  const auto k_stage = [&](int s) { return stages + s * 2 * C::kTileBytes; };
-  const auto v_stage = [&](int s) { return stages + s * 2 * C::kTileBytes + C::kTileBytes; };
+  const auto k_stage = [&](int s) { return stages + s * 2 * C::kKeyTileBytes; };
+  const auto v_stage = [&](int s) { return stages + s * 2 * C::kKeyTileBytes + C::kKeyTileBytes; };
 
   // Causal work grows with the query block: the last query blocks go first (every head of one,
   // then the next), so short items fill the tail.
@@ -211,19 +214,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int c = 0; c < 2; ++c)
 #pragma unroll
           for (int b = 0; b < C::kBoxes; ++b)
-            tma_load(q_tile + (c * C::kBoxes + b) * kBoxBytes, &map_q, q_full, item.head * D + b * kBoxColumns,
+            tma_load(q_tile + (c * C::kBoxes + b) * C::kQBoxBytes, &map_q, q_full, item.head * D + b * kBoxColumns,
                      static_cast<int>(item.q0) + c * kConsumerRows);
         for (int j = 0; j < item.key_tiles; ++j, ++loaded) {
           const int s = loaded % kStages;
           if (loaded >= kStages) barrier_wait(&empty[s], parity(loaded) ^ 1);
-          barrier_expect_bytes(&k_full[s], C::kTileBytes);
+          barrier_expect_bytes(&k_full[s], C::kKeyTileBytes);
 #pragma unroll
           for (int b = 0; b < C::kBoxes; ++b)
-            tma_load(k_stage(s) + b * kBoxBytes, &map_k, &k_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
-          barrier_expect_bytes(&v_full[s], C::kTileBytes);
+            tma_load(k_stage(s) + b * C::kKeyBoxBytes, &map_k, &k_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
+          barrier_expect_bytes(&v_full[s], C::kKeyTileBytes);
 #pragma unroll
           for (int b = 0; b < C::kBoxes; ++b)
-            tma_load(v_stage(s) + b * kBoxBytes, &map_v, &v_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
+            tma_load(v_stage(s) + b * C::kKeyBoxBytes, &map_v, &v_full[s], kv_head * D + b * kBoxColumns, j * kKeyTile);
         }
       }
     }
@@ -235,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = (static_cast<int>(threadIdx.x) % 128) / 32;
   const int g = lane / 4, t = lane % 4;
   const bool warp_leader = lane == 0;
-  const unsigned char* my_q = q_tile + consumer * C::kTileBytes;
+  const unsigned char* my_q = q_tile + consumer * C::kQTileBytes;
 
   // Per item: the first query row of this warp; the output accumulator and, per lane, rows g and
   // g + 8 of its warp: running maximum (scaled by log2 e / sqrt(D)) and this lane's part of the
@@ -249,12 +252,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       // 16 columns of depth: a box of 64 columns, 32 bytes along its swizzled rows.
-      const int offset = (kk / 4) * kBoxBytes + (kk % 4) * 32;
-      const std::uint64_t a = descriptor(my_q + offset, 16, 1024), b = descriptor(k_stage(s) + offset, 16, 1024);
+      const std::uint64_t a = descriptor(my_q + (kk / 4) * C::kQBoxBytes + (kk % 4) * 32, 16, 1024);
+      const std::uint64_t b = descriptor(k_stage(s) + (kk / 4) * C::kKeyBoxBytes + (kk % 4) * 32, 16, 1024);
       if (kk == 0)
-        wgmma_m64n64_ss_overwrite(sc, a, b);
+        wgmma_m64n128_ss_overwrite(sc, a, b);
       else
-        wgmma_m64n64_ss(sc, a, b, 1);
+        wgmma_m64n128_ss(sc, a, b);
     }
     wgmma_commit();
   };
@@ -262,8 +265,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto issue_output = [&](const std::uint32_t(&p)[kKeyTile / 16][4], int s) {
 #pragma unroll
     for (int kk = 0; kk < kKeyTile / 16; ++kk)
-      // 16 keys = two 8-row groups of 1024 bytes; boxes of 64 columns of V kBoxBytes apart.
-      wgmma_output<D>(o, p[kk], descriptor(v_stage(s) + kk * 2048, kBoxBytes, 1024));
+      // 16 keys = two 8-row groups of 1024 bytes; boxes of 64 columns of V kKeyBoxBytes apart.
+      wgmma_output<D>(o, p[kk], descriptor(v_stage(s) + kk * 2048, C::kKeyBoxBytes, 1024));
     wgmma_commit();
   };
   // Folds key tile j's scores into the running maximum and sum, leaving the probabilities in sc
@@ -420,7 +423,7 @@ void grant_shared_memory() {
 template <int D>
 void launch(const AttentionArguments& a, hipStream_t stream) {
   const CUtensorMap map_q =
-      tensor_map("fused_causal_attention (q)", a.q, a.tokens, a.q_heads * D, a.ld, kBoxColumns, kKeyTile);
+      tensor_map("fused_causal_attention (q)", a.q, a.tokens, a.q_heads * D, a.ld, kBoxColumns, kConsumerRows);
   const CUtensorMap map_k =
       tensor_map("fused_causal_attention (k)", a.k, a.tokens, a.kv_heads * D, a.ld, kBoxColumns, kKeyTile);
   const CUtensorMap map_v =
