@@ -40,6 +40,9 @@ struct AttentionBenchOptions {
   int repetitions = 10;
   int block_rows = 0;
   bool check = true;
+  // Before each timed call, an untimed GEMM of this size (0: none) on the same stream, as the
+  // layer's GEMMs run before its attention: the call then starts at the clocks they leave.
+  long after_gemm = 0;
 };
 AttentionBenchOptions g_attention;
 
@@ -70,6 +73,9 @@ void validate_options(const AttentionBenchOptions& o) {
                                                         "key/value heads",
                                                         tp, model, h.q_heads, h.kv_heads));
   }
+  if (o.after_gemm < 0 || o.after_gemm > 16384)
+    throw Error(Errc::invalid_argument,
+                fmt::format("bench attention: --after-gemm {}: must be 0 (none) to 16384", o.after_gemm));
   if (o.block_rows != 0 && o.block_rows != 64 && o.block_rows != 128)
     throw Error(Errc::invalid_argument,
                 fmt::format("bench attention: --block-rows {}: must be 64, 128 or 0 (the default)", o.block_rows));
@@ -115,7 +121,15 @@ BenchReport run_on_gpu() {
   auto qkv_f = make_buffer<float>(o.check ? count(check_tokens, max_cols) : 1);
   auto ref = make_buffer<float>(o.check ? count(check_tokens, max_heads * 128) : 1);
   auto sums = make_buffer<gpu::ErrorSums>(1);
+  const long g = o.after_gemm;
+  auto gemm_a = make_buffer<bf16>(std::max<std::size_t>(count(g, g), 1));
+  auto gemm_b = make_buffer<bf16>(std::max<std::size_t>(count(g, g), 1));
+  auto gemm_c = make_buffer<bf16>(std::max<std::size_t>(count(g, g), 1));
   gpu::Blas blas(stream);
+  if (g > 0) {  // random operands: zeros would draw less power than a layer's GEMMs
+    gpu::fill_random(gemm_a.get(), g, g, g, 1, 0, 0, 1.0f, stream);
+    gpu::fill_random(gemm_b.get(), g, g, g, 2, 0, 0, 1.0f, stream);
+  }
   hipEvent_t start, stop;
   CARAVAN_HIP_CHECK(hipEventCreate(&start));
   CARAVAN_HIP_CHECK(hipEventCreate(&stop));
@@ -171,6 +185,7 @@ BenchReport run_on_gpu() {
         std::vector<double> unfused_s;
         std::vector<std::vector<double>> fused_s(kernels.size());
         auto timed = [&](auto&& call) {
+          if (g > 0) blas.gemm(stream, g, g, g, gemm_a.get(), g, gemm_b.get(), g, gemm_c.get(), g);
           CARAVAN_HIP_CHECK(hipEventRecord(start, stream));
           call();
           CARAVAN_HIP_CHECK(hipEventRecord(stop, stream));
@@ -257,6 +272,11 @@ BenchReport run_on_gpu() {
                   "fastest fused kernel's median (wgmma where it runs); TFLOP/s: that kernel's, counting "
                   "the causal half (4 d heads T (T + 1) / 2)",
                   o.repetitions));
+  if (g > 0)
+    out.notes.push_back(
+        fmt::format("--after-gemm {0}: each timed call follows an untimed {0} x {0} x {0} cuBLAS GEMM on "
+                    "the same stream (random bf16), and starts at the clocks it leaves",
+                    g));
   if (!gpu::attention_kernel_runs(gpu::AttentionKernel::hopper, 128))
     out.notes.push_back(
         "fused wgmma: '-', this GPU (or build) does not run the Hopper kernel (compute capability 9.0 and "
@@ -264,7 +284,7 @@ BenchReport run_on_gpu() {
   out.notes.push_back("check: each fused kernel vs float32 reference at " + std::to_string(check_tokens) +
                       " tokens and vs unfused at the measured size, relative error below 1e-2");
   out.headlines.push_back(fmt::format("worst relative error {:.1e}", worst_error));
-  out.figures = {{"results", results}, {"block_rows", o.block_rows}};
+  out.figures = {{"results", results}, {"block_rows", o.block_rows}, {"after_gemm", o.after_gemm}};
   out.failure = failures;
   return out;
 }
@@ -292,6 +312,10 @@ void add_bench_attention(CLI::App& bench) {
   c.add_option("--reps", g_attention.repetitions, "Timed calls of each")->capture_default_str();
   c.add_option("--block-rows", g_attention.block_rows,
                "Query rows per block of the portable (mma.sync) fused kernel: 64, 128 or 0 (default)")
+      ->capture_default_str();
+  c.add_option("--after-gemm", g_attention.after_gemm,
+               "Before each timed call, an untimed N x N x N cuBLAS GEMM on the same stream (0: none), so "
+               "that the call runs at the clocks a layer's GEMMs leave (power-capped), as in bench llm")
       ->capture_default_str();
   c.add_flag("!--no-check", g_attention.check, "Skip the float32 reference check");
 }
