@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <thread>
@@ -48,11 +49,15 @@ void add_json_option(CLI::App& app) {
 }
 
 // --json FILE: fails before a case runs, not after, when FILE cannot be written (opened for
-// appending: nothing is truncated yet; ranks of a job other than rank 0 only check).
+// appending: nothing is truncated yet; ranks of a job other than rank 0 only check). A FILE the
+// check created is removed again, so that a case that then refuses its options leaves none.
 void check_json_file() {
   if (g_json.empty() || g_json == "-") return;
+  std::error_code ignored;
+  const bool existed = std::filesystem::exists(g_json, ignored);
   if (!std::ofstream(g_json, std::ios::app))
     throw Error(Errc::invalid_argument, fmt::format("--json {}: cannot write it", g_json));
+  if (!existed) std::filesystem::remove(g_json, ignored);
 }
 
 void print_table(const BenchTable& table) {
