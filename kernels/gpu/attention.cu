@@ -170,20 +170,11 @@ __global__ void __launch_bounds__(Warps * 32)
           mma(s[2 * pair + 1], q_fragments[d], b[2], b[3]);
         }
 
-      const bool diagonal = key0 + kKeyTile - 1 > warp_first;
-      // On a diagonal tile a key and a row of the warp differ by less than a tile: count both
-      // from the warp's first row, in 32-bit arithmetic.
-      const int key_offset = diagonal ? static_cast<int>(key0 - warp_first) : 0;
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < kKeyTile / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[n][e] * scale_log2;
-          if (diagonal && key_offset + n * 8 + 2 * t + (e & 1) > g + (e / 2) * 8) x = -INFINITY;
-          s[n][e] = x;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
-        }
+      const auto at = [&](int n, int e) -> float& { return s[n][e]; };
+      if (key0 + kKeyTile - 1 > warp_first)  // a diagonal tile (the warp's rows are within one)
+        mask_keys_past_rows<kKeyTile / 8>(at, static_cast<int>(key0 - warp_first), g, t);
+      float tile_max[2];
+      scaled_tile_maxima<kKeyTile / 8>(at, scale_log2, tile_max);
       float base[2], correction[2];
       fold_tile_maxima(tile_max, row_max, base, correction);
       // The probabilities as bf16 A fragments of P x V (two adjacent score fragments, 16 keys,
@@ -194,7 +185,7 @@ __global__ void __launch_bounds__(Warps * 32)
       for (int n = 0; n < kKeyTile / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] = exp2f(s[n][e] - base[e / 2]);
+          s[n][e] = probability(s[n][e], scale_log2, base[e / 2]);
           tile_sum[e / 2] += s[n][e];
         }
         p[n / 2][(n % 2) * 2] = pack_bf16(s[n][0], s[n][1]);

@@ -274,25 +274,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto softmax = [&](float(&sc)[kKeyTile / 2], int j, float(&correction)[2]) {
     const long key0 = static_cast<long>(j) * kKeyTile;
     const bool diagonal = key0 + kKeyTile - 1 > warp_first;
-    // On a diagonal tile a key and a row of the warp differ by less than two tiles: count both
-    // from the warp's first row, in 32-bit arithmetic. Keys past a row are masked (-inf).
-    if (diagonal) {
-      const int key_offset = static_cast<int>(key0 - warp_first);
-#pragma unroll
-      for (int n = 0; n < kKeyTile / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (key_offset + n * 8 + 2 * t + (e & 1) > g + (e / 2) * 8) sc[4 * n + e] = -INFINITY;
-    }
-    // The maxima of the raw scores, scaled after (the scale is positive): the exponentials then
-    // take one fused multiply-add each, score x scale - base.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < kKeyTile / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], sc[4 * n + e]);
-    tile_max[0] *= scale_log2;
-    tile_max[1] *= scale_log2;
+    const auto at = [&](int n, int e) -> float& { return sc[4 * n + e]; };
+    if (diagonal) mask_keys_past_rows<kKeyTile / 8>(at, static_cast<int>(key0 - warp_first), g, t);
+    float tile_max[2];
+    scaled_tile_maxima<kKeyTile / 8>(at, scale_log2, tile_max);
     float base[2];
     fold_tile_maxima(tile_max, row_max, base, correction);
     float tile_sum[2] = {0.0f, 0.0f};
@@ -300,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int n = 0; n < kKeyTile / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sc[4 * n + e] = exp2f(fmaf(sc[4 * n + e], scale_log2, -base[e / 2]));
+        sc[4 * n + e] = probability(sc[4 * n + e], scale_log2, base[e / 2]);
         tile_sum[e / 2] += sc[4 * n + e];
       }
 #pragma unroll
