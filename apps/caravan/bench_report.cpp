@@ -50,11 +50,12 @@ void add_json_option(CLI::App& app) {
 
 // --json FILE: fails before a case runs, not after, when FILE cannot be written (opened for
 // appending: nothing is truncated yet; ranks of a job other than rank 0 only check). A FILE the
-// check created is removed again, so that a case that then refuses its options leaves none.
+// check created is removed again, so that a case that then refuses its options leaves none (a
+// symbolic link, even a dangling one, counts as existing: the link is never removed).
 void check_json_file() {
   if (g_json.empty() || g_json == "-") return;
   std::error_code ignored;
-  const bool existed = std::filesystem::exists(g_json, ignored);
+  const bool existed = std::filesystem::exists(std::filesystem::symlink_status(g_json, ignored));
   if (!std::ofstream(g_json, std::ios::app))
     throw Error(Errc::invalid_argument, fmt::format("--json {}: cannot write it", g_json));
   if (!existed) std::filesystem::remove(g_json, ignored);

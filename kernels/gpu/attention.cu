@@ -339,6 +339,10 @@ void require_arguments(const AttentionArguments& a, int block_rows) {
     fail("q, k and v must be 16-byte aligned and out 4-byte aligned");
   if (block_rows != 0 && block_rows != 64 && block_rows != 128)
     fail("block_rows = " + std::to_string(block_rows) + " is not 0 (automatic), 64 or 128");
+  // The kernels take each tile's maxima on the raw scores and scale them after
+  // (online_softmax.cuh), which holds for a positive scale only.
+  if (!(a.scale > 0.0f) || !std::isfinite(a.scale))
+    fail("scale = " + std::to_string(a.scale) + " must be finite and positive");
 }
 
 }  // namespace

@@ -35,8 +35,8 @@ namespace caravan::gpu::sm90 {
 namespace {
 
 // 128 keys per K or V tile: with 64 (twice the per-tile waits, fences and row reductions) the
-// kernel was 8-15% slower on 70B's shapes at 8192-16384 tokens on an H100, 2-14% on 8B's, and the
-// same at 4096 (docs/results/attention-key-tile-h100-s23.txt).
+// kernel was 8-15% slower on 70B's shapes at 8192-16384 tokens on an H100, up to 14% on 8B's, and
+// the same at 4096 (docs/results/attention-key-tile-h100-s23.txt).
 constexpr int kBlockRows = 128, kConsumerRows = 64, kKeyTile = 128;
 constexpr int kBoxColumns = 64;                        // bf16 per 128-byte swizzled row of a TMA box
 constexpr int kThreads = 3 * 128;                      // producer + two consumer warpgroups

@@ -109,7 +109,7 @@ struct AttentionArguments {
   long q_heads = 0;
   long kv_heads = 0;
   long head_dim = 0;    // 32, 64 or 128 (fused_attention_supports)
-  float scale = 0;      // usually 1 / sqrt(head_dim)
+  float scale = 0;      // finite and positive (the fused kernels); usually 1 / sqrt(head_dim)
   bf16* out = nullptr;  // head h of row i at out[i * ld_out + h * head_dim]
   long ld_out = 0;      // even
 };

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstring>
 #include <ostream>
@@ -244,6 +245,11 @@ TEST(FusedAttentionArguments, AreCheckedWithTheRuleNamed) {
   bad.k = reinterpret_cast<const bf16*>(std::uintptr_t{0x1002});
   EXPECT_NE(message(bad).find("16-byte aligned"), std::string::npos);
   EXPECT_NE(message(a, 96).find("block_rows = 96"), std::string::npos);
+  for (float scale : {0.0f, -0.5f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    bad = a;
+    bad.scale = scale;
+    EXPECT_NE(message(bad).find("must be finite and positive"), std::string::npos) << "scale " << scale;
+  }
   // The Hopper kernel's own rules, also checked before any device call.
   const auto hopper_message = [](const AttentionArguments& args, int block_rows) {
     try {
