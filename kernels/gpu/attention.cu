@@ -217,12 +217,7 @@ __global__ void __launch_bounds__(Warps * 32)
   }
 
   float inverse[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
-    inverse[i] = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
-  }
+  row_sum_inverses(row_sum, inverse);
   bf16* out_head = out + static_cast<long>(head) * D;
 #pragma unroll
   for (int c = 0; c < kColumnTiles; ++c) {

@@ -381,12 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     consumed += item.key_tiles;
 
     float inverse[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-      inverse[r] = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
-    }
+    row_sum_inverses(row_sum, inverse);
     bf16* out_head = out + static_cast<long>(item.head) * D;
 #pragma unroll
     for (int c = 0; c < D / 8; ++c) {

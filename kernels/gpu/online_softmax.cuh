@@ -65,6 +65,17 @@ __device__ __forceinline__ void fold_tile_maxima(float (&tile_max)[2], float (&r
   }
 }
 
+// The reciprocals of rows g and g + 8's softmax sums, for the output's normalization: each lane
+// holds its part of the sums, the quad together the whole (0 for a row that saw no key).
+__device__ __forceinline__ void row_sum_inverses(float (&row_sum)[2], float (&inverse)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+    inverse[i] = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
+  }
+}
+
 // Two floats rounded to bf16 in one 32-bit register, low half first: a pair of an A fragment.
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
