@@ -52,6 +52,7 @@ declare -A nvidia_only=(
   [apps/examples/gpu_task.cu]="an example of a task body written in CUDA"
   [scripts/probes/all_to_all_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
   [scripts/probes/copy_queue_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
+  [scripts/probes/conversion_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
   [scripts/probes/exchange_floor_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
 )
 

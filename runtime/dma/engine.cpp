@@ -5,6 +5,7 @@
 #include "channels/nic_channel.h"
 #include "runtime/dma/calibrate.h"
 #include "runtime/dma/instance_impl.h"
+#include "runtime/dma/interleave.h"
 #include "runtime/gpu/devices.h"
 #include "runtime/log.h"
 #include "runtime/net/network.h"
@@ -33,20 +34,6 @@ std::int64_t now_ns() {
 namespace {
 
 double us_since(std::int64_t start_ns) { return static_cast<double>(now_ns() - start_ns) / 1e3; }
-
-// Cuts ops longer than `limit` bytes so that every request stays near the batch size (the
-// granularity at which a higher-priority copy can take the channel).
-void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
-  bool any = std::any_of(ops.begin(), ops.end(), [&](const TransferOp& op) { return op.bytes() > limit; });
-  if (!any) return;
-  std::vector<TransferOp> out;
-  out.reserve(ops.size() + 8);
-  for (TransferOp op : ops) {
-    while (op.bytes() > limit) out.push_back(split_front(op, limit));
-    out.push_back(op);
-  }
-  ops.swap(out);
-}
 
 // The layout an intermediate buffer uses for one tile slot: the planned layout with every block
 // clamped to the tile's extent. A block wider than the tile only adds padding (the planner
@@ -666,6 +653,44 @@ std::uint64_t full_speed_request_bytes(const planner::Channel& channel, std::int
   if (!(r > static_cast<double>(4 * kMiB))) return 4 * kMiB;
   auto bytes = static_cast<std::uint64_t>(std::min(r, 256.0 * kMiB));
   return (bytes + kMiB - 1) / kMiB * kMiB;
+}
+
+// Cuts ops longer than `limit` bytes so that every request stays near the batch size (the
+// granularity at which a higher-priority copy can take the channel). An interleaved group (the
+// fields of a layout conversion, interleave.h) longer than that is cut by element range, all
+// members together, so that each request reads (or writes) its part of the interleaved side once
+// instead of once per field.
+void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
+  std::uint64_t total = 0;
+  for (const TransferOp& op : ops) total += op.bytes();
+  if (total <= limit) return;
+  std::vector<TransferOp> out;
+  out.reserve(ops.size() + 8);
+  bool cut = false;
+  for (std::size_t i = 0; i < ops.size();) {
+    const std::size_t end = interleaved_group_end(ops.data(), ops.size(), i);
+    std::uint64_t group_bytes = 0;
+    for (std::size_t m = i; m < end; ++m) group_bytes += ops[m].bytes();
+    if (end - i > 1 && group_bytes > limit) {
+      const std::uint64_t members = end - i, elem = ops[i].elem;
+      const std::uint64_t per_request = std::max<std::uint64_t>(limit / (members * elem), 1);
+      std::vector<TransferOp> rest(ops.begin() + static_cast<std::ptrdiff_t>(i),
+                                   ops.begin() + static_cast<std::ptrdiff_t>(end));
+      while (rest.front().count > per_request)
+        for (TransferOp& member : rest) out.push_back(split_front(member, per_request * elem));
+      out.insert(out.end(), rest.begin(), rest.end());
+      cut = true;
+    } else {
+      for (std::size_t m = i; m < end; ++m) {
+        TransferOp op = ops[m];
+        cut |= op.bytes() > limit;
+        while (op.bytes() > limit) out.push_back(split_front(op, limit));
+        out.push_back(op);
+      }
+    }
+    i = end;
+  }
+  if (cut) ops.swap(out);
 }
 
 // Sizes tiles and intermediate buffers: each buffer is a ring of `slots` tile slots and stays

@@ -65,6 +65,13 @@ std::int64_t now_ns();
 // reaches 99% of their calibrated peak.
 std::uint64_t full_speed_request_bytes(const planner::Channel& channel, std::int64_t gpu_request_us);
 
+// Cuts a tile's ops so that none is longer than `limit` bytes, the request size of its hop (the
+// worker then packs consecutive ops into requests of up to `limit`). An interleaved group
+// (interleave.h: the fields of a layout conversion) longer than `limit` is cut by element range,
+// its members side by side, so that each request moves every field of its elements. Ops whose
+// bytes add up to `limit` or less are left as they are.
+void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit);
+
 struct Xd {
   CopyOperation* op = nullptr;
   std::size_t hop = 0;

@@ -3,8 +3,13 @@
 // its peak. A high-priority copy on a GPU channel waits behind up to two such requests, so the
 // setting must decide their size whatever the table looks like.
 #include "runtime/dma/engine.h"
+#include "runtime/dma/transfer_ops.h"
 
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
 
 namespace caravan {
 namespace {
@@ -55,6 +60,66 @@ TEST(RequestSize, OtherChannelsSendWhereTheirTableReaches99Percent) {
   // A host channel that peaks by 4 MiB keeps 4 MiB requests.
   EXPECT_EQ(dma::full_speed_request_bytes(channel_of(ChannelKind::memcpy, {{64u << 10, 6.0}, {1 * kMiB, 8.0}}), 250),
             4 * kMiB);
+}
+
+// Runs the ops on host buffers: what each cut must leave unchanged.
+std::vector<std::byte> run_ops(const std::vector<dma::TransferOp>& ops, const std::vector<std::byte>& src,
+                               std::size_t dst_bytes) {
+  std::vector<std::byte> dst(dst_bytes, std::byte{0xAB});
+  dma::copy_host_ops(ops, src.data(), dst.data());
+  return dst;
+}
+
+// A layout conversion longer than a request is cut by element range with its fields side by
+// side: a request of consecutive ops up to the limit then reads each source record once, where a
+// cut field by field read every record once per field.
+TEST(RequestCuts, ConversionFieldsAreCutTogetherByElementRange) {
+  const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
+  const Rect line = Rect::from_extents({1000});
+  for (auto [from, to] : {std::pair{"F,x", "x,F"}, std::pair{"x,F", "F,x"}}) {
+    std::vector<dma::TransferOp> ops;
+    dma::append_tile_ops(line, xyz, dma::View::of_layout(Layout::parse(from), line, xyz, 0),
+                         dma::View::of_layout(Layout::parse(to), line, xyz, 0), ops);
+    ASSERT_EQ(ops.size(), 3u) << from << " -> " << to << ": one strided op per field";
+    std::vector<std::byte> src(12000);
+    std::mt19937_64 rng(7);
+    for (auto& b : src) b = static_cast<std::byte>(rng());
+    const std::vector<std::byte> expected = run_ops(ops, src, 12000);
+    std::vector<dma::TransferOp> cut = ops;
+    dma::cut_ops(cut, 1200);  // 100 points of 3 fields
+    ASSERT_EQ(cut.size(), 30u) << from << " -> " << to;
+    for (std::size_t i = 0; i < cut.size(); i += 3) {
+      EXPECT_EQ(cut[i].bytes() + cut[i + 1].bytes() + cut[i + 2].bytes(), 1200u) << "request " << i / 3;
+      for (std::size_t f = 1; f < 3; ++f) {
+        EXPECT_EQ(cut[i + f].count, cut[i].count);
+        // The field's part of the same points: its addresses one field (4 bytes) or one
+        // 4000-byte field array past field 0's.
+        const bool gather = std::string(from) == "F,x";
+        EXPECT_EQ(cut[i + f].src, cut[i].src + f * (gather ? 4 : 4000)) << "request " << i / 3 << " field " << f;
+        EXPECT_EQ(cut[i + f].dst, cut[i].dst + f * (gather ? 4000 : 4)) << "request " << i / 3 << " field " << f;
+      }
+    }
+    EXPECT_EQ(run_ops(cut, src, 12000), expected) << from << " -> " << to;
+  }
+}
+
+TEST(RequestCuts, OpsWithinTheLimitStayWholeAndLongRunsAreCutToIt) {
+  std::vector<dma::TransferOp> small{{0, 0, 100, 1, 0, 0}, {100, 100, 4, 50, 8, 4}};
+  const auto before = small;
+  dma::cut_ops(small, 300);
+  ASSERT_EQ(small.size(), before.size());
+  for (std::size_t i = 0; i < small.size(); ++i) EXPECT_EQ(small[i].bytes(), before[i].bytes());
+  // A 10000-byte run and a strided op that starts no group: pieces of at most the limit.
+  std::vector<dma::TransferOp> ops{{0, 0, 10000, 1, 0, 0}, {10000, 10000, 8, 500, 16, 8}};
+  std::vector<std::byte> src(20000);
+  std::iota(reinterpret_cast<unsigned char*>(src.data()), reinterpret_cast<unsigned char*>(src.data()) + src.size(), 0);
+  const auto expected = run_ops(ops, src, 20000);
+  dma::cut_ops(ops, 1000);
+  for (const auto& op : ops) EXPECT_LE(op.bytes(), 1000u);
+  EXPECT_EQ(std::accumulate(ops.begin(), ops.end(), std::uint64_t{0},
+                            [](std::uint64_t a, const auto& o) { return a + o.bytes(); }),
+            14000u);
+  EXPECT_EQ(run_ops(ops, src, 20000), expected);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The op generator and tiling, checked against per-element offsets computed directly.
 #include "runtime/dma/channel.h"
+#include "runtime/dma/interleave.h"
 #include "runtime/dma/transfer_ops.h"
 
 #include <gtest/gtest.h>
@@ -180,6 +181,32 @@ TEST(TransferOps, SplitFrontKeepsEveryElementOnce) {
     bytes_of(rest, got);
     EXPECT_EQ(got, expected);
   }
+}
+
+// Which ops form an interleaved group (the fields of a layout conversion, moved together).
+TEST(InterleavedGroups, FieldsOfAConversionGroupOnTheirInterleavedSide) {
+  const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
+  const Rect line = Rect::from_extents({64});
+  for (auto [from, to] : {std::pair{"F,x", "x,F"}, std::pair{"x,F", "F,x"}}) {
+    std::vector<TransferOp> ops;
+    append_tile_ops(line, xyz, View::of_layout(Layout::parse(from), line, xyz, 0),
+                    View::of_layout(Layout::parse(to), line, xyz, 0), ops);
+    ASSERT_EQ(ops.size(), 3u);
+    EXPECT_EQ(interleaved_group_end(ops.data(), ops.size(), 0), 3u) << from << " -> " << to;
+    EXPECT_EQ(interleaved_group_end(ops.data(), ops.size(), 1), 3u) << "a group may start at any member";
+  }
+  // Four 4-byte fields in a 12-byte record cannot all interleave: the group stops at three.
+  std::vector<TransferOp> four{
+      {0, 0, 4, 10, 12, 4}, {4, 40, 4, 10, 12, 4}, {8, 80, 4, 10, 12, 4}, {12, 120, 4, 10, 12, 4}};
+  EXPECT_EQ(interleaved_group_end(four.data(), four.size(), 0), 3u);
+  // Neither side steps by one element, or the shapes differ: no group.
+  std::vector<TransferOp> apart{{0, 0, 4, 10, 12, 4}, {8, 40, 4, 10, 12, 4}};
+  EXPECT_EQ(interleaved_group_end(apart.data(), apart.size(), 0), 1u);
+  std::vector<TransferOp> counts{{0, 0, 4, 10, 12, 4}, {4, 40, 4, 9, 12, 4}};
+  EXPECT_EQ(interleaved_group_end(counts.data(), counts.size(), 0), 1u);
+  // Contiguous runs (count 1) start no group.
+  std::vector<TransferOp> runs{{0, 0, 64, 1, 0, 0}, {64, 64, 64, 1, 0, 0}};
+  EXPECT_EQ(interleaved_group_end(runs.data(), runs.size(), 0), 1u);
 }
 
 }  // namespace

@@ -383,7 +383,7 @@ OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
   const std::uint64_t elems[] = {1, 2, 4, 8, 12, 16, 24};
   for (std::uint64_t base = 0; base + kChunk <= region; base += kChunk) {
     const std::uint64_t src_base = pick(0, region - kChunk);
-    switch (rng() % 7) {
+    switch (rng() % 8) {
       case 0: {  // one run
         std::uint64_t len = pick(1, kChunk);
         c.ops.push_back({src_base, base, len, 1, 0, 0});
@@ -424,6 +424,22 @@ OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
         std::uint64_t e = 8, n = pick(2, 200);
         c.ops.push_back({src_base, base, e, n, 3, 16});
         c.describe += "overlap ";
+        break;
+      }
+      case 6: {  // fields interleaved on one side, each in a slab of its own on the other (a layout
+                 // conversion, AOS -> SOA or back: the conversion kernel moves them as one group)
+        std::uint64_t e = elems[rng() % 7], k = pick(2, 5), record = k * e + pick(0, 2) * e;
+        std::uint64_t n = pick(2, kChunk / record);
+        const bool gather = rng() % 2 == 0;
+        for (std::uint64_t f = 0; f < k; ++f) {
+          if (gather)
+            c.ops.push_back({src_base + f * e, base + f * n * e, e, n, static_cast<std::int64_t>(record),
+                             static_cast<std::int64_t>(e)});
+          else
+            c.ops.push_back({src_base + f * n * e, base + f * e, e, n, static_cast<std::int64_t>(e),
+                             static_cast<std::int64_t>(record)});
+        }
+        c.describe += gather ? "gather " : "scatter ";
         break;
       }
       default: {  // contiguous both sides with count > 1: one run
