@@ -8,7 +8,10 @@
 // Moved as a group, element range by element range with all fields together, each sector is
 // read (or written) once. Two places keep groups together: the DMA engine cuts a group into
 // requests by element range rather than op by op (engine.cpp, cut_ops), and the GPU conversion
-// kernel numbers a group's units element-major (runtime/gpu/op_kernel.cu).
+// kernel moves a group a thread per element (runtime/gpu/op_kernel.cu). Only consecutive ops
+// group: the row walker (transfer_ops.h) emits a conversion's ops field by field, so the fields
+// of one row are consecutive only where each field is one row (a 1-D tile, or rows fused into
+// one run); a 2-D tile with rows apart still moves field by field.
 //
 // Header-only and free of library types, so that nvcc compiles it into the kernel's host code
 // as it is. `Op` has src, dst (addresses: integers or byte pointers), elem, count, src_stride and

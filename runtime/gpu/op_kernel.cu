@@ -27,10 +27,12 @@ constexpr int kUnroll = 2;
 // group: the thread loads the piece of each of those members, then stores each. Consecutive
 // threads take consecutive elements, so each store instruction of a warp writes one contiguous
 // run per member, and its loads of the interleaved side hit the sectors its other loads just
-// brought in. (Two shapes measured slower on an H100, scripts/probes/conversion_probe.cu: one
-// pass per member, which reads the interleaved side once per member, 0.54-0.85 of a plain copy;
-// and units numbered member by member within an element, whose stores scatter over every
-// member's array, 0.46-0.72. This one: 0.94-0.99.)
+// brought in. (scripts/probes/conversion_probe.cu timed the shapes as kernels written for one
+// 48 MiB AOS -> SOA case on an H100, against a plain copy of the same bytes: a thread per
+// element 0.95-0.99; one pass per member, which reads the interleaved side once per member,
+// 0.54-0.85; units numbered member by member within an element, whose stores scatter over every
+// member's array, 0.66-0.72; a block staging whole records in shared memory 0.97-1.02, which
+// needs each record contiguous and whole, so it is not what a generic batch can do.)
 // Units of group g: count x pieces per chunk of kChunk members, chunk by chunk, element by element
 // within a chunk; the units of all groups are numbered one after another (first[g] = the first
 // unit of group g) and the grid strides over them.
@@ -42,6 +44,10 @@ struct Plan {
   std::uint8_t members[kMaxKernelOps];
   int groups = 0;
 };
+// Both travel by value as kernel arguments: within 4 KiB (CUDA before 12.1, and HIP), with room
+// for the 256 bytes of hidden arguments an AMD code object adds.
+static_assert(sizeof(KernelOpBatch) + sizeof(Plan) + 256 <= 4096,
+              "the conversion kernel's arguments must fit in 4 KiB");
 
 __device__ inline uint4 load_unit(const std::byte* src, std::uint32_t width) {
   uint4 v{};

@@ -5,6 +5,7 @@
 #include "runtime/dma/engine.h"
 #include "runtime/dma/transfer_ops.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -75,31 +76,40 @@ std::vector<std::byte> run_ops(const std::vector<dma::TransferOp>& ops, const st
 // cut field by field read every record once per field.
 TEST(RequestCuts, ConversionFieldsAreCutTogetherByElementRange) {
   const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
-  const Rect line = Rect::from_extents({1000});
-  for (auto [from, to] : {std::pair{"F,x", "x,F"}, std::pair{"x,F", "F,x"}}) {
-    std::vector<dma::TransferOp> ops;
-    dma::append_tile_ops(line, xyz, dma::View::of_layout(Layout::parse(from), line, xyz, 0),
-                         dma::View::of_layout(Layout::parse(to), line, xyz, 0), ops);
-    ASSERT_EQ(ops.size(), 3u) << from << " -> " << to << ": one strided op per field";
-    std::vector<std::byte> src(12000);
-    std::mt19937_64 rng(7);
-    for (auto& b : src) b = static_cast<std::byte>(rng());
-    const std::vector<std::byte> expected = run_ops(ops, src, 12000);
-    std::vector<dma::TransferOp> cut = ops;
-    dma::cut_ops(cut, 1200);  // 100 points of 3 fields
-    ASSERT_EQ(cut.size(), 30u) << from << " -> " << to;
-    for (std::size_t i = 0; i < cut.size(); i += 3) {
-      EXPECT_EQ(cut[i].bytes() + cut[i + 1].bytes() + cut[i + 2].bytes(), 1200u) << "request " << i / 3;
-      for (std::size_t f = 1; f < 3; ++f) {
-        EXPECT_EQ(cut[i + f].count, cut[i].count);
-        // The field's part of the same points: its addresses one field (4 bytes) or one
-        // 4000-byte field array past field 0's.
-        const bool gather = std::string(from) == "F,x";
-        EXPECT_EQ(cut[i + f].src, cut[i].src + f * (gather ? 4 : 4000)) << "request " << i / 3 << " field " << f;
-        EXPECT_EQ(cut[i + f].dst, cut[i].dst + f * (gather ? 4000 : 4)) << "request " << i / 3 << " field " << f;
+  // (points, limit): slices of 100 points; a short last slice of 1 point; a limit below one
+  // record (12 bytes), which leaves slices of one point.
+  for (auto [points, limit] : {std::pair{1000, 1200}, std::pair{1001, 1200}, std::pair{10, 8}}) {
+    const Rect line = Rect::from_extents({points});
+    for (auto [from, to] : {std::pair{"F,x", "x,F"}, std::pair{"x,F", "F,x"}}) {
+      const std::string what = fmt::format("{} -> {}, {} points, limit {}", from, to, points, limit);
+      std::vector<dma::TransferOp> ops;
+      dma::append_tile_ops(line, xyz, dma::View::of_layout(Layout::parse(from), line, xyz, 0),
+                           dma::View::of_layout(Layout::parse(to), line, xyz, 0), ops);
+      ASSERT_EQ(ops.size(), 3u) << what << ": one strided op per field";
+      const auto bytes = static_cast<std::size_t>(points) * 12;
+      std::vector<std::byte> src(bytes);
+      std::mt19937_64 rng(7);
+      for (auto& b : src) b = static_cast<std::byte>(rng());
+      const std::vector<std::byte> expected = run_ops(ops, src, bytes);
+      std::vector<dma::TransferOp> cut = ops;
+      dma::cut_ops(cut, static_cast<std::uint64_t>(limit));
+      const std::uint64_t per_slice = std::max<std::uint64_t>(static_cast<std::uint64_t>(limit) / 12, 1);
+      ASSERT_EQ(cut.size(), 3 * ((static_cast<std::uint64_t>(points) + per_slice - 1) / per_slice)) << what;
+      const bool gather = std::string(from) == "F,x";
+      for (std::size_t i = 0; i < cut.size(); i += 3) {
+        EXPECT_LE(cut[i].count, per_slice) << what << ", slice " << i / 3;
+        for (std::size_t f = 1; f < 3; ++f) {
+          EXPECT_EQ(cut[i + f].count, cut[i].count) << what << ", slice " << i / 3;
+          // The field's part of the same points: one field (4 bytes) or one field array past field 0's.
+          const std::uint64_t array = static_cast<std::uint64_t>(points) * 4;
+          EXPECT_EQ(cut[i + f].src, cut[i].src + f * (gather ? 4 : array))
+              << what << ", slice " << i / 3 << " field " << f;
+          EXPECT_EQ(cut[i + f].dst, cut[i].dst + f * (gather ? array : 4))
+              << what << ", slice " << i / 3 << " field " << f;
+        }
       }
+      EXPECT_EQ(run_ops(cut, src, bytes), expected) << what;
     }
-    EXPECT_EQ(run_ops(cut, src, 12000), expected) << from << " -> " << to;
   }
 }
 

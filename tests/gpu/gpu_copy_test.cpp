@@ -20,6 +20,7 @@
 #if CARAVAN_HAVE_GPU
 #include "channels/sdma_channel.h"
 #include "channels/gpu_convert_channel.h"
+#include "runtime/gpu/op_kernel.h"
 #include "channels/xgmi_channel.h"
 #include "runtime/dma/instance_impl.h"
 #include "runtime/gpu/platform.h"
@@ -452,20 +453,21 @@ OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
   return c;
 }
 
-void check_channel_ops(dma::Channel& channel, const dma::Storage& src, const dma::Storage& dst, std::uint64_t seed) {
+// Runs `c` on the channel in requests of `per_request` ops, several in flight at once as the DMA
+// worker sends them, from random source bytes into a poisoned destination, and checks the
+// destination against the host reference.
+void run_channel_ops(dma::Channel& channel, const dma::Storage& src, const dma::Storage& dst, const OpCase& c,
+                     std::mt19937_64& rng, std::uint64_t seed, std::size_t per_request) {
   const std::uint64_t region = std::min(src.bytes(), dst.bytes());
-  std::mt19937_64 rng(seed);
   std::vector<std::byte> s(region), d(region, std::byte{0xAB}), got(region);
   for (auto& b : s) b = static_cast<std::byte>(rng());
   src.write(0, s);
   dst.write(0, d);
-  OpCase c = random_ops(rng, region);
-  // In requests of a few ops each, several in flight at once, like the DMA worker sends them.
   std::vector<std::promise<FailureCause>> results;
   results.reserve(c.ops.size());
   std::vector<std::future<FailureCause>> futures;
-  for (std::size_t i = 0; i < c.ops.size(); i += 5) {
-    std::size_t n = std::min<std::size_t>(5, c.ops.size() - i);
+  for (std::size_t i = 0; i < c.ops.size(); i += per_request) {
+    std::size_t n = std::min<std::size_t>(per_request, c.ops.size() - i);
     dma::Request r{std::span<const dma::TransferOp>(c.ops.data() + i, n), 0, &src, &dst};
     for (std::size_t k = i; k < i + n; ++k) r.bytes += c.ops[k].bytes();
     results.emplace_back();
@@ -484,6 +486,13 @@ void check_channel_ops(dma::Channel& channel, const dma::Storage& src, const dma
     if (got[i] != d[i]) first_bad = i;
   EXPECT_EQ(first_bad, region) << src.memory().to_string() << " -> " << dst.memory().to_string() << ": first wrong byte at "
                                << first_bad << " (ops: " << c.describe << "seed " << seed << ")";
+}
+
+void check_channel_ops(dma::Channel& channel, const dma::Storage& src, const dma::Storage& dst, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::uint64_t region = std::min(src.bytes(), dst.bytes());
+  OpCase c = random_ops(rng, region);
+  run_channel_ops(channel, src, dst, c, rng, seed, 5);
 }
 
 TEST(GpuChannelOps, EveryOpShapeOnEverySdmaDirection) {
@@ -513,6 +522,35 @@ TEST(GpuChannelOps, EveryOpShapeThroughTheConversionKernel) {
     check_channel_ops(convert, *a, *b, fresh_seed());
     check_channel_ops(convert, *b, *a, fresh_seed());
   }
+}
+
+// Groups wider than one unit's kChunk (4) fields, fields of several units each, both sides, all
+// in one request: the kernel's chunked and multi-piece numbering.
+TEST(GpuChannelOps, WideFieldGroupsThroughTheConversionKernel) {
+  CARAVAN_REQUIRE_GPUS(1);
+  const std::uint64_t region = 1 << 20;
+  auto a = dma::Storage::allocate_device(fbm(0), 0, region), b = dma::Storage::allocate_device(fbm(0), 0, region);
+  channels::GpuConvertChannel convert(fbm(0), 1, 2);
+  OpCase c;
+  const std::uint64_t n = 5001;
+  auto group = [&](std::uint64_t at, std::uint64_t fields, std::uint64_t elem, std::uint64_t record, bool gather) {
+    for (std::uint64_t f = 0; f < fields; ++f) {
+      if (gather)
+        c.ops.push_back({at + f * elem, at + f * n * elem, elem, n, static_cast<std::int64_t>(record),
+                         static_cast<std::int64_t>(elem)});
+      else
+        c.ops.push_back({at + f * n * elem, at + f * elem, elem, n, static_cast<std::int64_t>(elem),
+                         static_cast<std::int64_t>(record)});
+    }
+  };
+  group(0, 9, 1, 9, true);            // nine 1-byte fields: chunks of 4, 4 and 1
+  group(64 << 10, 9, 1, 11, false);   // the same, scattered into padded records
+  group(192 << 10, 2, 12, 24, true);  // 12-byte fields: three 4-byte pieces each
+  group(512 << 10, 6, 2, 12, false);  // six 2-byte fields
+  ASSERT_LE(c.ops.size(), static_cast<std::size_t>(gpu::kMaxKernelOps));
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  run_channel_ops(convert, *a, *b, c, rng, seed, c.ops.size());
 }
 
 // A layout conversion within one GPU through the engine, both ways, on the live machine (where
