@@ -377,6 +377,21 @@ struct OpCase {
   std::string describe;
 };
 
+// Appends the ops of one layout conversion: `fields` fields of `elem` bytes for `count` points,
+// interleaved in records of `record` bytes on one side (the source where `gather`: AOS -> SOA)
+// and a field array each on the other.
+void append_field_group(std::vector<dma::TransferOp>& ops, std::uint64_t src_at, std::uint64_t dst_at,
+                        std::uint64_t fields, std::uint64_t elem, std::uint64_t count, std::uint64_t record,
+                        bool gather) {
+  const auto r = static_cast<std::int64_t>(record), e = static_cast<std::int64_t>(elem);
+  for (std::uint64_t f = 0; f < fields; ++f) {
+    if (gather)
+      ops.push_back({src_at + f * elem, dst_at + f * count * elem, elem, count, r, e});
+    else
+      ops.push_back({src_at + f * count * elem, dst_at + f * elem, elem, count, e, r});
+  }
+}
+
 OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
   constexpr std::uint64_t kChunk = 256 << 10;
   OpCase c;
@@ -432,14 +447,7 @@ OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
         std::uint64_t e = elems[rng() % 7], k = pick(2, 5), record = k * e + pick(0, 2) * e;
         std::uint64_t n = pick(2, kChunk / record);
         const bool gather = rng() % 2 == 0;
-        for (std::uint64_t f = 0; f < k; ++f) {
-          if (gather)
-            c.ops.push_back({src_base + f * e, base + f * n * e, e, n, static_cast<std::int64_t>(record),
-                             static_cast<std::int64_t>(e)});
-          else
-            c.ops.push_back({src_base + f * n * e, base + f * e, e, n, static_cast<std::int64_t>(e),
-                             static_cast<std::int64_t>(record)});
-        }
+        append_field_group(c.ops, src_base, base, k, e, n, record, gather);
         c.describe += gather ? "gather " : "scatter ";
         break;
       }
@@ -534,14 +542,7 @@ TEST(GpuChannelOps, WideFieldGroupsThroughTheConversionKernel) {
   OpCase c;
   const std::uint64_t n = 5001;
   auto group = [&](std::uint64_t at, std::uint64_t fields, std::uint64_t elem, std::uint64_t record, bool gather) {
-    for (std::uint64_t f = 0; f < fields; ++f) {
-      if (gather)
-        c.ops.push_back({at + f * elem, at + f * n * elem, elem, n, static_cast<std::int64_t>(record),
-                         static_cast<std::int64_t>(elem)});
-      else
-        c.ops.push_back({at + f * n * elem, at + f * elem, elem, n, static_cast<std::int64_t>(elem),
-                         static_cast<std::int64_t>(record)});
-    }
+    append_field_group(c.ops, at, at, fields, elem, n, record, gather);
   };
   group(0, 9, 1, 9, true);            // nine 1-byte fields: chunks of 4, 4 and 1
   group(64 << 10, 9, 1, 11, false);   // the same, scattered into padded records
