@@ -54,6 +54,7 @@ declare -A nvidia_only=(
   [scripts/probes/copy_queue_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
   [scripts/probes/conversion_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
   [scripts/probes/exchange_floor_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
+  [scripts/probes/launch_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
 )
 
 # Every GPU source must be in a list, so that a new one is not skipped unnoticed: every .cu file,

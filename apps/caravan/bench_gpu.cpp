@@ -547,7 +547,9 @@ void run_conversion_case(BenchReport& out, nlohmann::json& figures, MemoryId fbm
   const gpu::RawCopy plain{.dst = address(cd), .src = address(cs), .bytes = conv_bytes, .device = 0};
   gpu::time_raw_copies(raw, 1);
   gpu::time_raw_copies(plain, 1);
-  std::vector<double> caravan_gbps, raw_gbps, plain_gbps, kernel_us;
+  std::vector<double> caravan_gbps, raw_gbps, plain_gbps, kernel_us, setup_us, teardown_us;
+  // Per request, in issue order: when the worker handed it to the channel and when it completed.
+  std::vector<std::vector<double>> request_start_us, request_end_us;
   const int runs = std::max(reps / 2, 5);
   for (int r = 0; r < runs; ++r) {
     raw_gbps.push_back(gbps(conv_bytes, gpu::time_raw_copies(raw, 1).front()));
@@ -558,14 +560,31 @@ void run_conversion_case(BenchReport& out, nlohmann::json& figures, MemoryId fbm
       std::fill(got.begin(), got.end(), 0xDEADBEEFu);
       cd.write_bytes(0, std::as_bytes(std::span(got)));
     }
-    CopyReport timed;
+    // Timed without a report (building one is on the way to the event), polled like the raw
+    // copies' hipStreamSynchronize; then once more with a report, for where the time goes.
     auto start = Clock::now();
-    Event e = copy(cs, cd, {.report = &timed});
+    Event e = copy(cs, cd);
     while (!e.has_triggered()) {
     }
     e.wait();
     caravan_gbps.push_back(gbps(conv_bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+    CopyReport timed;
+    e = copy(cs, cd, {.report = &timed});
+    while (!e.has_triggered()) {
+    }
+    e.wait();
     kernel_us.push_back(timed.elapsed_us);
+    setup_us.push_back(timed.setup_us);
+    teardown_us.push_back(timed.teardown_us);
+    if (!timed.timeline.empty()) {
+      const auto& spans = timed.timeline.front().requests;
+      request_start_us.resize(std::max(request_start_us.size(), spans.size()));
+      request_end_us.resize(request_start_us.size());
+      for (std::size_t i = 0; i < spans.size(); ++i) {
+        request_start_us[i].push_back(spans[i].start_us);
+        request_end_us[i].push_back(spans[i].end_us);
+      }
+    }
   }
   cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
   wrong += count_wrong();
@@ -589,6 +608,17 @@ void run_conversion_case(BenchReport& out, nlohmann::json& figures, MemoryId fbm
                   "(CopyReport::elapsed_us) median {:.1f} us (p10 {:.1f}, p90 {:.1f}); destination checked "
                   "after the first and after the last timed run",
                   requests, sk.median, sk.p10, sk.p90));
+  {  // where the copy's time goes on the host's clock: before the start, each request, after the end
+    std::string spans;
+    for (std::size_t i = 0; i < request_start_us.size(); ++i)
+      spans += fmt::format("{}request {} {:.1f}-{:.1f}", i ? ", " : "", i, summarize(request_start_us[i]).median,
+                           summarize(request_end_us[i]).median);
+    out.notes.push_back(fmt::format(
+        "layout conversion, medians in us: {:.1f} from copy() to the start (planning, "
+        "buffers), then from the start: {}; {:.1f} from the last request's end to the event "
+        "(copies with a report, untimed)",
+        summarize(setup_us).median, spans.empty() ? "no request timeline" : spans, summarize(teardown_us).median));
+  }
   if (wrong != 0) out.failure = fmt::format("layout conversion: {} words wrong after the copy", wrong);
   figures["conversion"] = {{"caravan_gbps", summary_json(sc)},
                            {"raw_2d_gbps", summary_json(sr)},

@@ -137,52 +137,63 @@ void DmaWorker::add(Xd* xd) {
   };
   // Alone on an idle channel that takes requests from any thread: the calling thread cuts the
   // first tile and submits its first request itself, which saves the worker's wake-up and the
-  // hand-over of the copy's cache lines (about 1.5 us of every GPU copy's start). The XD counts
-  // as being cut (`generating`) until that submit has returned, so the worker neither issues
-  // its later requests ahead of the first (a landing flag must follow them) nor retires it.
+  // hand-over of the copy's cache lines (about 1.5 us of every GPU copy's start). While the
+  // worker sleeps, the caller goes on to fill the channel's window (a second request costs it one
+  // more launch, a few microseconds; the sleeping worker would take tens to wake: 25-45 us
+  // before a 48 MiB conversion's second request on an H100). The XD counts as being cut
+  // (`generating`) until the last of these submits has returned, so the worker neither issues
+  // its later requests ahead of them (a landing flag must follow them) nor retires it.
   const bool direct = submit_here_ && !stop_ && in_flight_ == 0 && pool_.size() == 1 && can_issue(*xd) && xd->active.empty();
   if (!direct) {
     hand_to_worker();
     return;
   }
-  const std::uint64_t t = xd->next_tile;
+  const int most = worker_asleep_ ? channel_->window() : 1;
   xd->generating = true;
-  lock.unlock();
-  FailureCause cut_failure;
-  Xd::ActiveTile tile;
-  try {
-    tile = cut_tile(*xd, t);
-  } catch (const std::exception& e) {
-    cut_failure = make_failure(Errc::internal, fmt::format("{}: cutting tile {} of a copy: {}", name_, t, e.what()));
-  }
-  if (cut_failure) {
-    // The copy fails and is cancelled; the XD, still counted as being cut, cannot retire (and
-    // the copy cannot finish) until the worker sees it below.
-    xd->op->fail(cut_failure);
+  for (int issued = 0; issued < most; ++issued) {
+    if (issued > 0) {
+      // Looked at again: the worker's window, other copies, cancellation, the tile's inputs.
+      if (stop_ || in_flight_ >= channel_->window() || pool_.size() != 1) break;
+      xd->generating = false;  // can_issue refuses an XD being cut; it is ours, under the lock
+      const bool more = can_issue(*xd);
+      xd->generating = true;
+      if (!more) break;
+    }
+    if (xd->active.empty() || xd->active.back().next_op == xd->active.back().ops.size()) {
+      const std::uint64_t t = xd->next_tile;
+      lock.unlock();
+      FailureCause cut_failure;
+      Xd::ActiveTile tile;
+      try {
+        tile = cut_tile(*xd, t);
+      } catch (const std::exception& e) {
+        cut_failure =
+            make_failure(Errc::internal, fmt::format("{}: cutting tile {} of a copy: {}", name_, t, e.what()));
+      }
+      if (cut_failure) {
+        // The copy fails and is cancelled; the XD, still counted as being cut, cannot retire (and
+        // the copy cannot finish) until the worker sees it below.
+        xd->op->fail(cut_failure);
+        lock.lock();
+        break;
+      }
+      lock.lock();
+      xd->next_tile = t + 1;
+      xd->active.push_back(std::move(tile));
+      // Looked at again: while the tile was cut, the worker may have filled the channel's window
+      // with other copies, this copy may have been cancelled, or the worker stopped.
+      if (stop_ || in_flight_ >= channel_->window() || xd->op->cancelled.load(std::memory_order_acquire)) break;
+    }
+    Issue issue = take_request(xd);
+    lock.unlock();
+    try {
+      submit(xd, issue);
+    } catch (const std::exception& e) {
+      // The channel did not take it: the request ends failed, which fails the copy.
+      complete(xd, issue.tile, issue.span, make_failure(Errc::internal, fmt::format("{}: {}", name_, e.what())));
+    }
     lock.lock();
-    xd->generating = false;
-    hand_to_worker();
-    return;
   }
-  lock.lock();
-  xd->next_tile = t + 1;
-  xd->active.push_back(std::move(tile));
-  // Looked at again: while the tile was cut, the worker may have filled the channel's window
-  // with other copies, this copy may have been cancelled, or the worker stopped.
-  if (stop_ || in_flight_ >= channel_->window() || xd->op->cancelled.load(std::memory_order_acquire)) {
-    xd->generating = false;
-    hand_to_worker();
-    return;
-  }
-  Issue issue = take_request(xd);
-  lock.unlock();
-  try {
-    submit(xd, issue);
-  } catch (const std::exception& e) {
-    // The channel did not take it: the request ends failed, which fails the copy.
-    complete(xd, issue.tile, issue.span, make_failure(Errc::internal, fmt::format("{}: {}", name_, e.what())));
-  }
-  lock.lock();
   xd->generating = false;
   hand_to_worker();
 }
@@ -283,7 +294,9 @@ void DmaWorker::loop() {
         spun_out = !signalled;
         continue;
       }
+      worker_asleep_ = true;
       cv_.wait(lock);
+      worker_asleep_ = false;
       spun_out = false;
       continue;
     }

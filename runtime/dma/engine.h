@@ -156,6 +156,8 @@ class DmaWorker {
   // machine), and the wake-ups at a copy's first and last request add straight to its time.
   std::int64_t spin_ns_ = 0;
   std::atomic<std::uint64_t> signals_{0};
+  // mutex_: the worker is in cv_.wait (not polling): add() then fills the window itself.
+  bool worker_asleep_ = false;
   std::thread thread_;
 };
 

@@ -118,7 +118,7 @@ AsyncChannel& use_async_memcpy() {
   return async;
 }
 
-// Four threads each make 60 copies of 1 to 16 tiles, at random priorities, three at a time in
+// Four threads each make 60 copies of up to 256 KiB, at random priorities, three at a time in
 // flight: every destination holds its source, every copy's event triggers, and the calling
 // threads submitted some of the requests themselves.
 TEST(CopyOnAnAsynchronousChannel, ManyThreadsManyCopiesEveryByteLands) {
@@ -146,7 +146,7 @@ TEST(CopyOnAnAsynchronousChannel, ManyThreadsManyCopiesEveryByteLands) {
         if (!f.done.wait_for(20s) || test::count_mismatches(f.dst, f.seed) != 0) failures.fetch_add(1);
       };
       for (int c = 0; c < kCopies; ++c) {
-        const std::int64_t points = 1 + static_cast<std::int64_t>(rng() % (16 * 1024));  // 16 B each: up to 16 tiles
+        const std::int64_t points = 1 + static_cast<std::int64_t>(rng() % (16 * 1024));  // 16 B each
         const Rect space = Rect::from_extents({points});
         InFlight f{Instance::create(sys_memory(), space, kFields, Layout::parse("F,x")),
                    Instance::create(sys_memory(), space, kFields, Layout::parse(rng() % 2 ? "F,x" : "x,F")),
@@ -176,7 +176,7 @@ TEST(CopyOnAnAsynchronousChannel, BusyChannelLeavesIssuingToTheWorker) {
   settings::ScopedOverride tiles("CARAVAN_DMA_TILE_BYTES", "16K");
   Runtime rt(RuntimeOptions{.cpu_workers = 1});
   AsyncChannel* async = &use_async_memcpy();
-  const Rect big = Rect::from_extents({1 << 14}), small = Rect::from_extents({64});  // 256 KiB: 16 tiles; 1 KiB
+  const Rect big = Rect::from_extents({1 << 14}), small = Rect::from_extents({64});  // 256 KiB; 1 KiB
   Instance a = Instance::create(sys_memory(), big, kFields, Layout::parse("F,x"));
   Instance b = Instance::create(sys_memory(), big, kFields, Layout::parse("F,x"));
   Instance c = Instance::create(sys_memory(), small, kFields, Layout::parse("F,x"));
@@ -210,6 +210,73 @@ TEST(CopyOnAnAsynchronousChannel, BusyChannelLeavesIssuingToTheWorker) {
       EXPECT_NE(s.thread, std::this_thread::get_id()) << "the second copy was issued by its caller on a busy channel";
     }
   }
+}
+
+// How many of the channel's requests so far came from the calling thread.
+std::size_t submitted_by_this_thread(AsyncChannel& async) {
+  std::size_t n = 0;
+  for (const auto& s : async.log()) n += s.thread == std::this_thread::get_id() ? 1 : 0;
+  return n;
+}
+
+// dsk -> sys -> dsk through a bounded buffer of 3 slots, the first hop on an asynchronous
+// channel: that hop may run 3 tiles ahead of the second, a request each. (A copy of one hop
+// would be one tile here: its tiles grow to a full-speed request of the channel.)
+struct ThroughABoundedBuffer {
+  static constexpr std::int64_t kPoints = 1 << 16;  // 1 MiB: tiles of a third of 64 KiB, 48 of them
+  settings::ScopedOverride threshold{"CARAVAN_PLANNER_BUFFER_THRESHOLD",
+                                     std::to_string(kPoints* static_cast<std::int64_t>(kFields.total_size()) / 16)};
+  settings::ScopedOverride slots{"CARAVAN_DMA_SLOTS", "3"};
+  AsyncChannel* first_hop = nullptr;
+  Instance src, dst;
+
+  void start() {
+    auto channel = std::make_unique<AsyncChannel>(std::make_unique<channels::FileChannel>());
+    first_hop = channel.get();
+    dma::Engine::current().replace_channel_for_testing("file node0/rank0/dsk->node0/rank0/sys", std::move(channel));
+    const Rect space = Rect::from_extents({kPoints});
+    src = Instance::create(test::dsk_memory(), space, kFields, Layout::parse("F,x"));
+    dst = Instance::create(test::dsk_memory(), space, kFields, Layout::parse("F,x"));
+    test::write_pattern(src, 7);
+  }
+  // Copies with the first hop's channel held, and returns how many of its requests the calling
+  // thread submitted inside copy(); then lets it run and checks the copy.
+  std::size_t copy_counting_callers_requests() {
+    test::poison(dst);
+    const std::size_t before = submitted_by_this_thread(*first_hop);
+    first_hop->hold(true);
+    Event e = copy(src, dst);
+    const std::size_t from_caller = submitted_by_this_thread(*first_hop) - before;
+    first_hop->hold(false);
+    EXPECT_TRUE(e.wait_for(60s));
+    EXPECT_EQ(test::count_mismatches(dst, 7), 0u);
+    EXPECT_GT(first_hop->log().size() - before, 3u);
+    return from_caller;
+  }
+};
+
+// A copy alone on an idle channel whose DMA worker sleeps (it stopped polling for work): the
+// calling thread fills the window (4) itself rather than wait for the worker to wake, up to
+// what the copy may have in progress (3 tiles ahead of the next hop).
+TEST(CopyOnAnAsynchronousChannel, CallerFillsTheWindowWhileTheWorkerSleeps) {
+  settings::ScopedOverride spin("CARAVAN_GPU_WORKER_SPIN_US", "0");  // the worker sleeps as soon as it is idle
+  ThroughABoundedBuffer path;
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  path.start();
+  std::this_thread::sleep_for(100ms);  // the new worker has reached its wait
+  EXPECT_EQ(path.copy_counting_callers_requests(), 3u);
+}
+
+// The same copy while the worker polls for work (just after a copy, within
+// CARAVAN_GPU_WORKER_SPIN_US): the caller submits the first request only and leaves the rest
+// to the worker, which takes them at once.
+TEST(CopyOnAnAsynchronousChannel, CallerSubmitsOneRequestWhileTheWorkerPolls) {
+  settings::ScopedOverride spin("CARAVAN_GPU_WORKER_SPIN_US", "1000000");  // polls for 1 s after each event
+  ThroughABoundedBuffer path;
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  path.start();
+  path.copy_counting_callers_requests();  // then the worker polls
+  EXPECT_EQ(path.copy_counting_callers_requests(), 1u);
 }
 
 // A channel that fails the first request inside submit(), on the calling thread: the copy's
