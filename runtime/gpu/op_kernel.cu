@@ -6,6 +6,7 @@
 #include <caravan/error.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -13,6 +14,7 @@ namespace caravan::gpu {
 namespace {
 
 constexpr int kThreads = 256;
+std::atomic<bool> g_force_wide_index{false};  // force_wide_index_for_testing
 // Members of a group one thread moves per unit, and units per thread and pass: up to kChunk *
 // kUnroll loads in flight per thread before its stores (one 4-byte load in flight per thread
 // leaves HBM waiting on latency).
@@ -198,12 +200,14 @@ void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream, unsigned ma
   const std::uint64_t per_block = static_cast<std::uint64_t>(kThreads) * kUnroll;
   const std::uint64_t blocks =
       std::min<std::uint64_t>((units + per_block - 1) / per_block, max_blocks ? max_blocks : 2048);
-  if (units + blocks * per_block < (std::uint64_t{1} << 32))
+  if (units + blocks * per_block < (std::uint64_t{1} << 32) && !g_force_wide_index.load(std::memory_order_relaxed))
     op_batch_kernel<std::uint32_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(shaped, plan);
   else
     op_batch_kernel<std::uint64_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(shaped, plan);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
+
+void force_wide_index_for_testing(bool on) { g_force_wide_index.store(on, std::memory_order_relaxed); }
 
 void preload_op_kernel(int device) {
   int current = 0;

@@ -554,6 +554,88 @@ TEST(GpuChannelOps, WideFieldGroupsThroughTheConversionKernel) {
   run_channel_ops(convert, *a, *b, c, rng, seed, c.ops.size());
 }
 
+// The kernel's 64-bit index form, which on its own runs only past 2^32 units in one launch: the
+// random op shapes and the wide groups again, every batch forced onto it.
+TEST(GpuChannelOps, EveryOpShapeThroughTheConversionKernelWithWideIndices) {
+  CARAVAN_REQUIRE_GPUS(1);
+  struct Restore {
+    ~Restore() { gpu::force_wide_index_for_testing(false); }
+  } restore;
+  gpu::force_wide_index_for_testing(true);
+  const std::uint64_t region = 4 << 20;
+  auto a = dma::Storage::allocate_device(fbm(0), 0, region), b = dma::Storage::allocate_device(fbm(0), 0, region);
+  channels::GpuConvertChannel convert(fbm(0), 3, 3);
+  for (int round = 0; round < 3; ++round) {
+    check_channel_ops(convert, *a, *b, fresh_seed());
+    check_channel_ops(convert, *b, *a, fresh_seed());
+  }
+  OpCase c;
+  append_field_group(c.ops, 0, 0, 9, 1, 5001, 11, true);                    // nine 1-byte fields, chunks of 4, 4 and 1
+  append_field_group(c.ops, 256 << 10, 256 << 10, 2, 12, 5001, 24, false);  // 12-byte fields, three pieces each
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  run_channel_ops(convert, *a, *b, c, rng, seed, c.ops.size());
+}
+
+// One run of 4 GiB + 3 bytes at odd addresses: 1-byte units, more than 2^32 of them in one
+// launch, so the kernel picks its 64-bit index form by itself. Checked whole, in 256 MiB pieces,
+// against a pattern that differs at every 8-byte word (a unit sent to a wrapped-around address
+// lands on the wrong word). Needs 8 GiB of GPU memory and 1 GiB of host memory.
+TEST(GpuChannelOps, ARunOfMoreThan4GUnitsThroughTheConversionKernel) {
+  CARAVAN_REQUIRE_GPUS(1);
+  constexpr std::uint64_t kBytes = (std::uint64_t{4} << 30) + 3, kRegion = kBytes + 64, kPiece = 256 << 20;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(hipMemGetInfo(&free_bytes, &total_bytes), hipSuccess);
+  if (free_bytes < 2 * kRegion + (1ull << 30))
+    GTEST_SKIP() << "needs 9 GiB of free GPU memory, has " << (free_bytes >> 20) << " MiB";
+  auto a = dma::Storage::allocate_device(fbm(0), 0, kRegion), b = dma::Storage::allocate_device(fbm(0), 0, kRegion);
+  const std::uint64_t seed = fresh_seed();
+  auto word = [&](std::uint64_t i) {  // splitmix64 of the word's index
+    std::uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  std::vector<std::uint64_t> piece(kPiece / 8), back(kPiece / 8);
+  for (std::uint64_t at = 0; at < kRegion; at += kPiece) {
+    const std::uint64_t n = std::min(kPiece, kRegion - at);
+    for (std::uint64_t w = 0; w < (n + 7) / 8; ++w) piece[w] = word(at / 8 + w);
+    a->write(at, std::as_bytes(std::span(piece)).first(n));
+    std::fill(piece.begin(), piece.end(), 0xABABABABABABABABull);
+    b->write(at, std::as_bytes(std::span(piece)).first(n));
+  }
+  channels::GpuConvertChannel convert(fbm(0), 1, 2);
+  const dma::TransferOp op{1, 3, kBytes, 1, 0, 0};
+  std::promise<FailureCause> result;
+  convert.submit(dma::Request{std::span(&op, 1), kBytes, a.get(), b.get()},
+                 [&](const FailureCause& f) { result.set_value(f); });
+  auto done = result.get_future();
+  ASSERT_EQ(done.wait_for(120s), std::future_status::ready);
+  if (FailureCause f = done.get()) FAIL() << f->what();
+  // Destination byte d holds source byte d - 2 for d in [3, 3 + kBytes), else the poison. Each
+  // piece is compared with the source words that cover it, regenerated (gen: from word w0 on).
+  std::vector<std::uint64_t> gen(kPiece / 8 + 3);
+  std::uint64_t wrong = 0, first_wrong = kRegion;
+  for (std::uint64_t at = 0; at < kRegion; at += kPiece) {
+    const std::uint64_t n = std::min(kPiece, kRegion - at);
+    b->read(at, std::as_writable_bytes(std::span(back)).first(n));
+    const std::uint64_t w0 = at == 0 ? 0 : at / 8 - 1;
+    for (std::uint64_t k = 0; k < gen.size(); ++k) gen[k] = word(w0 + k);
+    const auto* got = reinterpret_cast<const std::uint8_t*>(back.data());
+    const auto* src = reinterpret_cast<const std::uint8_t*>(gen.data());
+    const std::uint64_t lo = std::clamp<std::uint64_t>(3, at, at + n),
+                        hi = std::clamp<std::uint64_t>(3 + kBytes, at, at + n);
+    auto expect = [&](std::uint64_t d) { return d >= lo && d < hi ? src[d - 2 - 8 * w0] : std::uint8_t{0xAB}; };
+    const bool copied_ok = std::memcmp(got + (lo - at), src + (lo - 2 - 8 * w0), hi - lo) == 0;
+    for (std::uint64_t d = at; d < at + n; ++d) {
+      if (copied_ok && d == lo) d = hi;  // the copied bytes matched as a whole: check the rest
+      if (d >= at + n) break;
+      if (got[d - at] != expect(d) && wrong++ == 0) first_wrong = d;
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << "bytes wrong, the first at " << first_wrong << " (seed " << seed << ")";
+}
+
 // A layout conversion within one GPU through the engine, both ways, on the live machine (where
 // calibration gives gpu_convert a table): every field of every point where the layout puts it.
 TEST_F(GpuCopyTest, LayoutConversionsWithinOneGpu) {
