@@ -677,9 +677,19 @@ void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
   std::uint64_t total = 0;
   for (const TransferOp& op : ops) total += op.bytes();
   if (total <= limit) return;
+  // Most tiles need no cut (their ops are requests already): find one that does before copying
+  // the list. A group (or a lone op) needs one exactly when its bytes exceed the limit.
+  bool needed = false;
+  for (std::size_t i = 0; i < ops.size() && !needed;) {
+    const std::size_t end = interleaved_group_end(ops.data(), ops.size(), i);
+    std::uint64_t group_bytes = 0;
+    for (std::size_t m = i; m < end; ++m) group_bytes += ops[m].bytes();
+    needed = group_bytes > limit;
+    i = end;
+  }
+  if (!needed) return;
   std::vector<TransferOp> out;
   out.reserve(ops.size() + 8);
-  bool cut = false;
   for (std::size_t i = 0; i < ops.size();) {
     const std::size_t end = interleaved_group_end(ops.data(), ops.size(), i);
     std::uint64_t group_bytes = 0;
@@ -692,18 +702,16 @@ void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
       while (rest.front().count > per_request)
         for (TransferOp& member : rest) out.push_back(split_front(member, per_request * elem));
       out.insert(out.end(), rest.begin(), rest.end());
-      cut = true;
     } else {
       for (std::size_t m = i; m < end; ++m) {
         TransferOp op = ops[m];
-        cut |= op.bytes() > limit;
         while (op.bytes() > limit) out.push_back(split_front(op, limit));
         out.push_back(op);
       }
     }
     i = end;
   }
-  if (cut) ops.swap(out);
+  ops.swap(out);
 }
 
 // Sizes tiles and intermediate buffers: each buffer is a ring of `slots` tile slots and stays

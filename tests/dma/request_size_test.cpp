@@ -119,6 +119,19 @@ TEST(RequestCuts, OpsWithinTheLimitStayWholeAndLongRunsAreCutToIt) {
   dma::cut_ops(small, 300);
   ASSERT_EQ(small.size(), before.size());
   for (std::size_t i = 0; i < small.size(); ++i) EXPECT_EQ(small[i].bytes(), before[i].bytes());
+  // More than the limit in all, each op (and a three-field group, 3 x 40 bytes) within it: whole.
+  std::vector<dma::TransferOp> several{{0, 0, 100, 1, 0, 0},
+                                       {100, 100, 4, 50, 8, 4},
+                                       {1000, 2000, 4, 10, 12, 4},
+                                       {1004, 2040, 4, 10, 12, 4},
+                                       {1008, 2080, 4, 10, 12, 4}};
+  const auto several_before = several;
+  dma::cut_ops(several, 250);
+  ASSERT_EQ(several.size(), several_before.size());
+  for (std::size_t i = 0; i < several.size(); ++i) {
+    EXPECT_EQ(several[i].src, several_before[i].src);
+    EXPECT_EQ(several[i].count, several_before[i].count);
+  }
   // A 10000-byte run and a strided op that starts no group: pieces of at most the limit.
   std::vector<dma::TransferOp> ops{{0, 0, 10000, 1, 0, 0}, {10000, 10000, 8, 500, 16, 8}};
   std::vector<std::byte> src(20000);
