@@ -209,5 +209,18 @@ TEST(InterleavedGroups, FieldsOfAConversionGroupOnTheirInterleavedSide) {
   EXPECT_EQ(interleaved_group_end(runs.data(), runs.size(), 0), 1u);
 }
 
+// A fill of an AOS instance needs no group: the pattern is one record of the fields in order,
+// so the fill is one op of whole records, read again for every point (source stride 0).
+TEST(InterleavedGroups, AFillOfRecordsIsOneOpOfWholeRecords) {
+  const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
+  const Rect line = Rect::from_extents({64});
+  std::vector<TransferOp> ops;
+  append_tile_ops(line, xyz, View::pattern(xyz), View::of_layout(Layout::parse("F,x"), line, xyz, 0), ops);
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0].elem, 12u);
+  EXPECT_EQ(ops[0].src_stride, 0);
+  EXPECT_EQ(ops[0].count, 64u);
+}
+
 }  // namespace
 }  // namespace caravan::dma
