@@ -181,8 +181,11 @@ void DmaWorker::add(Xd* xd) {
       xd->next_tile = t + 1;
       xd->active.push_back(std::move(tile));
       // Looked at again: while the tile was cut, the worker may have filled the channel's window
-      // with other copies, this copy may have been cancelled, or the worker stopped.
-      if (stop_ || in_flight_ >= channel_->window() || xd->op->cancelled.load(std::memory_order_acquire)) break;
+      // with other copies, this copy may have been cancelled, or the worker stopped; past the
+      // first request, another copy (perhaps of higher priority) may have arrived.
+      if (stop_ || in_flight_ >= channel_->window() || xd->op->cancelled.load(std::memory_order_acquire) ||
+          (issued > 0 && pool_.size() != 1))
+        break;
     }
     Issue issue = take_request(xd);
     lock.unlock();
@@ -228,7 +231,7 @@ std::string DmaWorker::describe(const Xd& xd) {
   if (xd.in_flight > 0)
     return fmt::format("{} request(s) in flight, the latest issued {:.1f} s ago (the channel has not completed it)",
                        xd.in_flight, static_cast<double>(now_ns() - xd.last_issue_ns) / 1e9);
-  if (xd.generating) return "cutting a tile into requests";
+  if (xd.generating) return "cutting a tile into requests (or its first requests being submitted by the copy's caller)";
   if (op.cancelled.load(std::memory_order_acquire)) return "cancelled, retiring";
   if (!xd.active.empty() && xd.active.back().next_op < xd.active.back().ops.size())
     return fmt::format("ready to issue, waiting for the channel ({} request(s) of other copies in flight)", in_flight_);

@@ -87,7 +87,9 @@ struct Xd {
     std::uint64_t outstanding = 0;  // requests issued and not completed
   };
   std::uint64_t next_tile = 0;
-  bool generating = false;  // the worker is cutting next_tile into ops, outside its lock
+  // The worker is cutting next_tile into ops outside its lock, or the copy's caller is cutting
+  // and submitting its first requests (DmaWorker::add): no one else issues or retires it.
+  bool generating = false;
   // In order; few at a time (at most the slots). A vector, not a deque: libstdc++'s deque
   // allocates two blocks as it is made, on every copy's setup path.
   std::vector<ActiveTile> active;

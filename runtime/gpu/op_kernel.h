@@ -36,9 +36,10 @@ struct KernelOpBatch {
 // so that kernels of several requests on one GPU can run side by side instead of one after
 // another in launch order.
 void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream, unsigned max_blocks = 0);
-// Tests only: with `on`, every batch runs the kernel's 64-bit index form, which otherwise runs
-// only for batches of more than 2^32 units (4 GiB of 1-byte units), so that the random op tests
-// cover it too. Not for concurrent use with launches that expect the other form.
+// Tests only: with `on`, every batch that the op kernel runs uses its 64-bit index form, which
+// otherwise runs only where the units of one launch (plus one pass of the grid) reach 2^32 (4 GiB
+// of 1-byte units), so that the random op tests cover it too. A single 16-byte aligned run still
+// takes the contiguous kernel. Not for concurrent use with launches that expect the other form.
 void force_wide_index_for_testing(bool on);
 // Loads the kernels on `device` now (a first launch while peers wait on flags can stall); the
 // calling thread's current device is left as it was.

@@ -222,36 +222,42 @@ std::size_t submitted_by_this_thread(AsyncChannel& async) {
 // dsk -> sys -> dsk through a bounded buffer of 3 slots, the first hop on an asynchronous
 // channel: that hop may run 3 tiles ahead of the second, a request each. (A copy of one hop
 // would be one tile here: its tiles grow to a full-speed request of the channel.)
-struct ThroughABoundedBuffer {
-  static constexpr std::int64_t kPoints = 1 << 16;  // 1 MiB: tiles of a third of 64 KiB, 48 of them
-  settings::ScopedOverride threshold{"CARAVAN_PLANNER_BUFFER_THRESHOLD",
-                                     std::to_string(kPoints* static_cast<std::int64_t>(kFields.total_size()) / 16)};
+// Its settings, made before the Runtime (which reads them); the path itself after it, so that its
+// instances go before the Runtime does.
+constexpr std::int64_t kBoundedPoints = 1 << 16;  // 1 MiB: tiles of a third of 64 KiB, 48 of them
+struct BoundedBufferSettings {
+  settings::ScopedOverride threshold{
+      "CARAVAN_PLANNER_BUFFER_THRESHOLD",
+      std::to_string(kBoundedPoints* static_cast<std::int64_t>(kFields.total_size()) / 16)};
   settings::ScopedOverride slots{"CARAVAN_DMA_SLOTS", "3"};
+};
+struct ThroughABoundedBuffer {
   AsyncChannel* first_hop = nullptr;
-  Instance src, dst;
+  Instance src, dst, dst2;
 
   void start() {
     auto channel = std::make_unique<AsyncChannel>(std::make_unique<channels::FileChannel>());
     first_hop = channel.get();
     dma::Engine::current().replace_channel_for_testing("file node0/rank0/dsk->node0/rank0/sys", std::move(channel));
-    const Rect space = Rect::from_extents({kPoints});
+    const Rect space = Rect::from_extents({kBoundedPoints});
     src = Instance::create(test::dsk_memory(), space, kFields, Layout::parse("F,x"));
     dst = Instance::create(test::dsk_memory(), space, kFields, Layout::parse("F,x"));
+    dst2 = Instance::create(test::dsk_memory(), space, kFields, Layout::parse("F,x"));
     test::write_pattern(src, 7);
   }
-  // Copies with the first hop's channel held, and returns how many of its requests the calling
-  // thread submitted inside copy(); then lets it run and checks the copy.
-  std::size_t copy_counting_callers_requests() {
-    test::poison(dst);
+  // Copies src into `to` with the first hop's channel held, and returns how many of its requests
+  // the calling thread submitted inside copy(); `done` gets the copy's event.
+  std::size_t copy_held(const Instance& to, Event& done) {
     const std::size_t before = submitted_by_this_thread(*first_hop);
     first_hop->hold(true);
-    Event e = copy(src, dst);
+    done = copy(src, to);
     const std::size_t from_caller = submitted_by_this_thread(*first_hop) - before;
     first_hop->hold(false);
-    EXPECT_TRUE(e.wait_for(60s));
-    EXPECT_EQ(test::count_mismatches(dst, 7), 0u);
-    EXPECT_GT(first_hop->log().size() - before, 3u);
     return from_caller;
+  }
+  static void expect_landed(Event& done, const Instance& to) {
+    EXPECT_TRUE(done.wait_for(60s));
+    EXPECT_EQ(test::count_mismatches(to, 7), 0u);
   }
 };
 
@@ -260,23 +266,42 @@ struct ThroughABoundedBuffer {
 // what the copy may have in progress (3 tiles ahead of the next hop).
 TEST(CopyOnAnAsynchronousChannel, CallerFillsTheWindowWhileTheWorkerSleeps) {
   settings::ScopedOverride spin("CARAVAN_GPU_WORKER_SPIN_US", "0");  // the worker sleeps as soon as it is idle
-  ThroughABoundedBuffer path;
+  BoundedBufferSettings bounded;
   Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  ThroughABoundedBuffer path;
   path.start();
-  std::this_thread::sleep_for(100ms);  // the new worker has reached its wait
-  EXPECT_EQ(path.copy_counting_callers_requests(), 3u);
+  // The worker must be in its wait when copy() looks: a fresh worker gets there within
+  // microseconds, but a loaded machine (ThreadSanitizer, 2 cores) may delay it, so a copy that
+  // found it awake (1 request from the caller) is tried again after a longer pause.
+  std::size_t from_caller = 0;
+  for (int attempt = 1; attempt <= 10 && from_caller != 3; ++attempt) {
+    std::this_thread::sleep_for(attempt * 100ms);
+    test::poison(path.dst);
+    Event done;
+    from_caller = path.copy_held(path.dst, done);
+    ThroughABoundedBuffer::expect_landed(done, path.dst);
+  }
+  EXPECT_EQ(from_caller, 3u);
 }
 
-// The same copy while the worker polls for work (just after a copy, within
+// The same copy while the worker polls for work (right after a copy's end, within
 // CARAVAN_GPU_WORKER_SPIN_US): the caller submits the first request only and leaves the rest
 // to the worker, which takes them at once.
 TEST(CopyOnAnAsynchronousChannel, CallerSubmitsOneRequestWhileTheWorkerPolls) {
   settings::ScopedOverride spin("CARAVAN_GPU_WORKER_SPIN_US", "1000000");  // polls for 1 s after each event
-  ThroughABoundedBuffer path;
+  BoundedBufferSettings bounded;
   Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  ThroughABoundedBuffer path;
   path.start();
-  path.copy_counting_callers_requests();  // then the worker polls
-  EXPECT_EQ(path.copy_counting_callers_requests(), 1u);
+  test::poison(path.dst);
+  test::poison(path.dst2);
+  Event first, second;
+  path.copy_held(path.dst, first);
+  ASSERT_TRUE(first.wait_for(60s));
+  const std::size_t from_caller = path.copy_held(path.dst2, second);  // at once: the worker polls
+  ThroughABoundedBuffer::expect_landed(second, path.dst2);
+  ThroughABoundedBuffer::expect_landed(first, path.dst);
+  EXPECT_EQ(from_caller, 1u);
 }
 
 // A channel that fails the first request inside submit(), on the calling thread: the copy's

@@ -3,6 +3,7 @@
 // its peak. A high-priority copy on a GPU channel waits behind up to two such requests, so the
 // setting must decide their size whatever the table looks like.
 #include "runtime/dma/engine.h"
+#include "runtime/dma/interleave.h"
 #include "runtime/dma/transfer_ops.h"
 
 #include <fmt/format.h>
@@ -125,6 +126,7 @@ TEST(RequestCuts, OpsWithinTheLimitStayWholeAndLongRunsAreCutToIt) {
                                        {1000, 2000, 4, 10, 12, 4},
                                        {1004, 2040, 4, 10, 12, 4},
                                        {1008, 2080, 4, 10, 12, 4}};
+  ASSERT_EQ(dma::interleaved_group_end(several.data(), several.size(), 2), 5u);
   const auto several_before = several;
   dma::cut_ops(several, 250);
   ASSERT_EQ(several.size(), several_before.size());

@@ -604,9 +604,9 @@ TEST(GpuChannelOps, ARunOfMoreThan4GUnitsThroughTheConversionKernel) {
     std::fill(piece.begin(), piece.end(), 0xABABABABABABABABull);
     b->write(at, std::as_bytes(std::span(piece)).first(n));
   }
+  std::promise<FailureCause> result;  // before the channel: it outlives a completion still running
   channels::GpuConvertChannel convert(fbm(0), 1, 2);
   const dma::TransferOp op{1, 3, kBytes, 1, 0, 0};
-  std::promise<FailureCause> result;
   convert.submit(dma::Request{std::span(&op, 1), kBytes, a.get(), b.get()},
                  [&](const FailureCause& f) { result.set_value(f); });
   auto done = result.get_future();
