@@ -680,24 +680,27 @@ void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
   std::uint64_t total = 0;
   for (const TransferOp& op : ops) total += op.bytes();
   if (total <= limit) return;
-  // Most tiles need no cut (their ops are requests already): find one that does before copying
-  // the list. A group (or a lone op) needs one exactly when its bytes exceed the limit.
-  bool needed = false;
-  for (std::size_t i = 0; i < ops.size() && !needed;) {
-    const std::size_t end = interleaved_group_end(ops.data(), ops.size(), i);
-    std::uint64_t group_bytes = 0;
-    for (std::size_t m = i; m < end; ++m) group_bytes += ops[m].bytes();
-    needed = group_bytes > limit;
-    i = end;
-  }
-  if (!needed) return;
+  // Most tiles need no cut (their ops are requests already): the list is copied only from the
+  // first group (or lone op) whose bytes exceed the limit, with the ops before it.
   std::vector<TransferOp> out;
-  out.reserve(ops.size() + 8);
+  bool cutting = false;  // out holds ops[0, i), cut where needed
   for (std::size_t i = 0; i < ops.size();) {
     const std::size_t end = interleaved_group_end(ops.data(), ops.size(), i);
     std::uint64_t group_bytes = 0;
     for (std::size_t m = i; m < end; ++m) group_bytes += ops[m].bytes();
-    if (end - i > 1 && group_bytes > limit) {
+    if (group_bytes <= limit) {
+      if (cutting)
+        out.insert(out.end(), ops.begin() + static_cast<std::ptrdiff_t>(i),
+                   ops.begin() + static_cast<std::ptrdiff_t>(end));
+      i = end;
+      continue;
+    }
+    if (!cutting) {
+      out.reserve(ops.size() + 8);
+      out.assign(ops.begin(), ops.begin() + static_cast<std::ptrdiff_t>(i));
+      cutting = true;
+    }
+    if (end - i > 1) {
       const std::uint64_t members = end - i, elem = ops[i].elem;
       const std::uint64_t per_request = std::max<std::uint64_t>(limit / (members * elem), 1);
       std::vector<TransferOp> rest(ops.begin() + static_cast<std::ptrdiff_t>(i),
@@ -706,15 +709,13 @@ void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
         for (TransferOp& member : rest) out.push_back(split_front(member, per_request * elem));
       out.insert(out.end(), rest.begin(), rest.end());
     } else {
-      for (std::size_t m = i; m < end; ++m) {
-        TransferOp op = ops[m];
-        while (op.bytes() > limit) out.push_back(split_front(op, limit));
-        out.push_back(op);
-      }
+      TransferOp op = ops[i];
+      while (op.bytes() > limit) out.push_back(split_front(op, limit));
+      out.push_back(op);
     }
     i = end;
   }
-  ops.swap(out);
+  if (cutting) ops.swap(out);
 }
 
 // Sizes tiles and intermediate buffers: each buffer is a ring of `slots` tile slots and stays

@@ -503,6 +503,27 @@ void check_channel_ops(dma::Channel& channel, const dma::Storage& src, const dma
   run_channel_ops(channel, src, dst, c, rng, seed, 5);
 }
 
+// Three rounds of random op shapes from `a` to `b` and back on one channel.
+void check_random_ops_both_ways(dma::Channel& channel, const dma::Storage& a, const dma::Storage& b) {
+  for (int round = 0; round < 3; ++round) {
+    check_channel_ops(channel, a, b, fresh_seed());
+    check_channel_ops(channel, b, a, fresh_seed());
+  }
+}
+
+// Field groups wider than one unit's kChunk (4) fields, fields of several units each, both
+// sides, all in one request (in the first 1 MiB): the kernel's chunked and multi-piece numbering.
+OpCase wide_field_groups() {
+  OpCase c;
+  const std::uint64_t n = 5001;
+  append_field_group(c.ops, 0, 0, 9, 1, n, 9, true);                    // nine 1-byte fields: chunks of 4, 4 and 1
+  append_field_group(c.ops, 64 << 10, 64 << 10, 9, 1, n, 11, false);    // the same, scattered into padded records
+  append_field_group(c.ops, 192 << 10, 192 << 10, 2, 12, n, 24, true);  // 12-byte fields: three 4-byte pieces each
+  append_field_group(c.ops, 512 << 10, 512 << 10, 6, 2, n, 12, false);  // six 2-byte fields
+  c.describe = "wide field groups ";
+  return c;
+}
+
 TEST(GpuChannelOps, EveryOpShapeOnEverySdmaDirection) {
   CARAVAN_REQUIRE_GPUS(1);
   const std::uint64_t region = 4 << 20;
@@ -526,10 +547,7 @@ TEST(GpuChannelOps, EveryOpShapeThroughTheConversionKernel) {
   channels::GpuConvertChannel convert(fbm(0), 3, 3);
   EXPECT_TRUE(convert.serves(fbm(0), fbm(0)));
   EXPECT_FALSE(convert.serves(fbm(0), zcm()));
-  for (int round = 0; round < 3; ++round) {
-    check_channel_ops(convert, *a, *b, fresh_seed());
-    check_channel_ops(convert, *b, *a, fresh_seed());
-  }
+  check_random_ops_both_ways(convert, *a, *b);
 }
 
 // Groups wider than one unit's kChunk (4) fields, fields of several units each, both sides, all
@@ -539,15 +557,7 @@ TEST(GpuChannelOps, WideFieldGroupsThroughTheConversionKernel) {
   const std::uint64_t region = 1 << 20;
   auto a = dma::Storage::allocate_device(fbm(0), 0, region), b = dma::Storage::allocate_device(fbm(0), 0, region);
   channels::GpuConvertChannel convert(fbm(0), 1, 2);
-  OpCase c;
-  const std::uint64_t n = 5001;
-  auto group = [&](std::uint64_t at, std::uint64_t fields, std::uint64_t elem, std::uint64_t record, bool gather) {
-    append_field_group(c.ops, at, at, fields, elem, n, record, gather);
-  };
-  group(0, 9, 1, 9, true);            // nine 1-byte fields: chunks of 4, 4 and 1
-  group(64 << 10, 9, 1, 11, false);   // the same, scattered into padded records
-  group(192 << 10, 2, 12, 24, true);  // 12-byte fields: three 4-byte pieces each
-  group(512 << 10, 6, 2, 12, false);  // six 2-byte fields
+  const OpCase c = wide_field_groups();
   ASSERT_LE(c.ops.size(), static_cast<std::size_t>(gpu::kMaxKernelOps));
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
@@ -565,13 +575,8 @@ TEST(GpuChannelOps, EveryOpShapeThroughTheConversionKernelWithWideIndices) {
   const std::uint64_t region = 4 << 20;
   auto a = dma::Storage::allocate_device(fbm(0), 0, region), b = dma::Storage::allocate_device(fbm(0), 0, region);
   channels::GpuConvertChannel convert(fbm(0), 3, 3);
-  for (int round = 0; round < 3; ++round) {
-    check_channel_ops(convert, *a, *b, fresh_seed());
-    check_channel_ops(convert, *b, *a, fresh_seed());
-  }
-  OpCase c;
-  append_field_group(c.ops, 0, 0, 9, 1, 5001, 11, true);                    // nine 1-byte fields, chunks of 4, 4 and 1
-  append_field_group(c.ops, 256 << 10, 256 << 10, 2, 12, 5001, 24, false);  // 12-byte fields, three pieces each
+  check_random_ops_both_ways(convert, *a, *b);
+  const OpCase c = wide_field_groups();
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   run_channel_ops(convert, *a, *b, c, rng, seed, c.ops.size());
