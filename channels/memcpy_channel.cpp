@@ -1,7 +1,11 @@
 #include "channels/memcpy_channel.h"
 
+#include "runtime/dma/engine.h"
+#include "runtime/dma/interleave.h"
+
 #include <caravan/settings.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -146,16 +150,21 @@ bool stream_copy_using(std::string_view isa, std::byte* dst, const std::byte* sr
 
 namespace {
 
+std::byte* moved(std::byte* base, std::uint64_t offset, std::int64_t by) {
+  return base + static_cast<std::ptrdiff_t>(static_cast<std::int64_t>(offset) + by);
+}
+const std::byte* moved(const std::byte* base, std::uint64_t offset, std::int64_t by) {
+  return base + static_cast<std::ptrdiff_t>(static_cast<std::int64_t>(offset) + by);
+}
+
 template <class T>
-void strided(const TransferOp& op, const std::byte* src, std::byte* dst) {
-  const std::byte* s = src + op.src;
-  std::byte* d = dst + op.dst;
-  for (std::uint64_t i = 0; i < op.count; ++i) {
+void strided(const std::byte* s, std::byte* d, std::uint64_t count, std::int64_t src_stride, std::int64_t dst_stride) {
+  for (std::uint64_t i = 0; i < count; ++i) {
     T value;
     std::memcpy(&value, s, sizeof(T));
     std::memcpy(d, &value, sizeof(T));
-    s += op.src_stride;
-    d += op.dst_stride;
+    s += src_stride;
+    d += dst_stride;
   }
 }
 
@@ -163,26 +172,77 @@ struct Bytes16 {
   std::byte b[16];
 };
 
+using StridedLoop = void (*)(const std::byte*, std::byte*, std::uint64_t, std::int64_t, std::int64_t);
+
+// Element sizes with a typed loop; others copy element by element with memcpy.
+StridedLoop strided_loop(std::uint64_t elem) {
+  switch (elem) {
+    case 1: return strided<std::uint8_t>;
+    case 2: return strided<std::uint16_t>;
+    case 4: return strided<std::uint32_t>;
+    case 8: return strided<std::uint64_t>;
+    case 16: return strided<Bytes16>;
+    default: return nullptr;
+  }
+}
+
+void strided_op(const std::byte* s, std::byte* d, const TransferOp& op, StridedLoop loop, std::uint64_t count) {
+  if (loop) {
+    loop(s, d, count, op.src_stride, op.dst_stride);
+    return;
+  }
+  for (std::uint64_t i = 0; i < count; ++i, s += op.src_stride, d += op.dst_stride) std::memcpy(d, s, op.elem);
+}
+
+// A group of several members (interleave.h: a layout conversion's fields), row by row, in blocks
+// of elements: each block of every member before the next block, so that the interleaved side's
+// lines are still in the cache for the members after the first, and that side is read (or
+// written) once instead of once per member. Field by field, a 48 MiB AOS -> SOA conversion of
+// three 4-byte fields read its source three times: 1.7-2.1 GB/s against 3.4-5.1 in blocks on the
+// build machine, where memcpy of the same bytes ran at 5.0-5.6.
+void copy_group(const TransferOp& lead, const OpGroup& g, const std::byte* src, std::byte* dst) {
+  constexpr std::uint64_t kBlock = 256;  // elements: 3 KiB of 12-byte records, well within L1
+  const StridedLoop loop = strided_loop(lead.elem);
+  for (std::size_t r = 0; r < g.rows; ++r) {
+    const auto row = static_cast<std::int64_t>(r);
+    for (std::uint64_t first = 0; first < lead.count; first += kBlock) {
+      const std::uint64_t n = std::min(kBlock, lead.count - first);
+      const auto at = static_cast<std::int64_t>(first);
+      for (std::size_t m = 0; m < g.members; ++m) {
+        const auto member = static_cast<std::int64_t>(m);
+        strided_op(moved(src, lead.src, member * g.member_src + row * g.row_src + at * lead.src_stride),
+                   moved(dst, lead.dst, member * g.member_dst + row * g.row_dst + at * lead.dst_stride), lead, loop, n);
+      }
+    }
+  }
+}
+
+void copy_op(const TransferOp& op, const std::byte* src, std::byte* dst, std::uint64_t stream_bytes) {
+  if (op.count == 1) {
+    if (stream_bytes && op.elem >= stream_bytes) stream_copy(dst + op.dst, src + op.src, op.elem);
+    else std::memcpy(dst + op.dst, src + op.src, op.elem);
+    return;
+  }
+  strided_op(src + op.src, dst + op.dst, op, strided_loop(op.elem), op.count);
+}
+
 }  // namespace
 
 void copy_host_ops(std::span<const TransferOp> ops, const std::byte* src, std::byte* dst, std::uint64_t stream_bytes) {
-  for (const TransferOp& op : ops) {
-    if (op.count == 1) {
-      if (stream_bytes && op.elem >= stream_bytes) stream_copy(dst + op.dst, src + op.src, op.elem);
-      else std::memcpy(dst + op.dst, src + op.src, op.elem);
+  for (std::size_t i = 0; i < ops.size();) {
+    const TransferOp& op = ops[i];
+    if (op.count < 2) {  // runs and single elements form no group of several members
+      copy_op(op, src, dst, stream_bytes);
+      ++i;
       continue;
     }
-    switch (op.elem) {
-      case 1: strided<std::uint8_t>(op, src, dst); break;
-      case 2: strided<std::uint16_t>(op, src, dst); break;
-      case 4: strided<std::uint32_t>(op, src, dst); break;
-      case 8: strided<std::uint64_t>(op, src, dst); break;
-      case 16: strided<Bytes16>(op, src, dst); break;
-      default:
-        for (std::uint64_t i = 0; i < op.count; ++i)
-          std::memcpy(dst + op.dst + static_cast<std::int64_t>(i) * op.dst_stride,
-                      src + op.src + static_cast<std::int64_t>(i) * op.src_stride, op.elem);
+    const OpGroup g = op_group_at(ops.data(), ops.size(), i);
+    if (g.members > 1) {
+      copy_group(op, g, src, dst);
+    } else {
+      for (std::size_t k = 0; k < g.size(); ++k) copy_op(ops[i + k], src, dst, stream_bytes);
     }
+    i += g.size();
   }
 }
 
@@ -226,40 +286,41 @@ void MemcpyChannel::submit(const dma::Request& request, Completion done) {
 }
 
 // Splits the request's ops into helpers_.size() + 1 byte-balanced shares; this thread takes the
-// last share. Ops larger than a share are cut (runs by bytes, strided ops by elements).
+// last share. The shares are cut as the engine cuts requests (dma::cut_requests): a group is cut
+// by row or element range with its members side by side, so that each thread reads its part of
+// a conversion's interleaved side once.
 void MemcpyChannel::run_split(const dma::Request& request) {
   const std::size_t shares = helpers_.size() + 1;
   const std::uint64_t per_share = (request.bytes + shares - 1) / shares;
-  std::vector<std::vector<dma::TransferOp>> parts(shares);
-  std::size_t part = 0;
-  std::uint64_t filled = 0;
-  for (dma::TransferOp op : request.ops) {
-    while (op.bytes() > 0) {
-      std::uint64_t room = per_share - filled;
-      if (part == shares - 1 || op.bytes() <= room) {
-        parts[part].push_back(op);
-        filled += op.bytes();
-        break;
-      }
-      parts[part].push_back(dma::split_front(op, room));
-      ++part;
-      filled = 0;
-    }
-    if (filled >= per_share && part < shares - 1) {
-      ++part;
-      filled = 0;
-    }
+  std::vector<dma::TransferOp> ops(request.ops.begin(), request.ops.end());
+  std::vector<std::size_t> ends = dma::cut_requests(ops, per_share);
+  if (ends.empty()) ends.push_back(ops.size());
+  // The pieces in order; each goes to the share its first byte falls in, so that a share ends up
+  // a run of whole pieces (cut_requests fills pieces up to per_share, but not always to it).
+  std::vector<std::size_t> share_end(shares, 0);
+  std::uint64_t done = 0;
+  std::size_t begin = 0;
+  for (std::size_t end : ends) {
+    const std::size_t share = std::min<std::size_t>(static_cast<std::size_t>(done / per_share), shares - 1);
+    for (std::size_t k = begin; k < end; ++k) done += ops[k].bytes();
+    share_end[share] = end;
+    begin = end;
   }
+  for (std::size_t k = 1; k < shares; ++k) share_end[k] = std::max(share_end[k], share_end[k - 1]);
+  auto share_ops = [&](std::size_t k) {
+    const std::size_t from = k == 0 ? 0 : share_end[k - 1];
+    return std::span<const dma::TransferOp>(ops.data() + from, share_end[k] - from);
+  };
   {
     std::lock_guard lock(mutex_);
-    for (std::size_t i = 0; i + 1 < shares; ++i) slices_[i].ops = std::move(parts[i]);
+    for (std::size_t i = 0; i + 1 < shares; ++i) slices_[i] = share_ops(i);
     src_ = request.src->host();
     dst_ = request.dst->host();
     pending_ = helpers_.size();
     ++generation_;
   }
   cv_.notify_all();
-  dma::copy_host_ops(parts.back(), request.src->host(), request.dst->host(), stream_bytes_);
+  dma::copy_host_ops(share_ops(shares - 1), request.src->host(), request.dst->host(), stream_bytes_);
   std::unique_lock lock(mutex_);
   cv_.wait(lock, [&] { return pending_ == 0; });
 }
@@ -271,7 +332,7 @@ void MemcpyChannel::helper_main(std::size_t index) {
     cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
     seen = generation_;
-    std::vector<dma::TransferOp> ops = std::move(slices_[index].ops);
+    const std::span<const dma::TransferOp> ops = slices_[index];  // run_split waits for it
     const std::byte* src = src_;
     std::byte* dst = dst_;
     lock.unlock();

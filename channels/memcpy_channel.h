@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -25,9 +26,6 @@ class MemcpyChannel final : public dma::Channel {
   void submit(const dma::Request& request, Completion done) override;
 
  private:
-  struct Slice {
-    std::vector<dma::TransferOp> ops;
-  };
   void helper_main(std::size_t index);
   void run_split(const dma::Request& request);
 
@@ -36,7 +34,7 @@ class MemcpyChannel final : public dma::Channel {
   std::vector<std::thread> helpers_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::vector<Slice> slices_;  // one per helper, for the request being split
+  std::vector<std::span<const dma::TransferOp>> slices_;  // one per helper, for the request being split
   const std::byte* src_ = nullptr;
   std::byte* dst_ = nullptr;
   std::uint64_t generation_ = 0;  // bumped per split request

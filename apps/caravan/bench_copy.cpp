@@ -3,7 +3,7 @@
 //   copy:     a direct copy against plain memcpy of the same bytes; a pipelined multi-hop copy
 //             (dsk -> sys -> dsk) against the staged version (each hop run to completion into a
 //             full-size instance, as a runtime without path planning does) and against its
-//             slowest hop measured alone.
+//             slowest hop measured alone; layout conversions against the loop a user writes.
 //   priority: a high-priority copy under 64 large low-priority copies on one channel, against
 //             its time alone and against the same load without priorities (FIFO).
 #include "apps/caravan/bench_report.h"
@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <vector>
 
 namespace caravan::app {
@@ -106,6 +107,76 @@ nlohmann::json summary_json(const Summary& s) {
   return {{"median", s.median}, {"p10", s.p10}, {"p90", s.p90}, {"min", s.min}, {"max", s.max}, {"count", s.count}};
 }
 
+// Layout conversions of three 4-byte fields (a point's x, y, z) between two sys instances, by
+// Caravan and by the loop a user would write for that one conversion, on the same random source;
+// Caravan's destination is poisoned before its last run and checked against the loop's.
+struct ConversionCase {
+  const char* name;
+  const char* from;
+  const char* to;
+  bool two_d;  // F,x,y -> x,F,y over rows of kRow points (rows of each field apart), else F,x -> x,F
+};
+constexpr std::int64_t kRow = 1024;
+
+// The loop a user writes: record by record, every field of a record stored to its array.
+void convert_by_hand(const ConversionCase& c, const std::uint32_t* in, std::uint32_t* out, std::int64_t points) {
+  if (!c.two_d) {
+    const auto n = static_cast<std::size_t>(points);
+    for (std::size_t i = 0; i < n; ++i) {
+      out[i] = in[3 * i];
+      out[n + i] = in[3 * i + 1];
+      out[2 * n + i] = in[3 * i + 2];
+    }
+    return;
+  }
+  const auto rows = static_cast<std::size_t>(points / kRow), row = static_cast<std::size_t>(kRow);
+  for (std::size_t y = 0; y < rows; ++y)
+    for (std::size_t x = 0; x < row; ++x)
+      for (std::size_t f = 0; f < 3; ++f) out[(y * 3 + f) * row + x] = in[(y * row + x) * 3 + f];
+}
+
+void add_conversion_cases(BenchReport& out, std::uint64_t bytes, int repetitions) {
+  static const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
+  const std::vector<ConversionCase> cases = {{"AOS -> SOA", "F,x", "x,F", false},
+                                             {"2-D, rows apart: F,x,y -> x,F,y", "F,x,y", "x,F,y", true}};
+  BenchTable t{fmt::format("Layout conversions of three 4-byte fields, GB/s moved ({} runs)", repetitions),
+               {"conversion", "median", "p10", "p90", "min", "max"}, {}};
+  nlohmann::json figures = nlohmann::json::object();
+  for (const ConversionCase& c : cases) {
+    const std::int64_t points = std::max<std::int64_t>(static_cast<std::int64_t>(bytes / 12) / kRow, 1) * kRow;
+    const Rect space = c.two_d ? Rect::from_extents({kRow, points / kRow}) : Rect::from_extents({points});
+    Instance src = Instance::create(sys(), space, xyz, Layout::parse(c.from));
+    Instance dst = Instance::create(sys(), space, xyz, Layout::parse(c.to));
+    const auto moved = static_cast<std::uint64_t>(points) * 12;
+    std::mt19937 rng(static_cast<unsigned>(points));
+    auto* in = reinterpret_cast<std::uint32_t*>(src.data());
+    for (std::int64_t i = 0; i < points * 3; ++i) in[i] = rng();
+    std::vector<std::uint32_t> by_hand(static_cast<std::size_t>(points) * 3);
+    std::vector<double> caravan_gbps, hand_gbps;
+    copy(src, dst).wait();  // first touch of the destination, and the plan cached
+    for (int r = 0; r < repetitions; ++r) {
+      if (r == repetitions - 1) std::memset(dst.data(), 0xAB, moved);
+      caravan_gbps.push_back(gbps(moved, timed_copy(src, dst)));
+      auto start = Clock::now();
+      convert_by_hand(c, in, by_hand.data(), points);
+      hand_gbps.push_back(gbps(moved, std::chrono::duration<double>(Clock::now() - start).count()));
+    }
+    if (std::memcmp(dst.data(), by_hand.data(), moved) != 0)
+      throw Error(Errc::internal, fmt::format("bench copy: the {} conversion's destination differs from the loop's", c.name));
+    const Summary s_caravan = summarize(caravan_gbps), s_hand = summarize(hand_gbps);
+    t.rows.push_back(gbps_row(fmt::format("{} (caravan)", c.name), s_caravan));
+    t.rows.push_back(gbps_row(fmt::format("{}, hand-written loop", c.name), s_hand));
+    out.headlines.push_back(fmt::format("conversion {} / hand-written loop: {:.2f}x", c.name, s_caravan.median / s_hand.median));
+    figures[c.from + std::string(" -> ") + c.to] = {{"bytes", moved},
+                                                    {"caravan", summary_json(s_caravan)},
+                                                    {"hand_written", summary_json(s_hand)},
+                                                    {"caravan_over_hand_written", s_caravan.median / s_hand.median}};
+  }
+  out.tables.push_back(t);
+  out.notes.push_back("conversions: the destination verified against the hand-written loop's after a poisoned last run");
+  out.figures["conversions"] = figures;
+}
+
 BenchReport run_copy_bench() {
   if (g_copy.repetitions <= 0) throw Error(Errc::invalid_argument, fmt::format("--reps {}: must be at least 1", g_copy.repetitions));
   Runtime rt;
@@ -189,6 +260,7 @@ BenchReport run_copy_bench() {
                  {"route", report.route},
                  {"load_average_before", load_before}};
   if (g_copy.timeline) out.figures["timelines"] = timelines;
+  add_conversion_cases(out, moved, g_copy.repetitions);
   return out;
 }
 

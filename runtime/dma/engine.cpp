@@ -343,18 +343,18 @@ Xd::ActiveTile DmaWorker::cut_tile(const Xd& xd, std::uint64_t t) const {
     dst = &*out_slot;
   }
   append_tile_ops(rect, op.fields, *src, *dst, tile.ops);
-  cut_ops(tile.ops, xd.request_bytes);
+  tile.request_ends = cut_requests(tile.ops, xd.request_bytes);
   return tile;
 }
 
 DmaWorker::Issue DmaWorker::take_request(Xd* chosen) {
   CopyOperation& op = *chosen->op;
-  // The next batch of the tile's ops, up to the request size.
+  // The tile's next request, as cut_requests cut it.
   Xd::ActiveTile& tile = chosen->active.back();
   std::size_t first = tile.next_op;
+  tile.next_op = tile.request_ends.empty() ? tile.ops.size() : tile.request_ends[tile.next_request++];
   std::uint64_t bytes = 0;
-  while (tile.next_op < tile.ops.size() && (bytes == 0 || bytes + tile.ops[tile.next_op].bytes() <= chosen->request_bytes))
-    bytes += tile.ops[tile.next_op++].bytes();
+  for (std::size_t i = first; i < tile.next_op; ++i) bytes += tile.ops[i].bytes();
   Issue issue;
   Request& request = issue.request;
   request.ops = std::span<const TransferOp>(tile.ops.data() + first, tile.next_op - first);
@@ -671,28 +671,44 @@ std::uint64_t full_speed_request_bytes(const planner::Channel& channel, std::int
   return (bytes + kMiB - 1) / kMiB * kMiB;
 }
 
-// Cuts ops longer than `limit` bytes so that every request stays near the batch size (the
-// granularity at which a higher-priority copy can take the channel). An interleaved group (the
-// fields of a layout conversion, interleave.h) longer than that is cut by element range, all
-// members together, so that each request reads (or writes) its part of the interleaved side once
-// instead of once per field.
-void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
+// Requests stay near the batch size (the granularity at which a higher-priority copy can take the
+// channel). A group (interleave.h: the fields of a layout conversion, rows at one distance) is
+// never split between requests except by cutting it: by row range, each piece all members of its
+// rows, or by element range within a row, all members side by side; so that each request reads
+// (or writes) its part of the interleaved side once instead of once per field.
+std::vector<std::size_t> cut_requests(std::vector<TransferOp>& ops, std::uint64_t limit) {
+  std::vector<std::size_t> ends;
   std::uint64_t total = 0;
   for (const TransferOp& op : ops) total += op.bytes();
-  if (total <= limit) return;
-  // Most tiles need no cut (their ops are requests already): the list is copied only from the
-  // first group (or lone op) whose bytes exceed the limit, with the ops before it.
+  if (total <= limit) return ends;  // one request: most tiles
+  // The list is copied only from the first group whose bytes exceed the limit, with the ops
+  // before it (the indices in `ends` hold for both).
   std::vector<TransferOp> out;
   bool cutting = false;  // out holds ops[0, i), cut where needed
-  for (std::size_t i = 0; i < ops.size();) {
-    const std::size_t end = interleaved_group_end(ops.data(), ops.size(), i);
-    std::uint64_t group_bytes = 0;
-    for (std::size_t m = i; m < end; ++m) group_bytes += ops[m].bytes();
+  std::size_t i = 0;
+  std::uint64_t open = 0;  // bytes of the request being filled
+  // Called before `bytes` more join the list: they start a new request if the open one has no
+  // room. The list is out once cutting, ops itself (up to i) before.
+  auto place = [&](std::uint64_t bytes) {
+    if (open > 0 && open + bytes > limit) {
+      ends.push_back(cutting ? out.size() : i);
+      open = 0;
+    }
+    open += bytes;
+  };
+  while (i < ops.size()) {
+    const OpGroup g = op_group_at(ops.data(), ops.size(), i);
+    const TransferOp& lead = ops[i];
+    const std::uint64_t group_bytes = g.size() * lead.bytes();
     if (group_bytes <= limit) {
-      if (cutting)
+      if (cutting) {
+        place(group_bytes);
         out.insert(out.end(), ops.begin() + static_cast<std::ptrdiff_t>(i),
-                   ops.begin() + static_cast<std::ptrdiff_t>(end));
-      i = end;
+                   ops.begin() + static_cast<std::ptrdiff_t>(i + g.size()));
+      } else {
+        place(group_bytes);
+      }
+      i += g.size();
       continue;
     }
     if (!cutting) {
@@ -700,22 +716,48 @@ void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit) {
       out.assign(ops.begin(), ops.begin() + static_cast<std::ptrdiff_t>(i));
       cutting = true;
     }
-    if (end - i > 1) {
-      const std::uint64_t members = end - i, elem = ops[i].elem;
-      const std::uint64_t per_request = std::max<std::uint64_t>(limit / (members * elem), 1);
-      std::vector<TransferOp> rest(ops.begin() + static_cast<std::ptrdiff_t>(i),
-                                   ops.begin() + static_cast<std::ptrdiff_t>(end));
-      while (rest.front().count > per_request)
-        for (TransferOp& member : rest) out.push_back(split_front(member, per_request * elem));
-      out.insert(out.end(), rest.begin(), rest.end());
+    auto member = [&](std::size_t m, std::size_t r) { return ops[i + m * g.member_index + r * g.row_index]; };
+    const std::uint64_t row_bytes = g.members * lead.bytes();
+    if (row_bytes <= limit) {
+      // Whole rows: as many as fit, each piece in the group's own op order.
+      const std::size_t per_piece = static_cast<std::size_t>(limit / row_bytes);
+      for (std::size_t a = 0; a < g.rows; a += per_piece) {
+        const std::size_t b = std::min(g.rows, a + per_piece);
+        place((b - a) * row_bytes);
+        if (g.member_index == 1) {
+          for (std::size_t r = a; r < b; ++r)
+            for (std::size_t m = 0; m < g.members; ++m) out.push_back(member(m, r));
+        } else {
+          for (std::size_t m = 0; m < g.members; ++m)
+            for (std::size_t r = a; r < b; ++r) out.push_back(member(m, r));
+        }
+      }
     } else {
-      TransferOp op = ops[i];
-      while (op.bytes() > limit) out.push_back(split_front(op, limit));
-      out.push_back(op);
+      // Rows longer than a request: each row by element range, its members side by side.
+      const std::uint64_t per_piece = std::max<std::uint64_t>(limit / (g.members * lead.elem), 1);
+      std::vector<TransferOp> rest(g.members);
+      for (std::size_t r = 0; r < g.rows; ++r) {
+        for (std::size_t m = 0; m < g.members; ++m) rest[m] = member(m, r);
+        if (lead.count == 1) {  // a run (one member): pieces of the limit
+          while (rest[0].bytes() > limit) {
+            place(limit);
+            out.push_back(split_front(rest[0], limit));
+          }
+        } else {
+          while (rest[0].count > per_piece) {
+            place(per_piece * lead.elem * g.members);
+            for (TransferOp& part : rest) out.push_back(split_front(part, per_piece * lead.elem));
+          }
+        }
+        place(rest[0].bytes() * g.members);
+        out.insert(out.end(), rest.begin(), rest.end());
+      }
     }
-    i = end;
+    i += g.size();
   }
   if (cutting) ops.swap(out);
+  ends.push_back(ops.size());
+  return ends;
 }
 
 // Sizes tiles and intermediate buffers: each buffer is a ring of `slots` tile slots and stays

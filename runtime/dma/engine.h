@@ -65,12 +65,13 @@ std::int64_t now_ns();
 // reaches 99% of their calibrated peak.
 std::uint64_t full_speed_request_bytes(const planner::Channel& channel, std::int64_t gpu_request_us);
 
-// Cuts a tile's ops so that none is longer than `limit` bytes, the request size of its hop (the
-// worker then packs consecutive ops into requests of up to `limit`). An interleaved group
-// (interleave.h: the fields of a layout conversion) longer than `limit` is cut by element range,
-// its members side by side, so that each request moves every field of its elements. Ops whose
-// bytes add up to `limit` or less are left as they are.
-void cut_ops(std::vector<TransferOp>& ops, std::uint64_t limit);
+// Cuts a tile's ops into the requests of its hop, each at most `limit` bytes (its request size),
+// and returns where each request ends in `ops` (empty: one request of all of them, which most
+// tiles are). Requests take consecutive ops; a group (interleave.h: the fields of a layout
+// conversion, rows at one distance) stays in one request, or is cut by row range or, when one of
+// its rows is longer than `limit`, by element range, all its members side by side: each request
+// then moves every field of its elements. Ops are rewritten only where a group is cut.
+std::vector<std::size_t> cut_requests(std::vector<TransferOp>& ops, std::uint64_t limit);
 
 struct Xd {
   CopyOperation* op = nullptr;
@@ -82,7 +83,9 @@ struct Xd {
   // Guarded by worker->mutex_.
   struct ActiveTile {
     std::uint64_t index = 0;
-    std::vector<TransferOp> ops;  // each at most request_bytes
+    std::vector<TransferOp> ops;
+    std::vector<std::size_t> request_ends;  // cut_requests: where each request ends (empty: one)
+    std::size_t next_request = 0;
     std::size_t next_op = 0;
     std::uint64_t outstanding = 0;  // requests issued and not completed
   };

@@ -1,4 +1,4 @@
-// Interleaved groups of strided ops: the fields of a layout conversion.
+// Groups of ops that one loop moves together: the fields of a layout conversion, and rows.
 //
 // Converting a layout between "fields innermost" (AOS) and "fields outermost" (SOA) produces one
 // strided op per field: for three 4-byte fields, op f moves element i from src + 12 i + 4 f to
@@ -6,12 +6,19 @@
 // and their addresses on the interleaved side step by one element. Moved one op after another,
 // each op touches every sector of the interleaved side again: the source is read once per field.
 // Moved as a group, element range by element range with all fields together, each sector is
-// read (or written) once. Two places keep groups together: the DMA engine cuts a group into
-// requests by element range rather than op by op (engine.cpp, cut_ops), and the GPU conversion
-// kernel moves a group a thread per element (runtime/gpu/op_kernel.cu). Only consecutive ops
-// group: the row walker (transfer_ops.h) emits a conversion's ops field by field, so the fields
-// of one row are consecutive only where each field is one row (a 1-D tile, or rows fused into
-// one run); a 2-D tile with rows apart still moves field by field.
+// read (or written) once.
+//
+// A 2-D tile whose rows are apart (a sub-rectangle, or `F,x,y` -> `x,F,y`) gives one op per
+// field and row; the row walker (transfer_ops.h) emits them field by field, each field's rows at
+// one distance from each other. A group then has two dimensions: its members (the fields, which
+// interleave) and its rows. Ops at one distance from each other that do not interleave (the rows
+// of a sub-rectangle copy of one layout) are a group of one member and several rows.
+//
+// Three places keep groups together: the DMA engine cuts a tile's ops into requests by element or
+// row range and never splits a group between requests otherwise (engine.cpp, cut_requests); the
+// memcpy channel moves a group element range by element range, all members together
+// (channels/memcpy_channel.cpp); the GPU conversion kernel moves a group a thread per element and
+// row, and takes its rows in one launch (runtime/gpu/op_kernel.cu).
 //
 // Header-only and free of library types, so that nvcc compiles it into the kernel's host code
 // as it is. `Op` has src, dst (addresses: integers or byte pointers), elem, count, src_stride and
@@ -23,29 +30,109 @@
 
 namespace caravan::dma {
 
-// The end (one past the last) of the interleaved group that starts at ops[first]: the ops after
-// it that have its element size, count and strides and whose source addresses (or destination
-// addresses; the second op decides which side) step by one element, no more of them than fit in
-// one stride. first + 1 where ops[first] starts no group.
+// `members` x `rows` ops of one shape (element size, count and strides) starting at ops[first]:
+// ops[first + m * member_index + r * row_index] is member m of row r, at the first op's addresses
+// moved by m * member_src / member_dst and r * row_src / row_dst bytes. Members interleave: on
+// one side each member's elements sit one element after the previous member's, within one
+// stride. A group of one member and one row is a lone op.
+struct OpGroup {
+  std::size_t members = 1;
+  std::size_t rows = 1;
+  std::size_t member_index = 1;
+  std::size_t row_index = 1;
+  std::int64_t member_src = 0, member_dst = 0;
+  std::int64_t row_src = 0, row_dst = 0;
+  std::size_t size() const noexcept { return members * rows; }
+};
+
+namespace group_detail {
+template <typename Address>
+std::int64_t distance(Address from, Address to) {
+  return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(to) - reinterpret_cast<std::uintptr_t>(from));
+}
+inline std::int64_t distance(std::uint64_t from, std::uint64_t to) { return static_cast<std::int64_t>(to - from); }
+
+inline std::uint64_t magnitude(std::int64_t v) {
+  return v < 0 ? static_cast<std::uint64_t>(-v) : static_cast<std::uint64_t>(v);
+}
+}  // namespace group_detail
+
+// The group that starts at ops[first] (ops[first, first + size()) in the list). It takes the
+// longest run of ops at one distance from each other, then as many copies of that run at another
+// constant distance as follow; whichever of the two steps interleaves becomes the members, the
+// other the rows. Every op of the group is checked against the addresses the group gives it.
 template <typename Op>
-std::size_t interleaved_group_end(const Op* ops, std::size_t size, std::size_t first) {
-  std::size_t end = first + 1;
+OpGroup op_group_at(const Op* ops, std::size_t size, std::size_t first) {
+  using group_detail::distance;
+  OpGroup g;
   const Op& lead = ops[first];
-  if (lead.count < 2 || lead.elem == 0 || end >= size) return end;
+  if (lead.elem == 0 || first + 1 >= size) return g;
   auto same_shape = [&](const Op& o) {
     return o.elem == lead.elem && o.count == lead.count && o.src_stride == lead.src_stride &&
            o.dst_stride == lead.dst_stride;
   };
-  const bool on_src = same_shape(ops[end]) && ops[end].src == ops[end - 1].src + lead.elem;
-  const bool on_dst = !on_src && same_shape(ops[end]) && ops[end].dst == ops[end - 1].dst + lead.elem;
-  if (!on_src && !on_dst) return end;
-  const std::int64_t stride = on_src ? lead.src_stride : lead.dst_stride;
-  const auto span = static_cast<std::uint64_t>(stride < 0 ? -stride : stride);
-  while (end < size && same_shape(ops[end]) &&
-         (on_src ? ops[end].src == ops[end - 1].src + lead.elem : ops[end].dst == ops[end - 1].dst + lead.elem) &&
-         static_cast<std::uint64_t>(end - first + 1) * lead.elem <= span)
-    ++end;
-  return end;
+  auto at = [&](const Op& o, std::int64_t src, std::int64_t dst) {
+    return same_shape(o) && distance(lead.src, o.src) == src && distance(lead.dst, o.dst) == dst;
+  };
+  if (!same_shape(ops[first + 1])) return g;
+  // The run: ops[first + k] at k * (run_src, run_dst).
+  const std::int64_t run_src = distance(lead.src, ops[first + 1].src);
+  const std::int64_t run_dst = distance(lead.dst, ops[first + 1].dst);
+  std::size_t run = 2;
+  while (first + run < size && at(ops[first + run], static_cast<std::int64_t>(run) * run_src, static_cast<std::int64_t>(run) * run_dst))
+    ++run;
+  // Copies of the run: block b (ops[first + b * run + k]) at b * (block_src, block_dst).
+  std::size_t blocks = 1;
+  std::int64_t block_src = 0, block_dst = 0;
+  if (first + 2 * run <= size) {
+    block_src = distance(lead.src, ops[first + run].src);
+    block_dst = distance(lead.dst, ops[first + run].dst);
+    auto block_matches = [&](std::size_t b) {
+      for (std::size_t k = 0; k < run; ++k) {
+        const auto bi = static_cast<std::int64_t>(b), ki = static_cast<std::int64_t>(k);
+        if (!at(ops[first + b * run + k], bi * block_src + ki * run_src, bi * block_dst + ki * run_dst)) return false;
+      }
+      return true;
+    };
+    while (first + (blocks + 1) * run <= size && block_matches(blocks)) ++blocks;
+  }
+  // How many members a step can interleave: one element apart on a side, as many as fit in that
+  // side's stride (0: the step does not interleave).
+  auto fit = [&](std::int64_t src_step, std::int64_t dst_step) -> std::uint64_t {
+    if (lead.count < 2) return 0;
+    const auto elem = static_cast<std::int64_t>(lead.elem);
+    if (src_step == elem) return group_detail::magnitude(lead.src_stride) / lead.elem;
+    if (dst_step == elem) return group_detail::magnitude(lead.dst_stride) / lead.elem;
+    return 0;
+  };
+  if (const std::uint64_t n = fit(block_src, block_dst); blocks >= 2 && n >= 2) {
+    // The fields of a 2-D conversion as the walker emits them: field by field, each field's rows.
+    g.members = static_cast<std::size_t>(blocks < n ? blocks : n);
+    g.member_index = run;
+    g.member_src = block_src;
+    g.member_dst = block_dst;
+    g.rows = run;
+    g.row_index = 1;
+    g.row_src = run_src;
+    g.row_dst = run_dst;
+  } else if (const std::uint64_t m = fit(run_src, run_dst); m >= 2) {
+    // The fields of one row, then (if the run repeats whole) the same for further rows.
+    g.members = static_cast<std::size_t>(run < m ? run : m);
+    g.member_index = 1;
+    g.member_src = run_src;
+    g.member_dst = run_dst;
+    if (g.members == run && blocks >= 2) {
+      g.rows = blocks;
+      g.row_index = run;
+      g.row_src = block_src;
+      g.row_dst = block_dst;
+    }
+  } else {
+    g.rows = run;  // rows of one member: ops at one distance that do not interleave
+    g.row_src = run_src;
+    g.row_dst = run_dst;
+  }
+  return g;
 }
 
 }  // namespace caravan::dma

@@ -1,5 +1,6 @@
 #include "runtime/gpu/copy_queue.h"
 
+#include "runtime/dma/interleave.h"
 #include "runtime/gpu/op_kernel.h"
 
 #include "runtime/log.h"
@@ -154,14 +155,36 @@ void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& 
 
 void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnds& e, hipStream_t stream,
                              unsigned max_blocks) {
-  KernelOpBatch batch;
-  for (const dma::TransferOp& op : ops) {
-    if (op.count == 0 || op.elem == 0) continue;
-    batch.ops[batch.count++] = KernelOp{at(e.src, op.src), at(e.dst, op.dst), op.elem, op.count, op.src_stride, op.dst_stride};
-    if (batch.count == kMaxKernelOps) {
-      launch_op_batch(batch, stream, max_blocks);
-      batch.count = 0;
-    }
+  KernelBatch batch;
+  for (std::size_t i = 0; i < ops.size();) {
+    const dma::TransferOp& op = ops[i];
+    const dma::OpGroup g = dma::op_group_at(ops.data(), ops.size(), i);
+    i += g.size();
+    if (op.count == 0 || op.elem == 0) continue;  // a group's ops share their shape: nothing to move
+    // A group's members are at most a stride over its element size, its rows at most its ops: far
+    // below 2^32 for any list that fits in memory, but cut into parts rather than trusted.
+    constexpr std::size_t kMaxPart = std::size_t{1} << 31;
+    for (std::size_t m = 0; m < g.members; m += kMaxPart)
+      for (std::size_t r = 0; r < g.rows; r += kMaxPart) {
+        const auto mi = static_cast<std::int64_t>(m), ri = static_cast<std::int64_t>(r);
+        KernelGroup& k = batch.groups[batch.count++];
+        k.src = at(e.src, op.src) + mi * g.member_src + ri * g.row_src;
+        k.dst = at(e.dst, op.dst) + mi * g.member_dst + ri * g.row_dst;
+        k.elem = op.elem;
+        k.count = op.count;
+        k.src_stride = op.src_stride;
+        k.dst_stride = op.dst_stride;
+        k.members = static_cast<std::uint32_t>(std::min(g.members - m, kMaxPart));
+        k.rows = static_cast<std::uint32_t>(std::min(g.rows - r, kMaxPart));
+        k.member_src = g.member_src;
+        k.member_dst = g.member_dst;
+        k.row_src = g.row_src;
+        k.row_dst = g.row_dst;
+        if (batch.count == kMaxKernelGroups) {
+          launch_op_batch(batch, stream, max_blocks);
+          batch.count = 0;
+        }
+      }
   }
   if (batch.count > 0) launch_op_batch(batch, stream, max_blocks);
 }

@@ -94,7 +94,8 @@ struct CopyEnds {
 void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& ends, hipStream_t stream);
 
 // Enqueues `ops` on `stream` as kernels on the stream's device (runtime/gpu/op_kernel.h), one per
-// kMaxKernelOps ops: the GPU's threads move the bytes. Both ends must be reachable from that
+// kMaxKernelGroups groups of ops (runtime/dma/interleave.h: a conversion's fields, rows): the
+// GPU's threads move the bytes. Both ends must be reachable from that
 // device (its own memory, a peer's with peer access, or mapped host memory). `max_blocks`: as
 // launch_op_batch's.
 void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnds& ends, hipStream_t stream,

@@ -1,6 +1,7 @@
 // GPU discovery and the allocations behind fbm and zcm (built with a GPU toolchain).
 #include "runtime/gpu/devices.h"
 
+#include "runtime/gpu/op_kernel.h"
 #include "runtime/gpu/platform.h"
 #include "runtime/log.h"
 
@@ -256,6 +257,25 @@ namespace {
 // bytes (all of it when chunk is 0), peer or plain.
 void enqueue_raw(const RawCopy& c, const std::vector<hipStream_t>& streams) {
   std::size_t next = 0;
+  if (!c.kernel_ops.empty()) {
+    KernelBatch batch;
+    for (std::size_t i = 0; i < c.kernel_ops.size(); ++i) {
+      const dma::TransferOp& op = c.kernel_ops[i];
+      KernelGroup& k = batch.groups[batch.count++];
+      k = KernelGroup{};
+      k.src = static_cast<const std::byte*>(c.src) + op.src;
+      k.dst = static_cast<std::byte*>(c.dst) + op.dst;
+      k.elem = op.elem;
+      k.count = op.count;
+      k.src_stride = op.src_stride;
+      k.dst_stride = op.dst_stride;
+      if (batch.count == kMaxKernelGroups || i + 1 == c.kernel_ops.size()) {
+        launch_op_batch(batch, streams[0]);
+        batch.count = 0;
+      }
+    }
+    return;
+  }
   if (c.width > 0) {
     for (int slice = 0; slice < c.slices; ++slice)
       CARAVAN_HIP_CHECK(hipMemcpy2DAsync(static_cast<std::byte*>(c.dst) + slice * c.dst_slice, c.dst_pitch,

@@ -7,6 +7,8 @@
 // allocation functions throw Error(invalid_argument) saying why.
 #pragma once
 
+#include "runtime/dma/transfer_ops.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -98,6 +100,11 @@ struct RawCopy {
   // are then unused.
   std::uint64_t width = 0, height = 0, src_pitch = 0, dst_pitch = 0, src_slice = 0, dst_slice = 0;
   int slices = 1;
+  // Byte operations through the conversion kernel instead (not empty): offsets from src and dst,
+  // each op alone, kMaxKernelGroups a launch; what the gpu_convert channel did with a 2-D
+  // conversion's ops before it grouped their rows (op_kernel.h). Everything above but the
+  // device is then unused.
+  std::vector<dma::TransferOp> kernel_ops;
 };
 std::vector<double> time_raw_copies(const RawCopy& copy, int repetitions);
 // Seconds per repetition for all `copies` at once, each on a stream of its own on its `device`,

@@ -12,30 +12,36 @@
 
 namespace caravan::gpu {
 
-// One strided operation: `count` elements of `elem` bytes, element i from src + i * src_stride to
-// dst + i * dst_stride (byte addresses the kernel's GPU can reach).
-struct KernelOp {
+// A group of strided operations (runtime/dma/interleave.h): `members` x `rows` copies of one op of
+// `count` elements of `elem` bytes. Member m of row r moves element i from
+// src + m * member_src + r * row_src + i * src_stride to dst + m * member_dst + r * row_dst +
+// i * dst_stride (byte addresses the kernel's GPU can reach). A lone op is one member of one row.
+struct KernelGroup {
   const std::byte* src = nullptr;
   std::byte* dst = nullptr;
   std::uint64_t elem = 0;
   std::uint64_t count = 0;
   std::int64_t src_stride = 0;
   std::int64_t dst_stride = 0;
+  std::uint32_t members = 1;
+  std::uint32_t rows = 1;
+  std::int64_t member_src = 0, member_dst = 0;
+  std::int64_t row_src = 0, row_dst = 0;
 };
 
-// Up to kMaxKernelOps operations per launch (passed by value: no upload, no allocation).
-inline constexpr int kMaxKernelOps = 56;
-struct KernelOpBatch {
+// Up to kMaxKernelGroups groups per launch (passed by value: no upload, no allocation).
+inline constexpr int kMaxKernelGroups = 32;
+struct KernelBatch {
   int count = 0;
-  KernelOp ops[kMaxKernelOps];
+  KernelGroup groups[kMaxKernelGroups];
 };
 
-// Enqueues one kernel on `stream` (of the current device) that performs every op of `batch`.
+// Enqueues one kernel on `stream` (of the current device) that performs every group of `batch`.
 // Overlapping source and destination bytes give an unspecified result (as a copy engine's).
 // `max_blocks` (0: the kernels' own caps, 1024 or 2048 blocks of 256 threads) bounds the grid,
 // so that kernels of several requests on one GPU can run side by side instead of one after
 // another in launch order.
-void launch_op_batch(const KernelOpBatch& batch, hipStream_t stream, unsigned max_blocks = 0);
+void launch_op_batch(const KernelBatch& batch, hipStream_t stream, unsigned max_blocks = 0);
 // Tests only: with `on`, every batch that the op kernel runs uses its 64-bit index form, which
 // otherwise runs only where the units of one launch (plus one pass of the grid) reach 2^32 (4 GiB
 // of 1-byte units), so that the random op tests cover it too. A single 16-byte aligned run still

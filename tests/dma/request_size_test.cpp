@@ -93,9 +93,11 @@ TEST(RequestCuts, ConversionFieldsAreCutTogetherByElementRange) {
       for (auto& b : src) b = static_cast<std::byte>(rng());
       const std::vector<std::byte> expected = run_ops(ops, src, bytes);
       std::vector<dma::TransferOp> cut = ops;
-      dma::cut_ops(cut, static_cast<std::uint64_t>(limit));
+      const std::vector<std::size_t> ends = dma::cut_requests(cut, static_cast<std::uint64_t>(limit));
       const std::uint64_t per_slice = std::max<std::uint64_t>(static_cast<std::uint64_t>(limit) / 12, 1);
       ASSERT_EQ(cut.size(), 3 * ((static_cast<std::uint64_t>(points) + per_slice - 1) / per_slice)) << what;
+      ASSERT_EQ(ends.size(), cut.size() / 3) << what << ": a request per slice";
+      for (std::size_t k = 0; k < ends.size(); ++k) EXPECT_EQ(ends[k], 3 * (k + 1)) << what;
       const bool gather = std::string(from) == "F,x";
       for (std::size_t i = 0; i < cut.size(); i += 3) {
         EXPECT_LE(cut[i].count, per_slice) << what << ", slice " << i / 3;
@@ -114,10 +116,53 @@ TEST(RequestCuts, ConversionFieldsAreCutTogetherByElementRange) {
   }
 }
 
+// A 2-D conversion (rows apart) longer than a request: cut by row range, each request all fields
+// of its rows; rows longer than a request are cut by element range, fields side by side. No
+// request splits a group otherwise, and every cut moves the same bytes.
+TEST(RequestCuts, A2dConversionIsCutByRowsWithItsFieldsTogether) {
+  const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
+  const Rect plane = Rect::from_extents({50, 20});  // rows of 50 points: 600 bytes of all fields
+  for (auto [from, to] : {std::pair{"F,x,y", "x,F,y"}, std::pair{"x,F,y", "F,x,y"}}) {
+    std::vector<dma::TransferOp> ops;
+    dma::append_tile_ops(plane, xyz, dma::View::of_layout(Layout::parse(from), plane, xyz, 0),
+                         dma::View::of_layout(Layout::parse(to), plane, xyz, 0), ops);
+    ASSERT_EQ(dma::op_group_at(ops.data(), ops.size(), 0).size(), ops.size()) << from << " -> " << to;
+    const std::size_t bytes = 50 * 20 * 12;
+    std::vector<std::byte> src(bytes);
+    std::mt19937_64 rng(11);
+    for (auto& b : src) b = static_cast<std::byte>(rng());
+    const std::vector<std::byte> expected = run_ops(ops, src, bytes);
+    // (limit, rows per request): whole rows; one row per request; rows cut in three (200 bytes,
+    // 16 points of the 50: 4 pieces a row).
+    for (auto [limit, rows] : {std::pair{3000u, 5u}, std::pair{700u, 1u}, std::pair{200u, 0u}}) {
+      const std::string what = fmt::format("{} -> {}, limit {}", from, to, limit);
+      std::vector<dma::TransferOp> cut = ops;
+      const std::vector<std::size_t> ends = dma::cut_requests(cut, limit);
+      ASSERT_FALSE(ends.empty()) << what;
+      EXPECT_EQ(ends.back(), cut.size()) << what;
+      std::size_t begin = 0;
+      for (std::size_t end : ends) {
+        std::uint64_t request_bytes = 0;
+        for (std::size_t k = begin; k < end; ++k) request_bytes += cut[k].bytes();
+        EXPECT_LE(request_bytes, limit) << what;
+        const dma::OpGroup g = dma::op_group_at(cut.data() + begin, end - begin, 0);
+        EXPECT_EQ(g.size(), end - begin) << what << ": a request is one group, request ending at " << end;
+        EXPECT_EQ(g.members, 3u) << what << ": all fields together, request ending at " << end;
+        if (rows > 0) EXPECT_EQ(g.rows, rows) << what;
+        else EXPECT_LE(cut[begin].count * 12, limit) << what;
+        begin = end;
+      }
+      const std::size_t expected_requests = rows > 0 ? 20 / rows : 20 * 4;
+      EXPECT_EQ(ends.size(), expected_requests) << what;
+      EXPECT_EQ(run_ops(cut, src, bytes), expected) << what;
+    }
+  }
+}
+
 TEST(RequestCuts, OpsWithinTheLimitStayWholeAndLongRunsAreCutToIt) {
   std::vector<dma::TransferOp> small{{0, 0, 100, 1, 0, 0}, {100, 100, 4, 50, 8, 4}};
   const auto before = small;
-  dma::cut_ops(small, 300);
+  EXPECT_TRUE(dma::cut_requests(small, 300).empty()) << "one request";
   ASSERT_EQ(small.size(), before.size());
   for (std::size_t i = 0; i < small.size(); ++i) EXPECT_EQ(small[i].bytes(), before[i].bytes());
   // More than the limit in all, each op (and a three-field group, 3 x 40 bytes) within it: whole.
@@ -126,9 +171,9 @@ TEST(RequestCuts, OpsWithinTheLimitStayWholeAndLongRunsAreCutToIt) {
                                        {1000, 2000, 4, 10, 12, 4},
                                        {1004, 2040, 4, 10, 12, 4},
                                        {1008, 2080, 4, 10, 12, 4}};
-  ASSERT_EQ(dma::interleaved_group_end(several.data(), several.size(), 2), 5u);
+  ASSERT_EQ(dma::op_group_at(several.data(), several.size(), 2).members, 3u);
   const auto several_before = several;
-  dma::cut_ops(several, 250);
+  EXPECT_EQ(dma::cut_requests(several, 250), (std::vector<std::size_t>{1, 2, 5})) << "the group in one request";
   ASSERT_EQ(several.size(), several_before.size());
   for (std::size_t i = 0; i < several.size(); ++i) {
     EXPECT_EQ(several[i].src, several_before[i].src);
@@ -139,8 +184,9 @@ TEST(RequestCuts, OpsWithinTheLimitStayWholeAndLongRunsAreCutToIt) {
   std::vector<std::byte> src(20000);
   std::iota(reinterpret_cast<unsigned char*>(src.data()), reinterpret_cast<unsigned char*>(src.data()) + src.size(), 0);
   const auto expected = run_ops(ops, src, 20000);
-  dma::cut_ops(ops, 1000);
+  const std::vector<std::size_t> ends = dma::cut_requests(ops, 1000);
   for (const auto& op : ops) EXPECT_LE(op.bytes(), 1000u);
+  EXPECT_EQ(ends.size(), ops.size()) << "pieces of the limit: a request each";
   EXPECT_EQ(std::accumulate(ops.begin(), ops.end(), std::uint64_t{0},
                             [](std::uint64_t a, const auto& o) { return a + o.bytes(); }),
             14000u);

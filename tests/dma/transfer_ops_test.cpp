@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
 #include <set>
+#include <string>
 
 namespace caravan::dma {
 namespace {
@@ -133,6 +135,57 @@ TEST(HostOps, StreamedRunsMatchMemcpyAtAnyAlignment) {
   }
 }
 
+// Groups (a conversion's fields, moved element block by element block; rows) copy exactly what
+// their ops copy one element at a time: random groups of every element size, 1-D and 2-D, fields
+// by rows and rows by fields, gathers and scatters, each into its own part of a poisoned
+// destination, next to lone strided ops and runs.
+TEST(HostOps, GroupsCopyWhatTheirOpsCopyElementByElement) {
+  constexpr std::uint64_t kPart = 64 << 10;
+  std::mt19937_64 rng(20261127);
+  auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return lo + rng() % (hi - lo + 1); };
+  for (int round = 0; round < 40; ++round) {
+    std::vector<TransferOp> ops;
+    std::uint64_t at = 0;
+    std::size_t grouped = 0;
+    for (int part = 0; part < 6; ++part, at += kPart) {
+      const std::uint64_t elems[] = {1, 2, 4, 8, 12, 16};
+      const std::uint64_t e = elems[rng() % 6], fields = pick(1, 5), record = fields * e + pick(0, 1) * e;
+      const std::uint64_t rows = pick(1, 6), gap = pick(0, 2) * e;
+      std::uint64_t count = pick(1, 700);
+      while (count > 1 && rows * (count * record + gap) > kPart) count /= 2;
+      const bool gather = rng() % 2 == 0, field_major = rng() % 2 == 0;
+      std::vector<TransferOp> by_row;
+      for (std::uint64_t r = 0; r < rows; ++r)
+        for (std::uint64_t f = 0; f < fields; ++f) {
+          const std::uint64_t interleaved = r * (count * record + gap) + f * e, array = (f * rows + r) * count * e;
+          const auto rs = static_cast<std::int64_t>(record), es = static_cast<std::int64_t>(e);
+          if (gather) by_row.push_back({at + interleaved, at + array, e, count, rs, es});
+          else by_row.push_back({at + array, at + interleaved, e, count, es, rs});
+        }
+      const std::size_t first = ops.size();
+      if (field_major) {
+        for (std::uint64_t f = 0; f < fields; ++f)
+          for (std::uint64_t r = 0; r < rows; ++r) ops.push_back(by_row[r * fields + f]);
+      } else {
+        ops.insert(ops.end(), by_row.begin(), by_row.end());
+      }
+      if (op_group_at(ops.data(), ops.size(), first).members > 1) ++grouped;
+    }
+    ops.push_back({7, at, 1000, 1, 0, 0});  // a run after the groups
+    const std::uint64_t bytes = at + 1000;
+    std::vector<std::byte> src(bytes), got(bytes, std::byte{0xAB});
+    for (auto& b : src) b = static_cast<std::byte>(rng());
+    std::vector<std::byte> expected = got;
+    for (const TransferOp& op : ops)
+      for (std::uint64_t i = 0; i < op.count; ++i)
+        std::memcpy(expected.data() + op.dst + static_cast<std::int64_t>(i) * op.dst_stride,
+                    src.data() + op.src + static_cast<std::int64_t>(i) * op.src_stride, op.elem);
+    copy_host_ops(ops, src.data(), got.data());
+    ASSERT_EQ(got, expected) << "round " << round;
+    if (round == 0) EXPECT_GT(grouped, 0u) << "the random parts include groups";
+  }
+}
+
 // Every store width this CPU has copies the same bytes (the run-time choice takes the widest).
 TEST(HostOps, EveryStreamingStoreWidthMatchesMemcpy) {
   std::vector<std::byte> src(300000), dst(src.size()), expected(src.size());
@@ -183,8 +236,8 @@ TEST(TransferOps, SplitFrontKeepsEveryElementOnce) {
   }
 }
 
-// Which ops form an interleaved group (the fields of a layout conversion, moved together).
-TEST(InterleavedGroups, FieldsOfAConversionGroupOnTheirInterleavedSide) {
+// Which ops form a group (the fields of a layout conversion, moved together; rows).
+TEST(OpGroups, FieldsOfAConversionGroupOnTheirInterleavedSide) {
   const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
   const Rect line = Rect::from_extents({64});
   for (auto [from, to] : {std::pair{"F,x", "x,F"}, std::pair{"x,F", "F,x"}}) {
@@ -192,26 +245,78 @@ TEST(InterleavedGroups, FieldsOfAConversionGroupOnTheirInterleavedSide) {
     append_tile_ops(line, xyz, View::of_layout(Layout::parse(from), line, xyz, 0),
                     View::of_layout(Layout::parse(to), line, xyz, 0), ops);
     ASSERT_EQ(ops.size(), 3u);
-    EXPECT_EQ(interleaved_group_end(ops.data(), ops.size(), 0), 3u) << from << " -> " << to;
-    EXPECT_EQ(interleaved_group_end(ops.data(), ops.size(), 1), 3u) << "a group may start at any member";
+    const OpGroup g = op_group_at(ops.data(), ops.size(), 0);
+    EXPECT_EQ(g.members, 3u) << from << " -> " << to;
+    EXPECT_EQ(g.rows, 1u) << from << " -> " << to;
+    EXPECT_EQ(g.member_index, 1u);
+    EXPECT_EQ(op_group_at(ops.data(), ops.size(), 1).members, 2u) << "a group may start at any member";
   }
   // Four 4-byte fields in a 12-byte record cannot all interleave: the group stops at three.
   std::vector<TransferOp> four{
       {0, 0, 4, 10, 12, 4}, {4, 40, 4, 10, 12, 4}, {8, 80, 4, 10, 12, 4}, {12, 120, 4, 10, 12, 4}};
-  EXPECT_EQ(interleaved_group_end(four.data(), four.size(), 0), 3u);
-  // Neither side steps by one element, or the shapes differ: no group.
-  std::vector<TransferOp> apart{{0, 0, 4, 10, 12, 4}, {8, 40, 4, 10, 12, 4}};
-  EXPECT_EQ(interleaved_group_end(apart.data(), apart.size(), 0), 1u);
+  EXPECT_EQ(op_group_at(four.data(), four.size(), 0).size(), 3u);
+  // Neither side steps by one element: rows of one member, as many as keep one distance.
+  std::vector<TransferOp> apart{{0, 0, 4, 10, 12, 4}, {8, 40, 4, 10, 12, 4}, {16, 80, 4, 10, 12, 4}, {20, 0, 4, 10, 12, 4}};
+  OpGroup rows = op_group_at(apart.data(), apart.size(), 0);
+  EXPECT_EQ(rows.members, 1u);
+  EXPECT_EQ(rows.rows, 3u);
+  EXPECT_EQ(rows.row_src, 8);
+  EXPECT_EQ(rows.row_dst, 40);
+  // Other shapes: no group.
   std::vector<TransferOp> counts{{0, 0, 4, 10, 12, 4}, {4, 40, 4, 9, 12, 4}};
-  EXPECT_EQ(interleaved_group_end(counts.data(), counts.size(), 0), 1u);
-  // Contiguous runs (count 1) start no group.
-  std::vector<TransferOp> runs{{0, 0, 64, 1, 0, 0}, {64, 64, 64, 1, 0, 0}};
-  EXPECT_EQ(interleaved_group_end(runs.data(), runs.size(), 0), 1u);
+  EXPECT_EQ(op_group_at(counts.data(), counts.size(), 0).size(), 1u);
+  // Contiguous runs (count 1) never interleave: at one distance they are rows.
+  std::vector<TransferOp> runs{{0, 0, 64, 1, 0, 0}, {100, 64, 64, 1, 0, 0}};
+  EXPECT_EQ(op_group_at(runs.data(), runs.size(), 0).members, 1u);
+  EXPECT_EQ(op_group_at(runs.data(), runs.size(), 0).rows, 2u);
+}
+
+// Checks that group g at ops[first] names exactly the ops it spans.
+void expect_group_names_its_ops(const std::vector<TransferOp>& ops, std::size_t first, const OpGroup& g,
+                                const std::string& what) {
+  const TransferOp& lead = ops[first];
+  for (std::size_t m = 0; m < g.members; ++m)
+    for (std::size_t r = 0; r < g.rows; ++r) {
+      const TransferOp& o = ops.at(first + m * g.member_index + r * g.row_index);
+      const auto mi = static_cast<std::int64_t>(m), ri = static_cast<std::int64_t>(r);
+      EXPECT_EQ(static_cast<std::int64_t>(o.src - lead.src), mi * g.member_src + ri * g.row_src) << what << " member " << m << " row " << r;
+      EXPECT_EQ(static_cast<std::int64_t>(o.dst - lead.dst), mi * g.member_dst + ri * g.row_dst) << what << " member " << m << " row " << r;
+      EXPECT_EQ(o.count, lead.count) << what;
+    }
+}
+
+// A 2-D conversion whose rows are apart: the walker emits each field's rows, field after field,
+// and the whole tile is one group of the fields (members) by the rows.
+TEST(OpGroups, A2dConversionWithRowsApartIsOneGroupOfFieldsByRows) {
+  const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
+  const Rect plane = Rect::from_extents({40, 9});
+  for (auto [from, to] : {std::pair{"F,x,y", "x,F,y"}, std::pair{"x,F,y", "F,x,y"}}) {
+    const std::string what = std::string(from) + " -> " + to;
+    std::vector<TransferOp> ops;
+    append_tile_ops(plane, xyz, View::of_layout(Layout::parse(from), plane, xyz, 0),
+                    View::of_layout(Layout::parse(to), plane, xyz, 0), ops);
+    const OpGroup g = op_group_at(ops.data(), ops.size(), 0);
+    EXPECT_EQ(g.members, 3u) << what;
+    EXPECT_EQ(g.size(), ops.size()) << what << ": one group for the tile";
+    EXPECT_GT(g.rows, 1u) << what;
+    EXPECT_EQ(g.member_index, g.rows) << what << ": field by field, as the walker emits them";
+    expect_group_names_its_ops(ops, 0, g, what);
+  }
+  // The same rows with the fields of each row next to each other: the members are consecutive.
+  std::vector<TransferOp> row_major;
+  for (std::uint64_t r = 0; r < 5; ++r)
+    for (std::uint64_t f = 0; f < 3; ++f) row_major.push_back({r * 1200 + 4 * f, r * 300 + f * 5000, 4, 75, 12, 4});
+  const OpGroup g = op_group_at(row_major.data(), row_major.size(), 0);
+  EXPECT_EQ(g.members, 3u);
+  EXPECT_EQ(g.rows, 5u);
+  EXPECT_EQ(g.member_index, 1u);
+  EXPECT_EQ(g.row_index, 3u);
+  expect_group_names_its_ops(row_major, 0, g, "row by row");
 }
 
 // A fill of an AOS instance needs no group: the pattern is one record of the fields in order,
 // so the fill is one op of whole records, read again for every point (source stride 0).
-TEST(InterleavedGroups, AFillOfRecordsIsOneOpOfWholeRecords) {
+TEST(OpGroups, AFillOfRecordsIsOneOpOfWholeRecords) {
   const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
   const Rect line = Rect::from_extents({64});
   std::vector<TransferOp> ops;

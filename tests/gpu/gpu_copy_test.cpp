@@ -392,6 +392,33 @@ void append_field_group(std::vector<dma::TransferOp>& ops, std::uint64_t src_at,
   }
 }
 
+// Appends a 2-D conversion: `rows` rows of append_field_group's shape, each row's records
+// `row_gap` bytes past the previous row's end on the interleaved side (a sub-rectangle's rows
+// apart), the field arrays of all rows one after another on the other side. `field_major`: each
+// field's rows, field after field (as the row walker emits them), else each row's fields.
+void append_2d_field_group(std::vector<dma::TransferOp>& ops, std::uint64_t src_at, std::uint64_t dst_at,
+                           std::uint64_t fields, std::uint64_t elem, std::uint64_t count, std::uint64_t record,
+                           std::uint64_t rows, std::uint64_t row_gap, bool gather, bool field_major) {
+  const std::uint64_t interleaved_row = count * record + row_gap, array_row = count * elem;
+  std::vector<dma::TransferOp> by_row;
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    const std::uint64_t on_interleaved = r * interleaved_row, on_arrays = r * array_row;
+    // Field f's array holds all rows: arrays are rows * count * elem apart.
+    for (std::uint64_t f = 0; f < fields; ++f) {
+      const std::uint64_t field_at = on_interleaved + f * elem, array_at = f * rows * array_row + on_arrays;
+      const auto rs = static_cast<std::int64_t>(record), e = static_cast<std::int64_t>(elem);
+      if (gather) by_row.push_back({src_at + field_at, dst_at + array_at, elem, count, rs, e});
+      else by_row.push_back({src_at + array_at, dst_at + field_at, elem, count, e, rs});
+    }
+  }
+  if (!field_major) {
+    ops.insert(ops.end(), by_row.begin(), by_row.end());
+    return;
+  }
+  for (std::uint64_t f = 0; f < fields; ++f)
+    for (std::uint64_t r = 0; r < rows; ++r) ops.push_back(by_row[r * fields + f]);
+}
+
 OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
   constexpr std::uint64_t kChunk = 256 << 10;
   OpCase c;
@@ -399,7 +426,7 @@ OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
   const std::uint64_t elems[] = {1, 2, 4, 8, 12, 16, 24};
   for (std::uint64_t base = 0; base + kChunk <= region; base += kChunk) {
     const std::uint64_t src_base = pick(0, region - kChunk);
-    switch (rng() % 8) {
+    switch (rng() % 9) {
       case 0: {  // one run
         std::uint64_t len = pick(1, kChunk);
         c.ops.push_back({src_base, base, len, 1, 0, 0});
@@ -449,6 +476,15 @@ OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
         const bool gather = rng() % 2 == 0;
         append_field_group(c.ops, src_base, base, k, e, n, record, gather);
         c.describe += gather ? "gather " : "scatter ";
+        break;
+      }
+      case 7: {  // a 2-D conversion, rows apart: one kernel group of fields by rows
+        std::uint64_t e = elems[rng() % 7], k = pick(2, 5), record = k * e + pick(0, 1) * e, rows = pick(2, 40);
+        std::uint64_t gap = pick(0, 3) * e, n = pick(2, 300);
+        while (n > 1 && rows * (n * record + gap) > kChunk) n /= 2;
+        const bool gather = rng() % 2 == 0, field_major = rng() % 2 == 0;
+        append_2d_field_group(c.ops, src_base, base, k, e, n, record, rows, gap, gather, field_major);
+        c.describe += std::string("2-D ") + (gather ? "gather " : "scatter ") + (field_major ? "field-major " : "row-major ");
         break;
       }
       default: {  // contiguous both sides with count > 1: one run
@@ -558,7 +594,7 @@ TEST(GpuChannelOps, WideFieldGroupsThroughTheConversionKernel) {
   auto a = dma::Storage::allocate_device(fbm(0), 0, region), b = dma::Storage::allocate_device(fbm(0), 0, region);
   channels::GpuConvertChannel convert(fbm(0), 1, 2);
   const OpCase c = wide_field_groups();
-  ASSERT_LE(c.ops.size(), static_cast<std::size_t>(gpu::kMaxKernelOps));
+  ASSERT_LE(c.ops.size(), static_cast<std::size_t>(gpu::kMaxKernelGroups)) << "one launch";
   const std::uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   run_channel_ops(convert, *a, *b, c, rng, seed, c.ops.size());
