@@ -345,6 +345,21 @@ std::uint64_t Linearization::offset(const Point& point, std::size_t field) const
   return offset;
 }
 
+std::optional<std::int64_t> Linearization::dimension_stride(int dim, std::size_t field) const {
+  const Term* only = nullptr;
+  bool inner = false;
+  for (const auto* terms : {&inner_, &outer_})
+    for (const auto& t : *terms)
+      if (t.dim == dim) {
+        if (only) return std::nullopt;  // blocked: an inner and an outer part
+        only = &t;
+        inner = terms == &inner_;
+      }
+  if (!only || only->div != 1) return std::nullopt;
+  const std::uint64_t step = inner ? fields_->fields()[field].size * only->weight : only->weight;
+  return static_cast<std::int64_t>(step);
+}
+
 // ---------------------------------------------------------------- PREFIX / SUFFIX / TOTAL
 
 namespace {

@@ -153,7 +153,8 @@ void add_conversion_cases(BenchReport& out, std::uint64_t bytes, int repetitions
     for (std::int64_t i = 0; i < points * 3; ++i) in[i] = rng();
     std::vector<std::uint32_t> by_hand(static_cast<std::size_t>(points) * 3);
     std::vector<double> caravan_gbps, hand_gbps;
-    copy(src, dst).wait();  // first touch of the destination, and the plan cached
+    CopyReport report;
+    copy(src, dst, {.report = &report}).wait();  // first touch of the destination, and the plan cached
     for (int r = 0; r < repetitions; ++r) {
       if (r == repetitions - 1) std::memset(dst.data(), 0xAB, moved);
       caravan_gbps.push_back(gbps(moved, timed_copy(src, dst)));
@@ -167,6 +168,8 @@ void add_conversion_cases(BenchReport& out, std::uint64_t bytes, int repetitions
     t.rows.push_back(gbps_row(fmt::format("{} (caravan)", c.name), s_caravan));
     t.rows.push_back(gbps_row(fmt::format("{}, hand-written loop", c.name), s_hand));
     out.headlines.push_back(fmt::format("conversion {} / hand-written loop: {:.2f}x", c.name, s_caravan.median / s_hand.median));
+    out.notes.push_back(fmt::format("conversion {}: {} tile(s), {} request(s) on {}", c.name, report.tiles,
+                                    report.hop_requests.empty() ? 0 : report.hop_requests.front(), report.route));
     figures[c.from + std::string(" -> ") + c.to] = {{"bytes", moved},
                                                     {"caravan", summary_json(s_caravan)},
                                                     {"hand_written", summary_json(s_hand)},

@@ -702,6 +702,22 @@ void run_conversion_2d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
       "{:.2f} of a plain D2D copy ({:.1f} GB/s) via {}{}",
       sc.median / so.median, sc.median, so.median, sc.median / sp.median, sp.median, report.route,
       wrong == 0 ? "" : fmt::format(" DATA MISMATCH ({} words)", wrong)));
+  {  // one more copy with a report: where its time goes
+    CopyReport timed;
+    Event e = copy(cs, cd, {.report = &timed});
+    while (!e.has_triggered()) {
+    }
+    e.wait();
+    std::string spans;
+    if (!timed.timeline.empty())
+      for (const auto& span : timed.timeline.front().requests)
+        spans += fmt::format("{}{:.1f}-{:.1f}", spans.empty() ? "" : ", ", span.start_us, span.end_us);
+    out.notes.push_back(fmt::format("2-D layout conversion: {} tile(s), {} request(s) on the channel; one copy with a "
+                                    "report: {:.1f} us from copy() to the start, requests (us from the start) {}, "
+                                    "{:.1f} us from the last request's end to the event",
+                                    timed.tiles, timed.hop_requests.empty() ? 0 : timed.hop_requests.front(),
+                                    timed.setup_us, spans, timed.teardown_us));
+  }
   if (wrong != 0) out.failure = fmt::format("2-D layout conversion: {} words wrong", wrong);
   figures["conversion_2d"] = {{"caravan_gbps", summary_json(sc)}, {"kernel_op_by_op_gbps", summary_json(so)},
                               {"plain_d2d_gbps", summary_json(sp)}, {"ops", by_op.kernel_ops.size()},

@@ -19,6 +19,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -166,6 +167,10 @@ class Linearization {
   Linearization(const Layout& layout, const IndexSpace& space, const FieldSpace& fields);
 
   std::uint64_t offset(const Point& point, std::size_t field) const;
+  // The distance in bytes from (point, field) to the same field one coordinate further along
+  // `dim`, when it is the same at every point: the dimension is whole in the layout, not blocked.
+  // Empty for a blocked dimension.
+  std::optional<std::int64_t> dimension_stride(int dim, std::size_t field) const;
   // TOTAL(l) in bytes, padding included.
   std::uint64_t total_bytes() const noexcept { return total_; }
 

@@ -1,6 +1,7 @@
 #include "runtime/dma/transfer_ops.h"
 
 #include <algorithm>
+#include <array>
 
 namespace caravan::dma {
 
@@ -113,20 +114,52 @@ void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src
   if (row_dim < 0 || row_dim >= dims) row_dim = 0;
   const std::int64_t row_length = tile.extent(row_dim);
   const std::size_t field_groups = whole_points ? 1 : fields.count();
+  std::vector<TransferOp> first_row;
   for (std::size_t f = 0; f < field_groups; ++f) {
-    Walker w{src, dst, out, f, whole_points ? fields.total_size() : fields.fields()[f].size, row_dim};
+    const std::uint64_t elem = whole_points ? fields.total_size() : fields.fields()[f].size;
+    Walker w{src, dst, out, f, elem, row_dim};
+    // Where both views step evenly along every dimension but the row's (none is blocked), each
+    // row is the first one moved by those steps (offsets add up per dimension): the first row is
+    // walked once and the others are its ops moved. Walking each row took six offset() calls, a
+    // few divisions each: for a 2-D conversion of 12288 rows on a GPU, 1.7 ms of host time before
+    // the first request, against 0.14 ms for the kernels that moved the 48 MiB.
+    std::array<std::int64_t, kMaxDims> src_step{}, dst_step{};
+    bool even = true;
+    for (int d = 0; d < dims && even; ++d) {
+      if (d == row_dim) continue;
+      const auto s = src.stride(d, f), t = dst.stride(d, f);
+      even = s && t;
+      if (even) src_step[static_cast<std::size_t>(d)] = *s, dst_step[static_cast<std::size_t>(d)] = *t;
+    }
+    if (even) {
+      first_row.clear();
+      Walker{src, dst, first_row, f, elem, row_dim}.row(tile.lo(), row_length);
+    }
     // Visit every row start: all coordinates of the tile except row_dim, dimension 0 fastest.
     Point p = tile.lo();
+    std::int64_t src_shift = 0, dst_shift = 0;  // of row p from the first row, where even
     for (;;) {
-      w.row(p, row_length);
+      if (even) {
+        for (TransferOp op : first_row) {
+          op.src = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + src_shift);
+          op.dst = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + dst_shift);
+          w.append(op);
+        }
+      } else {
+        w.row(p, row_length);
+      }
       int d = 0;
       for (; d < dims; ++d) {
         if (d == row_dim) continue;
         auto i = static_cast<std::size_t>(d);
         if (p[i] < tile.hi()[i]) {
           ++p[i];
+          src_shift += src_step[i];
+          dst_shift += dst_step[i];
           break;
         }
+        src_shift -= src_step[i] * (tile.hi()[i] - tile.lo()[i]);
+        dst_shift -= dst_step[i] * (tile.hi()[i] - tile.lo()[i]);
         p[i] = tile.lo()[i];
       }
       if (d == dims) break;

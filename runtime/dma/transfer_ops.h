@@ -43,6 +43,12 @@ class View {
     if (!lin_) return fields_->offset(field);
     return base_ + lin_->offset(point, field);
   }
+  // The distance in bytes between a field of neighbouring points along `dim`, where it is the
+  // same everywhere (dimension_stride: not blocked); a pattern's is 0.
+  std::optional<std::int64_t> stride(int dim, std::size_t field) const {
+    if (!lin_) return 0;
+    return lin_->dimension_stride(dim, field);
+  }
   // F is the densest component: all fields of a point are adjacent.
   bool fields_innermost() const noexcept { return fields_innermost_; }
   // The densest dimension component, or -1 (pattern).

@@ -39,6 +39,7 @@ constexpr int kUnroll = 2;
 // another (first[g] = the first unit of group g) and the grid strides over them.
 struct Plan {
   std::uint64_t first[kMaxKernelGroups + 1];
+  std::uint64_t units_per_row[kMaxKernelGroups];
   std::uint32_t width[kMaxKernelGroups];
   std::uint32_t pieces[kMaxKernelGroups];  // units per element of one member: elem / width
   int groups = 0;
@@ -99,27 +100,33 @@ __global__ void __launch_bounds__(kThreads) op_batch_kernel(KernelBatch batch, P
       const KernelGroup& o = batch.groups[g];
       Index local = u - static_cast<Index>(plan.first[g]);
       const Index pieces = plan.pieces[g];
-      const auto per_chunk = static_cast<Index>(o.count * pieces);
-      const int chunks = static_cast<int>((o.members + kChunk - 1) / kChunk);
-      Index row = 0;
+      // Rows and chunks of members cost a division each, and only groups that have them pay it
+      // (a plain run or a 1-D conversion has neither: the branches are uniform per group).
+      std::int64_t row_src = 0, row_dst = 0;
       if (o.rows > 1) {
-        const Index per_row = per_chunk * static_cast<Index>(chunks);
-        row = local / per_row;
+        const auto per_row = static_cast<Index>(plan.units_per_row[g]);
+        const Index row = local / per_row;
         local -= row * per_row;
+        row_src = static_cast<std::int64_t>(row) * o.row_src;
+        row_dst = static_cast<std::int64_t>(row) * o.row_dst;
       }
-      int chunk = 0;
-      if (chunks > 1) {
-        chunk = static_cast<int>(local / per_chunk);
+      int members = static_cast<int>(o.members);
+      std::int64_t chunk_src = 0, chunk_dst = 0;
+      if (members > kChunk) {
+        const auto per_chunk = static_cast<Index>(o.count * pieces);
+        const int chunk = static_cast<int>(local / per_chunk);
         local -= static_cast<Index>(chunk) * per_chunk;
+        chunk_src = static_cast<std::int64_t>(chunk) * kChunk * o.member_src;
+        chunk_dst = static_cast<std::int64_t>(chunk) * kChunk * o.member_dst;
+        members = min(kChunk, members - chunk * kChunk);
       }
       const Index element = pieces == 1 ? local : local / pieces;
       const std::uint32_t w = plan.width[g];
       const auto byte = static_cast<std::int64_t>((local - element * pieces) * w);
-      const auto first = static_cast<std::int64_t>(chunk) * kChunk;
-      const auto r = static_cast<std::int64_t>(row), e = static_cast<std::int64_t>(element);
-      const std::byte* src0 = o.src + r * o.row_src + e * o.src_stride + byte + first * o.member_src;
-      std::byte* dst0 = o.dst + r * o.row_dst + e * o.dst_stride + byte + first * o.member_dst;
-      moved[k] = min(kChunk, static_cast<int>(o.members) - chunk * kChunk);
+      const auto e = static_cast<std::int64_t>(element);
+      const std::byte* src0 = o.src + (e * o.src_stride + byte + row_src + chunk_src);
+      std::byte* dst0 = o.dst + (e * o.dst_stride + byte + row_dst + chunk_dst);
+      moved[k] = members;
       width[k] = w;
 #pragma unroll
       for (int m = 0; m < kChunk; ++m) {
@@ -189,7 +196,8 @@ void launch_op_batch(const KernelBatch& batch, hipStream_t stream, unsigned max_
     plan.width[g] = width;
     plan.pieces[g] = static_cast<std::uint32_t>(pieces);
     const std::uint64_t chunks = (std::uint64_t{o.members} + kChunk - 1) / kChunk;
-    plan.first[g + 1] = plan.first[g] + std::uint64_t{o.rows} * chunks * o.count * pieces;
+    plan.units_per_row[g] = chunks * o.count * pieces;
+    plan.first[g + 1] = plan.first[g] + std::uint64_t{o.rows} * plan.units_per_row[g];
   }
   plan.groups = shaped.count;
   const std::uint64_t units = plan.first[plan.groups];

@@ -148,8 +148,11 @@ TEST(RequestCuts, A2dConversionIsCutByRowsWithItsFieldsTogether) {
         const dma::OpGroup g = dma::op_group_at(cut.data() + begin, end - begin, 0);
         EXPECT_EQ(g.size(), end - begin) << what << ": a request is one group, request ending at " << end;
         EXPECT_EQ(g.members, 3u) << what << ": all fields together, request ending at " << end;
-        if (rows > 0) EXPECT_EQ(g.rows, rows) << what;
-        else EXPECT_LE(cut[begin].count * 12, limit) << what;
+        if (rows > 0) {
+          EXPECT_EQ(g.rows, rows) << what;
+        } else {
+          EXPECT_LE(cut[begin].count * 12, limit) << what;
+        }
         begin = end;
       }
       const std::size_t expected_requests = rows > 0 ? 20 / rows : 20 * 4;

@@ -182,7 +182,9 @@ TEST(HostOps, GroupsCopyWhatTheirOpsCopyElementByElement) {
                     src.data() + op.src + static_cast<std::int64_t>(i) * op.src_stride, op.elem);
     copy_host_ops(ops, src.data(), got.data());
     ASSERT_EQ(got, expected) << "round " << round;
-    if (round == 0) EXPECT_GT(grouped, 0u) << "the random parts include groups";
+    if (round == 0) {
+      EXPECT_GT(grouped, 0u) << "the random parts include groups";
+    }
   }
 }
 
