@@ -5,10 +5,15 @@
 
 #include <caravan/settings.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -61,11 +66,12 @@ struct Avx512Line {
 };
 
 // `dst` is 64-byte aligned. Line::copy is inlined into the target-specific callers below
-// (gnu::flatten), which is where its vector instructions are allowed.
-template <class Line>
+// (gnu::flatten), which is where its vector instructions are allowed. `Interleave`: a line of
+// each of kInterleavedPages pages in turn, else front to back.
+template <class Line, bool Interleave>
 void stream_lines(std::byte* dst, const std::byte* src, std::size_t n) {
   constexpr std::size_t group = kInterleavedPages * kPage;
-  for (; n >= group; n -= group, src += group, dst += group) {
+  for (; Interleave && n >= group; n -= group, src += group, dst += group) {
     for (std::size_t line = 0; line < kPage; line += kLine) {
       for (std::size_t page = 0; page < kInterleavedPages; ++page) {
         const std::byte* s = src + page * kPage + line;
@@ -81,34 +87,87 @@ void stream_lines(std::byte* dst, const std::byte* src, std::size_t n) {
 }
 
 [[gnu::flatten]] void stream_lines_sse(std::byte* dst, const std::byte* src, std::size_t n) {
-  stream_lines<SseLine>(dst, src, n);
+  stream_lines<SseLine, true>(dst, src, n);
+}
+[[gnu::flatten]] void stream_lines_sse_linear(std::byte* dst, const std::byte* src, std::size_t n) {
+  stream_lines<SseLine, false>(dst, src, n);
 }
 [[gnu::target("avx2"), gnu::flatten]] void stream_lines_avx2(std::byte* dst, const std::byte* src, std::size_t n) {
-  stream_lines<Avx2Line>(dst, src, n);
+  stream_lines<Avx2Line, true>(dst, src, n);
+}
+[[gnu::target("avx2"), gnu::flatten]] void stream_lines_avx2_linear(std::byte* dst, const std::byte* src, std::size_t n) {
+  stream_lines<Avx2Line, false>(dst, src, n);
 }
 [[gnu::target("avx512f"), gnu::flatten]] void stream_lines_avx512(std::byte* dst, const std::byte* src, std::size_t n) {
-  stream_lines<Avx512Line>(dst, src, n);
+  stream_lines<Avx512Line, true>(dst, src, n);
+}
+[[gnu::target("avx512f"), gnu::flatten]] void stream_lines_avx512_linear(std::byte* dst, const std::byte* src,
+                                                                         std::size_t n) {
+  stream_lines<Avx512Line, false>(dst, src, n);
+}
+
+using LinesFn = void (*)(std::byte*, const std::byte*, std::size_t);
+
+// The stores of one ISA, both orders; null where this CPU lacks the ISA.
+struct StreamIsa {
+  const char* name;
+  LinesFn interleaved, linear;
+};
+StreamIsa stream_isa(std::string_view isa) {
+  __builtin_cpu_init();
+  if (isa == "avx512" && __builtin_cpu_supports("avx512f")) return {"avx512", stream_lines_avx512, stream_lines_avx512_linear};
+  if (isa == "avx2" && __builtin_cpu_supports("avx2")) return {"avx2", stream_lines_avx2, stream_lines_avx2_linear};
+  if (isa == "sse2") return {"sse2", stream_lines_sse, stream_lines_sse_linear};
+  return {nullptr, nullptr, nullptr};
 }
 
 struct StreamVariant {
-  void (*copy)(std::byte*, const std::byte*, std::size_t);
-  const char* name;
+  LinesFn copy;  // null: plain memcpy measured fastest
+  std::string name;
 };
 
-// The widest stores this CPU has, chosen once. Wider ones measured a few percent faster here
-// (AVX-512 12.3 GB/s, AVX2 12.0, SSE2 11.7 with 8 interleaved pages).
+void stream_copy(std::byte* dst, const std::byte* src, std::size_t n, LinesFn lines);
+
+// How long runs are copied, chosen once per process by timing each way on 4 MiB runs (a
+// request's size), each from and to its own part of two 36 MiB buffers (out of the cache, as a
+// request's bytes mostly are), three rounds, the best of each: the widest streaming stores this
+// CPU has, interleaving pages or front to back, or plain memcpy. No order wins everywhere:
+// on the Intel Xeon of the build machine 8 interleaved pages reached 11.7-12.3 GB/s, front to
+// back 9.0-9.4 and memcpy 10.6-11.0 (256 MiB); on an AMD EPYC build machine interleaved pages
+// ran at 2.1-2.5 GB/s, front to back at 4.5-9.6, memcpy at 3.4-4.5 (256 MiB in 4 MiB runs). It
+// costs 20-40 ms (mostly the buffers' first touch), once, the first time a run of
+// CARAVAN_MEMCPY_STREAM_BYTES or more is copied.
 const StreamVariant& stream_variant() {
   static const StreamVariant variant = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return StreamVariant{stream_lines_avx512, "avx512"};
-    if (__builtin_cpu_supports("avx2")) return StreamVariant{stream_lines_avx2, "avx2"};
-    return StreamVariant{stream_lines_sse, "sse2"};
+    StreamIsa isa = stream_isa("avx512");
+    if (!isa.name) isa = stream_isa("avx2");
+    if (!isa.name) isa = stream_isa("sse2");
+    constexpr std::size_t kBytes = std::size_t{4} << 20, kParts = 9;
+    std::vector<std::byte> from(kParts * kBytes, std::byte{1}), to(kParts * kBytes + kLine, std::byte{2});
+    std::byte* dst = to.data() + (kLine - (reinterpret_cast<std::uintptr_t>(to.data()) & (kLine - 1))) % kLine;
+    const LinesFn ways[] = {isa.interleaved, isa.linear, nullptr};
+    double best[3] = {1e30, 1e30, 1e30};
+    for (std::size_t round = 0; round < 3; ++round)
+      for (std::size_t w = 0; w < 3; ++w) {
+        const std::size_t part = (round * 3 + w) * kBytes;
+        const auto start = std::chrono::steady_clock::now();
+        if (ways[w]) stream_copy(dst + part, from.data() + part, kBytes, ways[w]);
+        else std::memcpy(dst + part, from.data() + part, kBytes);
+        best[w] = std::min(best[w], std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+    const int pick = static_cast<int>(std::min_element(best, best + 3) - best);
+    const char* how[] = {"streaming stores, 8 pages interleaved", "streaming stores, front to back", "plain memcpy"};
+    auto gbps = [&](int w) { return static_cast<double>(kBytes) / best[w] / 1e9; };
+    return StreamVariant{ways[pick], fmt::format("{}{} (measured on 4 MiB runs: {} GB/s interleaved, {} front to back, "
+                                                 "{} memcpy)",
+                                                 pick < 2 ? std::string(isa.name) + " " : "", how[pick],
+                                                 fmt::format("{:.1f}", gbps(0)), fmt::format("{:.1f}", gbps(1)),
+                                                 fmt::format("{:.1f}", gbps(2)))};
   }();
   return variant;
 }
 
-void stream_copy(std::byte* dst, const std::byte* src, std::size_t n,
-                 void (*lines)(std::byte*, const std::byte*, std::size_t)) {
+void stream_copy(std::byte* dst, const std::byte* src, std::size_t n, LinesFn lines) {
   std::size_t head = (kLine - (reinterpret_cast<std::uintptr_t>(dst) & (kLine - 1))) & (kLine - 1);
   if (head > n) head = n;
   std::memcpy(dst, src, head);
@@ -118,7 +177,8 @@ void stream_copy(std::byte* dst, const std::byte* src, std::size_t n,
 
 void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) {
 #if defined(__x86_64__)
-  stream_copy(dst, src, n, stream_variant().copy);
+  if (const LinesFn lines = stream_variant().copy) stream_copy(dst, src, n, lines);
+  else std::memcpy(dst, src, n);
 #else
   std::memcpy(dst, src, n);
 #endif
@@ -126,24 +186,22 @@ void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) {
 
 }  // namespace
 
-const char* stream_copy_isa() {
+const char* stream_copy_method() {
 #if defined(__x86_64__)
-  return stream_variant().name;
+  return stream_variant().name.c_str();
 #else
-  return "none (memcpy)";
+  return "plain memcpy (no streaming stores on this architecture)";
 #endif
 }
 
-bool stream_copy_using(std::string_view isa, std::byte* dst, const std::byte* src, std::size_t n) {
+bool stream_copy_using(std::string_view isa, bool interleave, std::byte* dst, const std::byte* src, std::size_t n) {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (isa == "avx512" && __builtin_cpu_supports("avx512f")) stream_copy(dst, src, n, stream_lines_avx512);
-  else if (isa == "avx2" && __builtin_cpu_supports("avx2")) stream_copy(dst, src, n, stream_lines_avx2);
-  else if (isa == "sse2") stream_copy(dst, src, n, stream_lines_sse);
-  else return false;
+  const StreamIsa found = stream_isa(isa);
+  if (!found.name) return false;
+  stream_copy(dst, src, n, interleave ? found.interleaved : found.linear);
   return true;
 #else
-  (void)isa, (void)dst, (void)src, (void)n;
+  (void)isa, (void)interleave, (void)dst, (void)src, (void)n;
   return false;
 #endif
 }
@@ -194,13 +252,53 @@ void strided_op(const std::byte* s, std::byte* d, const TransferOp& op, StridedL
   for (std::uint64_t i = 0; i < count; ++i, s += op.src_stride, d += op.dst_stride) std::memcpy(d, s, op.elem);
 }
 
-// A group of several members (interleave.h: a layout conversion's fields), row by row, in blocks
-// of elements: each block of every member before the next block, so that the interleaved side's
-// lines are still in the cache for the members after the first, and that side is read (or
-// written) once instead of once per member. Field by field, a 48 MiB AOS -> SOA conversion of
-// three 4-byte fields read its source three times: 1.7-2.1 GB/s against 3.4-5.1 in blocks on the
-// build machine, where memcpy of the same bytes ran at 5.0-5.6.
+// A group of M members (interleave.h: a layout conversion's fields) of T-sized elements, M known
+// at compile time: each element of every member before the next element, as a loop written for
+// one conversion does, so that the interleaved side is read (or written) once instead of once
+// per member. Field by field, a 48 MiB AOS -> SOA conversion of three 4-byte fields read its
+// source three times: 1.7-2.1 GB/s against 3.4-5.1 in blocks of 256 elements per member and
+// 7.4-9.1 element by element with M fixed, where the loop a user writes for it ran at 6.2-9.3
+// (the build machine, standalone loops).
+template <class T, int M>
+void copy_group_fixed(const TransferOp& lead, const OpGroup& g, const std::byte* src, std::byte* dst) {
+  for (std::size_t r = 0; r < g.rows; ++r) {
+    const auto row = static_cast<std::int64_t>(r);
+    const std::byte* s = moved(src, lead.src, row * g.row_src);
+    std::byte* d = moved(dst, lead.dst, row * g.row_dst);
+    for (std::uint64_t i = 0; i < lead.count; ++i, s += lead.src_stride, d += lead.dst_stride) {
+      T value[M];
+      for (int m = 0; m < M; ++m) std::memcpy(&value[m], s + m * g.member_src, sizeof(T));
+      for (int m = 0; m < M; ++m) std::memcpy(d + m * g.member_dst, &value[m], sizeof(T));
+    }
+  }
+}
+
+template <class T>
+bool copy_group_typed(const TransferOp& lead, const OpGroup& g, const std::byte* src, std::byte* dst) {
+  switch (g.members) {
+    case 2: copy_group_fixed<T, 2>(lead, g, src, dst); return true;
+    case 3: copy_group_fixed<T, 3>(lead, g, src, dst); return true;
+    case 4: copy_group_fixed<T, 4>(lead, g, src, dst); return true;
+    case 5: copy_group_fixed<T, 5>(lead, g, src, dst); return true;
+    case 6: copy_group_fixed<T, 6>(lead, g, src, dst); return true;
+    case 7: copy_group_fixed<T, 7>(lead, g, src, dst); return true;
+    case 8: copy_group_fixed<T, 8>(lead, g, src, dst); return true;
+    default: return false;
+  }
+}
+
+// Any other group (more members, or elements of another size): in blocks of elements, each
+// block of every member before the next block, so that the interleaved side's lines are still in
+// the cache for the members after the first.
 void copy_group(const TransferOp& lead, const OpGroup& g, const std::byte* src, std::byte* dst) {
+  switch (lead.elem) {
+    case 1: if (copy_group_typed<std::uint8_t>(lead, g, src, dst)) return; break;
+    case 2: if (copy_group_typed<std::uint16_t>(lead, g, src, dst)) return; break;
+    case 4: if (copy_group_typed<std::uint32_t>(lead, g, src, dst)) return; break;
+    case 8: if (copy_group_typed<std::uint64_t>(lead, g, src, dst)) return; break;
+    case 16: if (copy_group_typed<Bytes16>(lead, g, src, dst)) return; break;
+    default: break;
+  }
   constexpr std::uint64_t kBlock = 256;  // elements: 3 KiB of 12-byte records, well within L1
   const StridedLoop loop = strided_loop(lead.elem);
   for (std::size_t r = 0; r < g.rows; ++r) {

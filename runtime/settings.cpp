@@ -95,7 +95,8 @@ const Definition kTable[] = {
   {"CARAVAN_MEMCPY_SPLIT_BYTES", Kind::bytes, "1M",
    "memcpy requests at least this large are split over CARAVAN_MEMCPY_THREADS", 1, kInf},
   {"CARAVAN_MEMCPY_STREAM_BYTES", Kind::bytes, "128K",
-   "memcpy runs at least this long are copied with non-temporal stores (0: never)", 0, kInf},
+   "memcpy runs at least this long are copied with non-temporal stores, in the order measured fastest on this CPU, "
+   "or by memcpy where that measured faster (0: always memcpy)", 0, kInf},
   {"CARAVAN_DSK_DIR", Kind::string, "/tmp",
    "Directory for file-backed (dsk) instances and buffers"},
   {"CARAVAN_CACHE_DIR", Kind::string, "",

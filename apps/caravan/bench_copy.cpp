@@ -249,7 +249,7 @@ BenchReport run_copy_bench() {
   out.notes.push_back(fmt::format("load average (1, 5, 15 min): {} before, {} after; the machine is shared, so figures move with it",
                                   load_before, load_average()));
   out.notes.push_back("dsk is file-backed storage in CARAVAN_DSK_DIR; the host hops share this machine's cores and memory bandwidth");
-  out.notes.push_back(fmt::format("memcpy channel streaming stores: {}", dma::stream_copy_isa()));
+  out.notes.push_back(fmt::format("memcpy channel, runs of CARAVAN_MEMCPY_STREAM_BYTES or more: {}", dma::stream_copy_method()));
   out.headlines.push_back(fmt::format("direct copy / plain memcpy: {:.2f}x (goal >= 0.95)", s_direct.median / s_plain.median));
   out.headlines.push_back(fmt::format("pipelined / staged: {:.2f}x", s_pipe.median / s_staged.median));
   out.headlines.push_back(fmt::format("pipelined / slowest hop alone: {:.2f} (goal >= 0.90)", s_pipe.median / slowest));

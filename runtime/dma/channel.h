@@ -67,14 +67,18 @@ class Channel {
 };
 
 // Executes ops between two host storages (the memcpy channel's inner loop; also used by file
-// staging). Element sizes 1, 2, 4, 8 and 16 bytes get typed loops. Runs of at least
-// `stream_bytes` bytes (0: never) are copied with non-temporal stores (see memcpy_channel.cpp).
+// staging). Element sizes 1, 2, 4, 8 and 16 bytes get typed loops; a group of ops (interleave.h:
+// a conversion's fields) moves all its members element block by element block. Runs of at least
+// `stream_bytes` bytes (0: never) are copied the way stream_copy_method() names (non-temporal
+// stores where they measured fastest; see memcpy_channel.cpp).
 void copy_host_ops(std::span<const TransferOp> ops, const std::byte* src, std::byte* dst,
                    std::uint64_t stream_bytes = 0);
-// The stores copy_host_ops streams with on this CPU ("avx512", "avx2", "sse2"), for reports.
-const char* stream_copy_isa();
-// Test seam: copies with the named stores ("avx512", "avx2", "sse2"); false (nothing copied)
-// when this CPU or build lacks them.
-bool stream_copy_using(std::string_view isa, std::byte* dst, const std::byte* src, std::size_t n);
+// How copy_host_ops copies long runs on this CPU, for reports: the streaming stores and their
+// order, or plain memcpy, whichever a measurement at the first long run found fastest, with the
+// measured figures (channels/memcpy_channel.cpp).
+const char* stream_copy_method();
+// Test seam: copies with the named streaming stores ("avx512", "avx2", "sse2"), a line of 8 pages
+// in turn (`interleave`) or front to back; false (nothing copied) when this CPU or build lacks them.
+bool stream_copy_using(std::string_view isa, bool interleave, std::byte* dst, const std::byte* src, std::size_t n);
 
 }  // namespace caravan::dma
