@@ -2,6 +2,7 @@
 #include "tests/dma/dma_test_util.h"
 
 #include <caravan/planner/plan.h>
+#include <caravan/settings.h>
 
 #include <algorithm>
 #include <chrono>
@@ -44,6 +45,23 @@ TEST_F(CopyTest, EveryPairOfLayoutsThroughMemcpy) {
   for (const char* a : k2dLayouts)
     for (const char* b : k2dLayouts)
       copy_and_verify(Rect::from_extents({13, 7}), kFields, a, b, sys_memory(), sys_memory(), seed++);
+}
+
+// Requests split over three memcpy threads (each share cut as the engine cuts requests: a
+// conversion's fields by row or element range, side by side), for every pair of layouts and a
+// 2-D conversion whose rows are apart; every value checked.
+TEST(CopySplit, ConversionsSplitOverThreadsMoveEveryValue) {
+  settings::ScopedOverride threads("CARAVAN_MEMCPY_THREADS", "3");
+  settings::ScopedOverride split("CARAVAN_MEMCPY_SPLIT_BYTES", "4K");
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  std::uint64_t seed = 300;
+  for (const char* a : k2dLayouts)
+    for (const char* b : k2dLayouts)
+      copy_and_verify(Rect::from_extents({61, 29}), kFields, a, b, sys_memory(), sys_memory(), seed++);
+  const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
+  copy_and_verify(Rect::from_extents({1000, 700}), xyz, "F,x,y", "x,F,y", sys_memory(), sys_memory(), seed++);
+  copy_and_verify(Rect::from_extents({1000, 700}), xyz, "x,F,y", "F,x,y", sys_memory(), sys_memory(), seed++);
+  copy_and_verify(Rect::from_extents({700001}), xyz, "F,x", "x,F", sys_memory(), sys_memory(), seed++);
 }
 
 TEST_F(CopyTest, LargeInstancesSpanManyTilesAndRequests) {
