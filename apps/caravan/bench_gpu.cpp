@@ -85,6 +85,18 @@ const FieldSpace& fields() {
 
 double gbps(std::uint64_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
 
+// Seconds from copy() to the copy's event, polled as hipStreamSynchronize polls in the raw
+// baselines (the same waiting policy); throws if the copy failed.
+double polled_copy_seconds(const Instance& src, const Instance& dst, const CopyOptions& options = {}) {
+  const auto start = Clock::now();
+  Event e = copy(src, dst, options);
+  while (!e.has_triggered()) {
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  e.wait();
+  return seconds;
+}
+
 nlohmann::json summary_json(const Summary& s) {
   return {{"median", s.median}, {"p10", s.p10}, {"p90", s.p90}, {"min", s.min}, {"max", s.max}, {"count", s.count}};
 }
@@ -156,12 +168,7 @@ void run_multipath_case(BenchReport& out, nlohmann::json& figures, std::uint32_t
   for (int r = 0; r < g_gpu.repetitions; ++r) {
     ceiling.push_back(gbps(share * spread.size(), gpu::time_raw_concurrent(spread, 1).front()));
     baseline.push_back(gbps(bytes, gpu::time_raw_copies(raw, 1).front()));
-    auto start = Clock::now();
-    Event e = copy(src, dst, multipath);
-    while (!e.has_triggered()) {
-    }
-    e.wait();  // throws if the copy failed
-    caravan.push_back(gbps(bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+    caravan.push_back(gbps(bytes, polled_copy_seconds(src, dst, multipath)));
   }
   // Verification: poison the destination, copy once more (with a report), compare every byte.
   CopyReport report;
@@ -564,21 +571,13 @@ void run_conversion_case(BenchReport& out, nlohmann::json& figures, MemoryId fbm
     }
     // Timed without a report (building one is on the way to the event), polled like the raw
     // copies' hipStreamSynchronize; then once more with a report, for where the time goes.
-    auto start = Clock::now();
-    Event e = copy(cs, cd);
-    while (!e.has_triggered()) {
-    }
-    e.wait();
-    caravan_gbps.push_back(gbps(conv_bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+    caravan_gbps.push_back(gbps(conv_bytes, polled_copy_seconds(cs, cd)));
     if (r == runs - 1) {  // checked before the copy with a report writes it again
       cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
       wrong += count_wrong();
     }
     CopyReport timed;
-    e = copy(cs, cd, {.report = &timed});
-    while (!e.has_triggered()) {
-    }
-    e.wait();
+    polled_copy_seconds(cs, cd, {.report = &timed});
     kernel_us.push_back(timed.elapsed_us);
     setup_us.push_back(timed.setup_us);
     teardown_us.push_back(timed.teardown_us);
@@ -679,12 +678,7 @@ void run_conversion_2d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
       std::fill(got.begin(), got.end(), 0xDEADBEEFu);
       cd.write_bytes(0, std::as_bytes(std::span(got)));
     }
-    auto start = Clock::now();
-    Event e = copy(cs, cd);
-    while (!e.has_triggered()) {
-    }
-    e.wait();
-    caravan_gbps.push_back(gbps(conv_bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+    caravan_gbps.push_back(gbps(conv_bytes, polled_copy_seconds(cs, cd)));
   }
   cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
   wrong += count_wrong();
@@ -704,10 +698,7 @@ void run_conversion_2d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
       wrong == 0 ? "" : fmt::format(" DATA MISMATCH ({} words)", wrong)));
   {  // one more copy with a report: where its time goes
     CopyReport timed;
-    Event e = copy(cs, cd, {.report = &timed});
-    while (!e.has_triggered()) {
-    }
-    e.wait();
+    polled_copy_seconds(cs, cd, {.report = &timed});
     std::string spans;
     if (!timed.timeline.empty())
       for (const auto& span : timed.timeline.front().requests)
@@ -798,14 +789,9 @@ BenchReport run_gpu_bench() {
       // Polled like hipStreamSynchronize polls in the raw baseline (the same waiting policy),
       // and without a report (building one is on the way to the event; the warm-up copy's
       // report names the route)...
-      auto start = Clock::now();
-      Event e = copy(p.src, p.dst);
-      while (!e.has_triggered()) {
-      }
-      e.wait();  // throws if the copy failed
-      p.caravan.push_back(gbps(bytes, std::chrono::duration<double>(Clock::now() - start).count()));
+      p.caravan.push_back(gbps(bytes, polled_copy_seconds(p.src, p.dst)));
       // ...and with Event::wait(), which sleeps after CARAVAN_WAIT_SPIN_US.
-      start = Clock::now();
+      auto start = Clock::now();
       copy(p.src, p.dst).wait();
       p.caravan_wait.push_back(gbps(bytes, std::chrono::duration<double>(Clock::now() - start).count()));
     }
@@ -870,12 +856,7 @@ BenchReport run_gpu_bench() {
     std::vector<double> caravan_us, raw_us;
     for (int r = 0; r < 50; ++r) {
       raw_us.push_back(gpu::time_raw_copies(raw, 1).front() * 1e6);
-      auto start = Clock::now();
-      Event e = copy(ss, sd);
-      while (!e.has_triggered()) {
-      }
-      e.wait();
-      caravan_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+      caravan_us.push_back(polled_copy_seconds(ss, sd) * 1e6);
     }
     // Where the caravan copy's time goes: the same copy with a report, split at the engine's
     // own timestamps (call -> start -> the request's issue -> its completion callback -> the
