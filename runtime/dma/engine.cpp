@@ -701,13 +701,10 @@ std::vector<std::size_t> cut_requests(std::vector<TransferOp>& ops, std::uint64_
     const TransferOp& lead = ops[i];
     const std::uint64_t group_bytes = g.size() * lead.bytes();
     if (group_bytes <= limit) {
-      if (cutting) {
-        place(group_bytes);
+      place(group_bytes);
+      if (cutting)
         out.insert(out.end(), ops.begin() + static_cast<std::ptrdiff_t>(i),
                    ops.begin() + static_cast<std::ptrdiff_t>(i + g.size()));
-      } else {
-        place(group_bytes);
-      }
       i += g.size();
       continue;
     }
