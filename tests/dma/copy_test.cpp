@@ -52,16 +52,16 @@ TEST_F(CopyTest, EveryPairOfLayoutsThroughMemcpy) {
 // 2-D conversion whose rows are apart; every value checked.
 TEST(CopySplit, ConversionsSplitOverThreadsMoveEveryValue) {
   settings::ScopedOverride threads("CARAVAN_MEMCPY_THREADS", "3");
-  settings::ScopedOverride split("CARAVAN_MEMCPY_SPLIT_BYTES", "4K");
+  settings::ScopedOverride split("CARAVAN_MEMCPY_SPLIT_BYTES", "1K");
   Runtime rt(RuntimeOptions{.cpu_workers = 1});
   std::uint64_t seed = 300;
   for (const char* a : k2dLayouts)
     for (const char* b : k2dLayouts)
-      copy_and_verify(Rect::from_extents({61, 29}), kFields, a, b, sys_memory(), sys_memory(), seed++);
+      copy_and_verify(Rect::from_extents({31, 13}), kFields, a, b, sys_memory(), sys_memory(), seed++);
   const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
-  copy_and_verify(Rect::from_extents({1000, 700}), xyz, "F,x,y", "x,F,y", sys_memory(), sys_memory(), seed++);
-  copy_and_verify(Rect::from_extents({1000, 700}), xyz, "x,F,y", "F,x,y", sys_memory(), sys_memory(), seed++);
-  copy_and_verify(Rect::from_extents({700001}), xyz, "F,x", "x,F", sys_memory(), sys_memory(), seed++);
+  copy_and_verify(Rect::from_extents({400, 300}), xyz, "F,x,y", "x,F,y", sys_memory(), sys_memory(), seed++);
+  copy_and_verify(Rect::from_extents({400, 300}), xyz, "x,F,y", "F,x,y", sys_memory(), sys_memory(), seed++);
+  copy_and_verify(Rect::from_extents({200001}), xyz, "F,x", "x,F", sys_memory(), sys_memory(), seed++);
 }
 
 TEST_F(CopyTest, LargeInstancesSpanManyTilesAndRequests) {
