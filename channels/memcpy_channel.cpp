@@ -132,11 +132,12 @@ void stream_copy(std::byte* dst, const std::byte* src, std::size_t n, LinesFn li
 // request's size), each from and to its own part of two 36 MiB buffers (out of the cache, as a
 // request's bytes mostly are), three rounds, the best of each: the widest streaming stores this
 // CPU has, interleaving pages or front to back, or plain memcpy. No order wins everywhere:
-// on the Intel Xeon of the build machine 8 interleaved pages reached 11.7-12.3 GB/s, front to
-// back 9.0-9.4 and memcpy 10.6-11.0 (256 MiB); on an AMD EPYC build machine interleaved pages
-// ran at 2.1-2.5 GB/s, front to back at 4.5-9.6, memcpy at 3.4-4.5 (256 MiB in 4 MiB runs). It
-// costs 20-40 ms (mostly the buffers' first touch), once, the first time a run of
-// CARAVAN_MEMCPY_STREAM_BYTES or more is copied.
+// on the Intel Xeon build machine of earlier sessions 8 interleaved pages reached 11.7-12.3 GB/s,
+// front to back 9.0-9.4 and memcpy 10.6-11.0 (256 MiB, docs/dma.md); on the AMD EPYC build
+// machine of the twenty-sixth session interleaved pages ran at 2.1-2.5 GB/s, front to back at
+// 4.5-9.6, memcpy at 3.4-4.5 (256 MiB in 4 MiB runs). It costs about 80 ms there (mostly the
+// buffers' first touch), once, the first time a run of CARAVAN_MEMCPY_STREAM_BYTES or more is
+// copied.
 const StreamVariant& stream_variant() {
   static const StreamVariant variant = [] {
     StreamIsa isa = stream_isa("avx512");

@@ -161,30 +161,26 @@ void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnd
     const dma::OpGroup g = dma::op_group_at(ops.data(), ops.size(), i);
     i += g.size();
     if (op.count == 0 || op.elem == 0) continue;  // a group's ops share their shape: nothing to move
-    // A group's members are at most a stride over its element size, its rows at most its ops: far
-    // below 2^32 for any list that fits in memory, but cut into parts rather than trusted.
-    constexpr std::size_t kMaxPart = std::size_t{1} << 31;
-    for (std::size_t m = 0; m < g.members; m += kMaxPart)
-      for (std::size_t r = 0; r < g.rows; r += kMaxPart) {
-        const auto mi = static_cast<std::int64_t>(m), ri = static_cast<std::int64_t>(r);
-        KernelGroup& k = batch.groups[batch.count++];
-        k.src = at(e.src, op.src) + mi * g.member_src + ri * g.row_src;
-        k.dst = at(e.dst, op.dst) + mi * g.member_dst + ri * g.row_dst;
-        k.elem = op.elem;
-        k.count = op.count;
-        k.src_stride = op.src_stride;
-        k.dst_stride = op.dst_stride;
-        k.members = static_cast<std::uint32_t>(std::min(g.members - m, kMaxPart));
-        k.rows = static_cast<std::uint32_t>(std::min(g.rows - r, kMaxPart));
-        k.member_src = g.member_src;
-        k.member_dst = g.member_dst;
-        k.row_src = g.row_src;
-        k.row_dst = g.row_dst;
-        if (batch.count == kMaxKernelGroups) {
-          launch_op_batch(batch, stream, max_blocks);
-          batch.count = 0;
-        }
-      }
+    // Members and rows are each at most the ops in the list, far below 2^32 for any list in memory.
+    if (g.size() > UINT32_MAX)
+      throw Error(Errc::invalid_argument, fmt::format("enqueue_transfer_kernel: {} ops in one request; the conversion kernel takes groups of fewer than 2^32", ops.size()));
+    KernelGroup& k = batch.groups[batch.count++];
+    k.src = at(e.src, op.src);
+    k.dst = at(e.dst, op.dst);
+    k.elem = op.elem;
+    k.count = op.count;
+    k.src_stride = op.src_stride;
+    k.dst_stride = op.dst_stride;
+    k.members = static_cast<std::uint32_t>(g.members);
+    k.rows = static_cast<std::uint32_t>(g.rows);
+    k.member_src = g.member_src;
+    k.member_dst = g.member_dst;
+    k.row_src = g.row_src;
+    k.row_dst = g.row_dst;
+    if (batch.count == kMaxKernelGroups) {
+      launch_op_batch(batch, stream, max_blocks);
+      batch.count = 0;
+    }
   }
   if (batch.count > 0) launch_op_batch(batch, stream, max_blocks);
 }
