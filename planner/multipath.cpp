@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <span>
 
 namespace caravan::planner {
 namespace {
@@ -336,6 +337,58 @@ double max_flow_bound(const TransferGraph& graph, MemoryId src, MemoryId dst, co
   return static_cast<double>(build_network(ctx).value) / kUnitsPerGbps;
 }
 
+void spread_shares(MultiPlan& plan, const Rect& space, std::span<const double> rates) {
+  if (rates.size() != plan.shares.size())
+    throw Error(Errc::invalid_argument, fmt::format("spread_shares: {} rates for {} shares", rates.size(),
+                                                    plan.shares.size()));
+  for (std::size_t p = 0; p < rates.size(); ++p)
+    if (!(rates[p] > 0) || !std::isfinite(rates[p]))
+      throw Error(Errc::invalid_argument,
+                  fmt::format("spread_shares: rate {} of share {} is not a positive number of GB/s", rates[p], p));
+  if (plan.split_dim < 0 || plan.split_dim >= space.dims())
+    throw Error(Errc::invalid_argument, fmt::format("spread_shares: split dimension {} is not one of {}'s",
+                                                    plan.split_dim, space.to_string()));
+  const auto split = static_cast<std::size_t>(plan.split_dim);
+  const auto extent = static_cast<std::uint64_t>(space.extent(plan.split_dim));
+  const std::size_t paths = plan.shares.size();
+  double total_rate = 0;
+  for (double r : rates) total_rate += r;
+  std::vector<std::uint64_t> rows(paths, 0);
+  std::uint64_t given = 0;
+  for (std::size_t p = 0; p < paths; ++p) {
+    rows[p] = static_cast<std::uint64_t>(std::floor(static_cast<double>(extent) * rates[p] / total_rate));
+    given += rows[p];
+  }
+  while (given < extent) {  // the remainder to the paths that would finish a row soonest
+    std::size_t pick = 0;
+    double soonest = kInf;
+    for (std::size_t p = 0; p < paths; ++p) {
+      const double time = static_cast<double>(rows[p] + 1) / rates[p];
+      if (time < soonest) {
+        soonest = time;
+        pick = p;
+      }
+    }
+    ++rows[pick];
+    ++given;
+  }
+  const std::uint64_t slice = space.volume() == 0 ? 0 : plan.bytes / extent;
+  std::vector<PathShare> shares;
+  double slowest = 0;  // seconds per byte, up to a constant
+  Point lo = space.lo();
+  for (std::size_t p = 0; p < paths; ++p) {
+    if (rows[p] == 0) continue;  // a sliver that rounded to nothing: the path is not used
+    Point plo = lo, phi = space.hi();
+    phi[split] = lo[split] + static_cast<std::int64_t>(rows[p]) - 1;
+    lo[split] += static_cast<std::int64_t>(rows[p]);
+    PathShare share{std::move(plan.shares[p].plan), Rect(space.dims(), plo, phi), rows[p] * slice, rates[p]};
+    slowest = std::max(slowest, static_cast<double>(share.bytes) / rates[p]);
+    shares.push_back(std::move(share));
+  }
+  plan.shares = std::move(shares);
+  plan.predicted_gbps = slowest > 0 ? static_cast<double>(plan.bytes) / slowest : 0;
+}
+
 MultiPlan plan_multipath(const TransferGraph& graph, const TransferRequest& request, const PlannerOptions& options) {
   Context ctx(graph, request, options);
   detail::Model model = detail::build_model(request);
@@ -410,44 +463,16 @@ MultiPlan plan_multipath(const TransferGraph& graph, const TransferRequest& requ
   int split = -1;
   for (const auto& c : request.src_layout)
     if (c.kind != LayoutComponent::Kind::fields) split = c.dim;
-  auto extent = static_cast<std::uint64_t>(request.space.extent(split));
-  double total_rate = 0;
-  for (auto r : rates) total_rate += r;
-  std::vector<std::uint64_t> rows(kept.size(), 0);
-  std::uint64_t given = 0;
-  for (std::size_t p = 0; p < kept.size(); ++p) {
-    rows[p] = static_cast<std::uint64_t>(std::floor(static_cast<double>(extent) * rates[p] / total_rate));
-    given += rows[p];
-  }
-  while (given < extent) {  // the remainder to the paths furthest below their share
-    std::size_t pick = 0;
-    double worst = kInf;
-    for (std::size_t p = 0; p < kept.size(); ++p) {
-      double time = static_cast<double>(rows[p] + 1) / rates[p];
-      if (time < worst) {
-        worst = time;
-        pick = p;
-      }
-    }
-    ++rows[pick];
-    ++given;
-  }
-  std::uint64_t slice = request.bytes() / extent;
-  double slowest = 0;  // seconds per byte-of-total, up to a constant
-  Point lo = request.space.lo();
-  for (std::size_t p = 0; p < kept.size(); ++p) {
-    if (rows[p] == 0) continue;
-    Point plo = lo, phi = request.space.hi();
-    plo[static_cast<std::size_t>(split)] = lo[static_cast<std::size_t>(split)];
-    phi[static_cast<std::size_t>(split)] = lo[static_cast<std::size_t>(split)] + static_cast<std::int64_t>(rows[p]) - 1;
-    lo[static_cast<std::size_t>(split)] += static_cast<std::int64_t>(rows[p]);
-    PathShare share{kept[p], Rect(request.space.dims(), plo, phi), rows[p] * slice, rates[p]};
-    share.plan.planner = PlannerKind::multipath;
-    slowest = std::max(slowest, static_cast<double>(share.bytes) / rates[p]);
-    result.shares.push_back(std::move(share));
-  }
   result.split_dim = split;
-  result.predicted_gbps = static_cast<double>(request.bytes()) / slowest;
+  std::vector<double> given;
+  for (std::size_t p = 0; p < kept.size(); ++p) {
+    if (!(rates[p] > 0)) continue;  // the LP left it nothing
+    kept[p].planner = PlannerKind::multipath;
+    result.shares.push_back({std::move(kept[p]), request.space, 0, rates[p]});
+    given.push_back(rates[p]);
+  }
+  if (result.shares.size() <= 1) return single_only();
+  spread_shares(result, request.space, given);
   if (result.shares.size() <= 1 || result.predicted_gbps <= single.predicted_gbps) return single_only();
   return result;
 }

@@ -16,6 +16,7 @@
 // compared with its source after the timing. Without a GPU it says why and skips.
 #include "apps/caravan/bench_report.h"
 #include "apps/caravan/commands.h"
+#include "runtime/dma/engine.h"
 #include "runtime/dma/instance_impl.h"
 #include "runtime/dma/transfer_ops.h"
 #include "runtime/gpu/devices.h"
@@ -164,21 +165,35 @@ void run_multipath_case(BenchReport& out, nlohmann::json& figures, std::uint32_t
                       .bytes = share, .device = static_cast<int>(g)});
   }
   gpu::time_raw_concurrent(spread, 1);
-  std::vector<double> caravan, baseline, ceiling;
+  // The engine cuts each copy by the rates its paths were measured at in the copies before
+  // (CARAVAN_DMA_MULTIPATH_LEARN); the planner's own cut alternates with it, learning off.
+  dma::Engine& engine = dma::Engine::current();
+  const double learn = settings::get_double("CARAVAN_DMA_MULTIPATH_LEARN");
+  std::vector<double> caravan, planned_cut, baseline, ceiling;
   for (int r = 0; r < g_gpu.repetitions; ++r) {
     ceiling.push_back(gbps(share * spread.size(), gpu::time_raw_concurrent(spread, 1).front()));
     baseline.push_back(gbps(bytes, gpu::time_raw_copies(raw, 1).front()));
+    if (learn > 0) {
+      engine.set_multipath_learn(0);
+      planned_cut.push_back(gbps(bytes, polled_copy_seconds(src, dst, multipath)));
+      engine.set_multipath_learn(learn);
+    }
     caravan.push_back(gbps(bytes, polled_copy_seconds(src, dst, multipath)));
   }
   // Verification: poison the destination, copy once more (with a report), compare every byte.
-  CopyReport report;
-  bool verified = false;
-  {
+  auto verified_copy = [&](CopyReport& report) {
     std::vector<std::byte> check(bytes, std::byte{0xAB});
     dst.write_bytes(0, check);
     copy(src, dst, {.planner = PlannerChoice::multipath, .report = &report}).wait();
     dst.read_bytes(0, check);
-    verified = std::memcmp(check.data(), src.data(), bytes) == 0;
+    return std::memcmp(check.data(), src.data(), bytes) == 0;
+  };
+  CopyReport report, planned_report;
+  bool verified = verified_copy(report);
+  if (learn > 0) {
+    engine.set_multipath_learn(0);
+    verified = verified_copy(planned_report) && verified;
+    engine.set_multipath_learn(learn);
   }
   if (!verified) out.failure = fmt::format("{}: the destination differs from the source after a multi-path copy", name);
 
@@ -187,36 +202,50 @@ void run_multipath_case(BenchReport& out, nlohmann::json& figures, std::uint32_t
                            "polled), alternating with one hipMemcpyAsync on GPU 0's link",
                            name, bytes >> 20, report.paths.size()),
                {"copy", "median", "p10", "p90", "min", "max"}, {}};
-  t.rows.push_back(row("multi-path zcm->fbm0 (caravan)", sc));
+  t.rows.push_back(row(learn > 0 ? "multi-path zcm->fbm0 (caravan, cut by learned rates)" : "multi-path zcm->fbm0 (caravan)", sc));
+  Summary sp{};
+  if (learn > 0) {
+    sp = summarize(planned_cut);
+    t.rows.push_back(row("multi-path zcm->fbm0 (caravan, the planner's cut)", sp));
+  }
   t.rows.push_back(row("hipMemcpyAsync H2D, one PCIe link (raw, same buffers)", sb));
   t.rows.push_back(row(fmt::format("host-side ceiling: {} raw H2D at once, a share into each GPU", spread.size()), sh));
   out.tables.push_back(t);
   const double ratio = sc.median / sb.median;
   out.headlines.push_back(fmt::format("{}: {} paths, caravan / one PCIe link = {:.2f}x ({:.1f} vs {:.1f} GB/s; planned "
                                       "{:.1f} GB/s) (goal >= 3x); {:.2f} of the host-side ceiling ({:.1f} GB/s into all "
-                                      "GPUs at once, raw){}",
+                                      "GPUs at once, raw){}{}",
                                       name, report.paths.size(), ratio, sc.median, sb.median, plan->predicted_gbps,
-                                      sc.median / sh.median, sh.median, verified ? "" : " DATA MISMATCH"));
-  BenchTable paths{fmt::format("{}: the paths of the verified copy ({:.1f} GB/s overall, {:.0f} us from the first path's "
-                               "start to the last request's end)",
-                               name, report.elapsed_us > 0 ? static_cast<double>(bytes) / report.elapsed_us / 1e3 : 0.0,
-                               report.elapsed_us),
-                   {"path", "MiB", "share", "planned GB/s", "start us", "end us", "GB/s"}, {}};
+                                      sc.median / sh.median, sh.median,
+                                      learn > 0 ? fmt::format("; the planner's cut alone {:.2f}x, learned / planner's = "
+                                                              "{:.3f}", sp.median / sb.median, sc.median / sp.median)
+                                                : std::string(" (CARAVAN_DMA_MULTIPATH_LEARN=0)"),
+                                      verified ? "" : " DATA MISMATCH"));
   nlohmann::json path_figures = nlohmann::json::array();
-  for (const CopyPathReport& p : report.paths) {
-    const double us = p.end_us - p.start_us;
-    const double achieved = us > 0 ? static_cast<double>(p.bytes) / us / 1e3 : 0;
-    paths.rows.push_back({p.report.route, fmt::format("{:.1f}", static_cast<double>(p.bytes) / (1 << 20)),
-                          fmt::format("{:.1f}%", 100.0 * static_cast<double>(p.bytes) / static_cast<double>(bytes)),
-                          fmt::format("{:.1f}", p.share_gbps), fmt::format("{:.0f}", p.start_us), fmt::format("{:.0f}", p.end_us),
-                          fmt::format("{:.1f}", achieved)});
-    path_figures.push_back({{"route", p.report.route}, {"bytes", p.bytes}, {"planned_gbps", p.share_gbps},
-                            {"start_us", p.start_us}, {"end_us", p.end_us}, {"gbps", achieved}});
-  }
-  out.tables.push_back(paths);
+  auto path_table = [&](const CopyReport& r, const char* cut) {
+    BenchTable paths{fmt::format("{}: the paths of a verified copy {} ({:.1f} GB/s overall, {:.0f} us from the first "
+                                 "path's start to the last request's end)",
+                                 name, cut, r.elapsed_us > 0 ? static_cast<double>(bytes) / r.elapsed_us / 1e3 : 0.0,
+                                 r.elapsed_us),
+                     {"path", "MiB", "share", "cut at GB/s", "start us", "end us", "GB/s"}, {}};
+    for (const CopyPathReport& p : r.paths) {
+      const double us = p.end_us - p.start_us;
+      const double achieved = us > 0 ? static_cast<double>(p.bytes) / us / 1e3 : 0;
+      paths.rows.push_back({p.report.route, fmt::format("{:.1f}", static_cast<double>(p.bytes) / (1 << 20)),
+                            fmt::format("{:.1f}%", 100.0 * static_cast<double>(p.bytes) / static_cast<double>(bytes)),
+                            fmt::format("{:.1f}", p.share_gbps), fmt::format("{:.0f}", p.start_us),
+                            fmt::format("{:.0f}", p.end_us), fmt::format("{:.1f}", achieved)});
+      path_figures.push_back({{"cut", cut}, {"route", p.report.route}, {"bytes", p.bytes}, {"cut_gbps", p.share_gbps},
+                              {"start_us", p.start_us}, {"end_us", p.end_us}, {"gbps", achieved}});
+    }
+    out.tables.push_back(paths);
+  };
+  path_table(report, learn > 0 ? "cut by learned rates" : "cut by the planner");
+  if (learn > 0) path_table(planned_report, "cut by the planner");
   out.notes.push_back(fmt::format("{}: route {}; {} runs; destination verified: {}", name, report.route, g_gpu.repetitions,
                                   verified ? "yes" : "NO"));
   figures["multipath"] = {{"caravan_gbps", summary_json(sc)}, {"raw_one_link_gbps", summary_json(sb)}, {"ratio", ratio},
+                          {"learn", learn}, {"planner_cut_gbps", learn > 0 ? summary_json(sp) : nlohmann::json()},
                           {"raw_all_links_gbps", summary_json(sh)},
                           {"goal", 3.0}, {"planned_gbps", plan->predicted_gbps}, {"paths", path_figures},
                           {"bytes", bytes}, {"verified", verified}};

@@ -513,6 +513,7 @@ Engine::Engine(RuntimeImpl& runtime)
   network_ = runtime.network();
   auto machine = live_machine(static_cast<std::uint32_t>(runtime.rank()), runtime.ranks());
   multipath_min_bytes_ = settings::get_bytes("CARAVAN_DMA_MULTIPATH_MIN_BYTES");
+  multipath_learn_ = settings::get_double("CARAVAN_DMA_MULTIPATH_LEARN");
   graph_ = std::make_shared<const planner::TransferGraph>(machine);
   for (std::size_t v = 0; v < graph_->memory_count(); ++v)
     if (graph_->memory(static_cast<std::uint32_t>(v)).id.kind == MemoryKind::fbm) {
@@ -907,8 +908,14 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
   const std::int64_t called_ns = now_ns();
   std::shared_ptr<const planner::Plan> plan;
   if (wants_multipath(src, dst, options)) {
-    const planner::MultiPlan multi = runnable_multipath_plan(src, dst);
-    if (multi.shares.size() > 1) return copy_multipath(src, dst, multi, options, called_ns);
+    planner::MultiPlan multi = runnable_multipath_plan(src, dst);
+    // Copies with landing flags keep the planned cut: their flags were sized by copy_tiling.
+    std::string learn_key;
+    if (multi.shares.size() > 1 && multipath_learn_.load(std::memory_order_relaxed) > 0 && !options.signal.flags) {
+      learn_key = multipath_key(make_request(src, dst));
+      spread_by_learned_rates(multi, learn_key, src.space());
+    }
+    if (multi.shares.size() > 1) return copy_multipath(src, dst, multi, options, called_ns, std::move(learn_key));
     // One path: the copy is exactly what it would be without multi-path (the full planner's
     // path when asked for explicitly, today's automatic plan otherwise).
     if (options.planner == PlannerChoice::multipath && !multi.shares.empty())
@@ -1014,7 +1021,7 @@ class PartWaiter final : public detail::EventWaiter {
 }  // namespace
 
 Event Engine::copy_multipath(const Instance& src, const Instance& dst, const planner::MultiPlan& plan,
-                             const CopyOptions& options, std::int64_t called_ns) {
+                             const CopyOptions& options, std::int64_t called_ns, std::string learn_key) {
   check_signal_fields(options.signal, "copy");
   if (options.signal.flags) check_multipath_tiles_consecutive(plan, src, dst, "copy");
   auto multi = std::make_shared<MultiCopy>();
@@ -1028,6 +1035,7 @@ Event Engine::copy_multipath(const Instance& src, const Instance& dst, const pla
     multi->route += fmt::format("{} {}", i ? " |" : "", plan.shares[i].plan.route());
   multi->shares = plan.shares;
   multi->part_reports.resize(plan.shares.size());
+  multi->learn_key = std::move(learn_key);
   // Every part is prepared (and so checked: channels, pool sizes, flags) before any is submitted.
   // Landing flags are handed out below, once every part's tile count is known.
   CopyOptions part_options = options;
@@ -1178,6 +1186,7 @@ void Engine::finish_multipath(const std::shared_ptr<MultiCopy>& multi) {
     std::lock_guard lock(multi->mutex);
     failure = multi->failure;
   }
+  if (!failure && !multi->learn_key.empty()) learn_path_rates(*multi);
   // Gone from the engine before its event triggers, as a copy leaves active_ (so that stats()
   // after the event shows it done; cancel() now returns false).
   {
@@ -1189,11 +1198,77 @@ void Engine::finish_multipath(const std::shared_ptr<MultiCopy>& multi) {
   if (active_.empty() && multi_.empty()) idle_cv_.notify_all();
 }
 
-std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance& src, const Instance& dst) {
-  planner::TransferRequest request = make_request(src, dst);
+std::string Engine::multipath_key(const planner::TransferRequest& request) {
   std::string key = fmt::format("{} {} {} {} {}", request.src.to_string(), request.dst.to_string(), request.space.to_string(),
                                 request.src_layout.to_string(), request.dst_layout.to_string());
   for (const Field& f : request.fields.fields()) key += fmt::format(" {}", f.size);
+  return key;
+}
+
+// Why learn: the planner cuts a copy by modelled rates, but paths that share a host's memory
+// system do not run at them. On 4 x H200 the direct PCIe path ran 43-45 GB/s beside three
+// relays (PCIe, then NVLink) at 40-42, and the relays started 50-140 us later; cut in equal
+// shares, the direct path sat idle for the last 400-500 us of a 6.5 ms copy.
+bool Engine::spread_by_learned_rates(planner::MultiPlan& plan, const std::string& key, const Rect& space) {
+  std::vector<double> rates;
+  {
+    std::lock_guard lock(multiplan_mutex_);
+    auto it = learned_rates_.find(key);
+    if (it == learned_rates_.end()) return false;
+    rates = it->second;
+  }
+  if (rates.size() != plan.shares.size()) return false;
+  planner::spread_shares(plan, space, rates);
+  return true;
+}
+
+void Engine::learn_path_rates(const MultiCopy& multi) {
+  std::int64_t first_start = 0;
+  for (const auto& part : multi.parts)
+    if (part->started_ns && (!first_start || part->started_ns < first_start)) first_start = part->started_ns;
+  std::vector<double> measured;  // GB/s = bytes per nanosecond
+  for (const auto& part : multi.parts) {
+    const std::int64_t ns = part->finished_ns - first_start;
+    if (!first_start || !part->started_ns || !part->finished_ns || ns <= 0) return;  // nothing to learn from
+    measured.push_back(static_cast<double>(part->space.volume() * part->fields.total_size()) / static_cast<double>(ns));
+  }
+  // The paths were cut by the plan's rates or by earlier learned ones; either way these are the
+  // paths of the runnable plan, in its order (spread_shares drops none: rates are kept within a
+  // factor of 4 of the plan's).
+  std::lock_guard lock(multiplan_mutex_);
+  auto cached = multiplans_.find(multi.learn_key);
+  if (cached == multiplans_.end()) return;  // the plan cache was emptied: start again
+  std::vector<double> planned;
+  for (const planner::PathShare& share : cached->second->shares)
+    if (share.piece.volume() > 0) planned.push_back(share.gbps);
+  if (planned.size() != measured.size()) return;
+  std::vector<double>& learned = learned_rates_[multi.learn_key];
+  if (learned.size() != measured.size()) learned = measured;
+  else
+    for (std::size_t p = 0; p < learned.size(); ++p)
+      learned[p] += multipath_learn_.load(std::memory_order_relaxed) * (measured[p] - learned[p]);
+  // Only the ratios matter. Each path stays within a factor of 4 of its planned share, so that
+  // one bad run cannot starve a path (a path given no rows would never be measured again).
+  double sum_learned = 0, sum_planned = 0;
+  for (std::size_t p = 0; p < learned.size(); ++p) {
+    sum_learned += learned[p];
+    sum_planned += planned[p];
+  }
+  const double scale = sum_learned / sum_planned;
+  for (std::size_t p = 0; p < learned.size(); ++p)
+    learned[p] = std::clamp(learned[p], 0.25 * scale * planned[p], 4.0 * scale * planned[p]);
+}
+
+void Engine::set_multipath_learn(double weight) {
+  if (!(weight >= 0 && weight <= 1))
+    throw Error(Errc::invalid_argument,
+                fmt::format("set_multipath_learn: weight {} is outside [0, 1] (CARAVAN_DMA_MULTIPATH_LEARN)", weight));
+  multipath_learn_.store(weight);
+}
+
+std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance& src, const Instance& dst) {
+  planner::TransferRequest request = make_request(src, dst);
+  std::string key = multipath_key(request);
   const std::size_t entries = planner_->options().cache_entries;
   {
     std::lock_guard lock(multiplan_mutex_);
@@ -1203,7 +1278,10 @@ std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance&
   auto plan = std::make_shared<const planner::MultiPlan>(planner_->plan_multipath(request));
   if (entries > 0) {
     std::lock_guard lock(multiplan_mutex_);
-    if (multiplans_.size() >= entries) multiplans_.clear();
+    if (multiplans_.size() >= entries) {
+      multiplans_.clear();
+      learned_rates_.clear();
+    }
     multiplans_.emplace(std::move(key), plan);
   }
   return plan;
@@ -1447,6 +1525,7 @@ void Engine::release_reservations(CopyOperation& op, std::vector<std::shared_ptr
 // Every XD has retired (or none started): release the buffers, report, trigger the event.
 void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
   std::vector<std::shared_ptr<CopyOperation>> retry, started;
+  op->finished_ns = now_ns();
   {
     std::lock_guard lock(mutex_);
     release_reservations(*op, retry);
@@ -1618,6 +1697,7 @@ void Engine::replace_machine_for_testing(const planner::MachineDescription& mach
     {
       std::lock_guard plans(multiplan_mutex_);
       multiplans_.clear();
+      learned_rates_.clear();
     }
     workers_ = make_workers(*graph_);
     pools_.clear();

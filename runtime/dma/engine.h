@@ -264,6 +264,7 @@ struct CopyOperation {
   std::atomic<std::int64_t> last_progress_ns{0};
   std::int64_t called_ns = 0;   // when copy() or fill() was called
   std::int64_t started_ns = 0;  // when its XDs were handed to their workers (set before that)
+  std::int64_t finished_ns = 0; // when its last XD retired (finish(), before the event triggers)
   std::int64_t last_warned_ns = 0;
 
   std::unique_ptr<DistributedState> dist;  // null: every hop and instance on this rank
@@ -291,6 +292,9 @@ struct MultiCopy {
   std::vector<planner::PathShare> shares;  // each part's plan, piece, bytes and rate
   std::vector<std::shared_ptr<CopyOperation>> parts;
   std::vector<CopyReport> part_reports;    // sized once, before any part runs
+  // The plan's key in the engine's learned rates (copies that learn from their paths' measured
+  // rates, CARAVAN_DMA_MULTIPATH_LEARN); empty: this copy does not.
+  std::string learn_key;
 
   std::mutex mutex;                // guards the fields below
   std::vector<Event> part_events;  // of the parts submitted so far
@@ -337,6 +341,9 @@ class Engine final : public RuntimeService {
   CopyTiling tiling(const Instance& src, const Instance& dst, PlannerChoice choice);
   void shutdown() override;
 
+  // Sets CARAVAN_DMA_MULTIPATH_LEARN for this engine from now on (`caravan bench gpu` compares
+  // the planner's cut with the learned one in one run); 0 also stops cutting by learned rates.
+  void set_multipath_learn(double weight);
   // Test seam: runs the transfer-graph channel named `worker_name` (as in stall reports, e.g.
   // "memcpy node0/rank0/sys->node0/rank0/sys") on `channel` from now on, with a new worker.
   // Tests use it to make a channel hang. Only while no copy is active: Error(invalid_argument)
@@ -392,8 +399,16 @@ class Engine final : public RuntimeService {
   // The multi-path plan copy() runs (plan_multipath, less any slab that rounded to no row), so
   // that copy() and copy_tiling() cut the copy into the same parts.
   planner::MultiPlan runnable_multipath_plan(const Instance& src, const Instance& dst);
+  // The key of src -> dst among the cached multi-path plans and the learned rates.
+  static std::string multipath_key(const planner::TransferRequest& request);
+  // Cuts `plan` (the runnable plan of `key`) again by the rates its paths were measured at in
+  // earlier copies, where there are any. Returns whether it did.
+  bool spread_by_learned_rates(planner::MultiPlan& plan, const std::string& key, const Rect& space);
+  // A multi-path copy finished without failure: blends each path's measured rate (its bytes over
+  // the time from the copy's first start to the path's end) into the learned rates of its plan.
+  void learn_path_rates(const MultiCopy& multi);
   Event copy_multipath(const Instance& src, const Instance& dst, const planner::MultiPlan& plan, const CopyOptions& options,
-                       std::int64_t called_ns);
+                       std::int64_t called_ns, std::string learn_key = {});
   bool stop_multipath(const std::shared_ptr<MultiCopy>& multi, const FailureCause& cause);
   void finish_multipath(const std::shared_ptr<MultiCopy>& multi);
   void check_common(const Instance& inst, const char* what) const;
@@ -476,6 +491,11 @@ class Engine final : public RuntimeService {
   // CARAVAN_PLANNER_CACHE_ENTRIES, emptied when full.
   std::mutex multiplan_mutex_;
   std::map<std::string, std::shared_ptr<const planner::MultiPlan>> multiplans_;
+  // Per multi-path plan (its key), the rate of each of its runnable paths as measured in the copies
+  // that ran it, blended with weight multipath_learn_ per copy (CARAVAN_DMA_MULTIPATH_LEARN); the
+  // next copies without landing flags are cut by them. Guarded by multiplan_mutex_.
+  std::map<std::string, std::vector<double>> learned_rates_;
+  std::atomic<double> multipath_learn_{0};
   std::uint64_t next_sequence_ = 0;
   bool stopping_ = false;
   std::thread watchdog_;

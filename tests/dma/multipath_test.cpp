@@ -271,6 +271,82 @@ class HangingChannel final : public dma::Channel {
 
 std::string relay_hop(std::uint32_t i) { return "memcpy " + relay(i).to_string() + "->" + kTarget.to_string(); }
 
+// Copies as the memcpy channel does, then sleeps as long as the bytes take at `mb_per_s`: a path
+// far slower than the planner's model says.
+class SlowChannel final : public dma::Channel {
+ public:
+  explicit SlowChannel(double mb_per_s) : mb_per_s_(mb_per_s) {}
+  ChannelKind kind() const noexcept override { return ChannelKind::memcpy; }
+  bool serves(MemoryId, MemoryId) const noexcept override { return true; }
+  void submit(const dma::Request& request, Completion done) override {
+    dma::copy_host_ops(request.ops, request.src->host(), request.dst->host());
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<std::int64_t>(
+        static_cast<double>(request.bytes) / mb_per_s_)));
+    done(nullptr);
+  }
+
+ private:
+  double mb_per_s_;
+};
+
+std::uint64_t bytes_through_relay(const CopyReport& report, std::uint32_t i) {
+  for (const CopyPathReport& path : report.paths)
+    if (path.report.route.find(relay(i).to_string() + " ") != std::string::npos) return path.bytes;
+  return 0;
+}
+
+TEST_F(CopyMultipath, LaterCopiesAreCutByTheRatesThePathsWereMeasuredAt) {
+  // Relay 1 is planned at 3 of 10 GB/s, but its second hop moves 20 MB/s: 84 KB of a 280 KB
+  // copy take it 4 ms, while the other paths are done in a fraction of that. The first copy is
+  // cut as planned; the next ones by the measured rates, which give relay 1 far less. Each
+  // learned rate stays within 4x of the planned one (relative to the others), so relay 1 keeps
+  // at least a quarter of its planned share.
+  engine_.replace_channel_for_testing(relay_hop(1), std::make_unique<SlowChannel>(20.0));
+  const Rect space = Rect::from_extents({20011});
+  const std::uint64_t total = space.volume() * kFields.total_size();
+  CopyReport first = copy_and_verify(sys_memory(), kTarget, space, "F,x", "F,x");
+  ASSERT_EQ(first.paths.size(), 4u) << first.route;
+  const std::uint64_t planned = bytes_through_relay(first, 1);
+  EXPECT_NEAR(static_cast<double>(planned), 0.3 * static_cast<double>(total), 4.0 * kFields.total_size());
+  CopyReport later;
+  for (int copy = 0; copy < 3; ++copy) later = copy_and_verify(sys_memory(), kTarget, space, "F,x", "F,x");
+  ASSERT_EQ(later.paths.size(), 4u) << "no path dropped: " << later.route;
+  const std::uint64_t learned = bytes_through_relay(later, 1);
+  EXPECT_LT(learned, planned / 2) << "relay 1 still carries " << learned << " of " << total << " bytes";
+  EXPECT_GT(learned, planned / 5) << "a path keeps at least a quarter of its planned share";
+  double shares = 0;
+  for (const CopyPathReport& path : later.paths) shares += path.share_gbps;
+  for (const CopyPathReport& path : later.paths) {
+    const double exact = static_cast<double>(total) * path.share_gbps / shares;
+    EXPECT_LE(std::abs(static_cast<double>(path.bytes) - exact), 4.0 * kFields.total_size())
+        << "the report's share rates are the learned rates the copy was cut by: " << path.report.route;
+  }
+  // The plan itself, and so copy_tiling, is unchanged.
+  Instance src = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x"));
+  Instance dst = Instance::create(kTarget, space, kFields, Layout::parse("F,x"));
+  for (const planner::PathShare& share : plan_copy_multipath(src, dst)->shares) {
+    if (share.plan.route().find(relay(1).to_string() + " ") != std::string::npos) {
+      EXPECT_EQ(share.bytes, planned);
+    }
+  }
+  expect_engine_idle();
+}
+
+TEST(CopyMultipathLearning, OffKeepsThePlannersCut) {
+  settings::ScopedOverride tiles{"CARAVAN_DMA_TILE_BYTES", "4K"};
+  settings::ScopedOverride threshold{"CARAVAN_PLANNER_BUFFER_THRESHOLD", "64K"};
+  settings::ScopedOverride learn{"CARAVAN_DMA_MULTIPATH_LEARN", "0"};
+  Runtime rt{RuntimeOptions{.cpu_workers = 2}};
+  dma::Engine& engine = dma::Engine::current();
+  engine.replace_machine_for_testing(relay_machine());
+  engine.replace_channel_for_testing(relay_hop(1), std::make_unique<SlowChannel>(20.0));
+  const Rect space = Rect::from_extents({20011});
+  const std::uint64_t planned = bytes_through_relay(copy_and_verify(sys_memory(), kTarget, space, "F,x", "F,x"), 1);
+  for (int copy = 0; copy < 2; ++copy)
+    EXPECT_EQ(bytes_through_relay(copy_and_verify(sys_memory(), kTarget, space, "F,x", "F,x"), 1), planned);
+  expect_engine_idle();
+}
+
 TEST_F(CopyMultipath, AFailingPathPoisonsTheEventWithItsCause) {
   engine_.replace_channel_for_testing(relay_hop(2), std::make_unique<FailingChannel>());
   const Rect space = Rect::from_extents({20000});

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 namespace caravan::planner {
 
@@ -38,6 +39,14 @@ struct PlannerOptions {
 Plan plan_full(const TransferGraph& graph, const TransferRequest& request, const PlannerOptions& options = {});
 Plan plan_simple(const TransferGraph& graph, const TransferRequest& request, const PlannerOptions& options = {});
 MultiPlan plan_multipath(const TransferGraph& graph, const TransferRequest& request, const PlannerOptions& options = {});
+
+// Cuts `plan`'s pieces of `space` again along plan.split_dim, in proportion to `rates` (GB/s, one
+// per share, each > 0), keeping the paths; a share that rounds to no rows is dropped. Sets each
+// share's piece, bytes and gbps and the plan's predicted_gbps (the slowest share at those rates).
+// plan_multipath cuts by the LP's rates; the DMA engine cuts again by the rates it measured the
+// paths at (CARAVAN_DMA_MULTIPATH_LEARN). Throws Error(invalid_argument) for a rate count other
+// than the share count, a rate that is not a positive number, or a plan with no split dimension.
+void spread_shares(MultiPlan& plan, const Rect& space, std::span<const double> rates);
 
 // The max-flow from src to dst with every channel at its peak and every shared resource counted
 // once: no split of one transfer over paths can beat it.
