@@ -1208,7 +1208,10 @@ std::string Engine::multipath_key(const planner::TransferRequest& request) {
 // Why learn: the planner cuts a copy by modelled rates, but paths that share a host's memory
 // system do not run at them. On 4 x H200 the direct PCIe path ran 43-45 GB/s beside three
 // relays (PCIe, then NVLink) at 40-42, and the relays started 50-140 us later; cut in equal
-// shares, the direct path sat idle for the last 400-500 us of a 6.5 ms copy.
+// shares, the direct path sat idle for the last 400-500 us of a 6.5 ms copy. Measured since (4 x
+// H200, 27th session): cut by learned rates, 0.987-1.001 of the planner's cut, because which path
+// lags changes from copy to copy; so learning is off by default and serves paths that are
+// steadily off their model (a stale calibration, a degraded link).
 bool Engine::spread_by_learned_rates(planner::MultiPlan& plan, const std::string& key, const Rect& space) {
   std::vector<double> rates;
   {

@@ -300,7 +300,8 @@ TEST_F(CopyMultipath, LaterCopiesAreCutByTheRatesThePathsWereMeasuredAt) {
   // copy take it 4 ms, while the other paths are done in a fraction of that. The first copy is
   // cut as planned; the next ones by the measured rates, which give relay 1 far less. Each
   // learned rate stays within 4x of the planned one (relative to the others), so relay 1 keeps
-  // at least a quarter of its planned share.
+  // at least a quarter of its planned share. (Learning is off by default: see the next test.)
+  engine_.set_multipath_learn(0.5);
   engine_.replace_channel_for_testing(relay_hop(1), std::make_unique<SlowChannel>(20.0));
   const Rect space = Rect::from_extents({20011});
   const std::uint64_t total = space.volume() * kFields.total_size();
@@ -332,18 +333,15 @@ TEST_F(CopyMultipath, LaterCopiesAreCutByTheRatesThePathsWereMeasuredAt) {
   expect_engine_idle();
 }
 
-TEST(CopyMultipathLearning, OffKeepsThePlannersCut) {
-  settings::ScopedOverride tiles{"CARAVAN_DMA_TILE_BYTES", "4K"};
-  settings::ScopedOverride threshold{"CARAVAN_PLANNER_BUFFER_THRESHOLD", "64K"};
-  settings::ScopedOverride learn{"CARAVAN_DMA_MULTIPATH_LEARN", "0"};
-  Runtime rt{RuntimeOptions{.cpu_workers = 2}};
-  dma::Engine& engine = dma::Engine::current();
-  engine.replace_machine_for_testing(relay_machine());
-  engine.replace_channel_for_testing(relay_hop(1), std::make_unique<SlowChannel>(20.0));
+// Off by default (CARAVAN_DMA_MULTIPATH_LEARN=0): on 4 x H200 the paths' rates vary from copy to
+// copy more than between paths, and learned cuts measured 0.99 of the planner's.
+TEST_F(CopyMultipath, ByDefaultEveryCopyKeepsThePlannersCut) {
+  engine_.replace_channel_for_testing(relay_hop(1), std::make_unique<SlowChannel>(20.0));
   const Rect space = Rect::from_extents({20011});
   const std::uint64_t planned = bytes_through_relay(copy_and_verify(sys_memory(), kTarget, space, "F,x", "F,x"), 1);
-  for (int copy = 0; copy < 2; ++copy)
+  for (int copy = 0; copy < 2; ++copy) {
     EXPECT_EQ(bytes_through_relay(copy_and_verify(sys_memory(), kTarget, space, "F,x", "F,x"), 1), planned);
+  }
   expect_engine_idle();
 }
 
