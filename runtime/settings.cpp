@@ -89,6 +89,10 @@ const Definition kTable[] = {
    "shape: each finished copy moves the learned rates this fraction of the way to what it measured (0: the planner's "
    "cut; copies with landing flags keep it always, as copy_tiling describes it). Helps where a path runs "
    "steadily off its modelled rate; on 4 x H200 host->GPU it measured 0.99-1.00 of the planner's cut", 0, 1},
+  {"CARAVAN_LL128_MIN_BYTES", Kind::bytes, "32K",
+   "The low-latency AllGather (and AllGather+GEMM's ll_bulk) sends this many bytes per rank and more as 128-byte "
+   "lines of 120 data bytes (NVIDIA GPUs over NVLink), smaller messages as 16-byte lines of 8 (0: always 16-byte "
+   "lines)", 0, kInf},
   {"CARAVAN_DMA_IPC_DIRECT", Kind::boolean, "true",
    "A copy from this rank into another rank's GPU memory on this node, all of whose hops run here, starts at once "
    "through the destination's IPC handle (sent with its descriptor) instead of a set-up exchange with its owner "

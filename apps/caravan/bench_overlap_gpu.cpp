@@ -907,6 +907,8 @@ CaseRecord run_ll_allgather(OverlapBench& bench, std::size_t bytes) {
     runner.run_rounds(ctx);
   });
   record.baseline = "nccl-allgather";
+  record.notes.push_back(fmt::format("caravan-ll sends {} KiB per rank as {} (CARAVAN_LL128_MIN_BYTES)", bytes >> 10,
+                                     gpu::to_string(op.format())));
   return record;
 }
 

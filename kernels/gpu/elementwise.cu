@@ -6,6 +6,9 @@
 #include "kernels/gpu/device.cuh"
 #include "kernels/gpu/symmetric.cuh"
 
+#include <caravan/settings.h>
+
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -192,6 +195,68 @@ __global__ void ll_allgather_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, c
   }
 }
 
+#if !defined(CARAVAN_GPU_AMD)
+// The AllGather in 128-byte lines (LlFormat::lines128): the 8 threads of a line (one eighth of a
+// warp) store 16 bytes each with one warp-wide instruction, 15 data words and, in the last
+// thread's second half, the flag (the epoch twice). A receiver loads the line the same way and
+// takes it once the flag, read by the same instruction, is the epoch. That relies on NVLink
+// delivering a warp's aligned 128-byte store to a line as one write, which NCCL's LL128 protocol
+// relies on too on NVLink GPUs; the 16-byte lines need only 8-byte halves to arrive whole, but
+// put twice the data on the links. Every thread of a warp runs the loop (the flag travels by
+// shuffle), lines past the end standing by. Data word w of rank q is word w % 15 of line w / 15.
+__global__ void ll128_allgather_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const std::uint64_t* in,
+                                       std::size_t pairs, std::size_t line_count, uint4* lines, std::uint64_t* out,
+                                       LlState* state) {
+  wait_for_prior_grid();
+  const std::size_t t = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t line = t / kLl128Threads;
+  const unsigned lane = threadIdx.x % kLl128Threads;
+  const bool flag_lane = lane == kLl128Threads - 1;
+  const bool active = line < line_count;
+  const std::size_t first = line * kLl128Words + 2 * lane;  // this thread's first data word
+  const bool has_first = active && first < pairs, has_second = active && !flag_lane && first + 1 < pairs;
+  const std::uint64_t a = has_first ? in[first] : 0, b = has_second ? in[first + 1] : 0;
+  const std::uint32_t epoch = ll_epoch_begin(state);
+  const int world = heap.world, me = heap.rank;
+  uint4* half = lines + static_cast<std::size_t>(epoch & 1u) * world * line_count * kLl128Threads;
+  const std::size_t slot = line * kLl128Threads + lane;
+  if (active) {
+    const uint4 v{static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(a >> 32),
+                  flag_lane ? epoch : static_cast<std::uint32_t>(b), flag_lane ? epoch : static_cast<std::uint32_t>(b >> 32)};
+    for (int step = 1; step < world; ++step) {
+      const int peer = (me + step) % world;
+      store_line(dev::translate(heap, half + static_cast<std::size_t>(me) * line_count * kLl128Threads + slot, peer), v);
+    }
+    if (has_first) out[static_cast<std::size_t>(me) * pairs + first] = a;
+    if (has_second) out[static_cast<std::size_t>(me) * pairs + first + 1] = b;
+  }
+  const unsigned flag_source = (threadIdx.x % 32u) | (kLl128Threads - 1);  // lane 7 of this line, within the warp
+  unsigned pending = active ? ((1u << world) - 1u) & ~(1u << me) : 0u;
+  uint4 got[kMaxHeapRanks] = {};
+  while (__any_sync(0xffffffffu, pending != 0)) {
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (pending & (1u << q)) got[q] = load_line(half + static_cast<std::size_t>(q) * line_count * kLl128Threads + slot);
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q) {
+      if (q >= world) break;
+      const std::uint32_t z = __shfl_sync(0xffffffffu, got[q].z, static_cast<int>(flag_source));
+      const std::uint32_t w = __shfl_sync(0xffffffffu, got[q].w, static_cast<int>(flag_source));
+      if ((pending & (1u << q)) != 0 && z == epoch && w == epoch) pending &= ~(1u << q);
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q) {
+      if (q >= world || q == me) continue;
+      if (has_first) out[static_cast<std::size_t>(q) * pairs + first] = (static_cast<std::uint64_t>(got[q].y) << 32) | got[q].x;
+      if (has_second)
+        out[static_cast<std::size_t>(q) * pairs + first + 1] = (static_cast<std::uint64_t>(got[q].w) << 32) | got[q].z;
+    }
+  }
+}
+#endif
+
 __device__ inline void add_pair(float (&acc)[4], std::uint32_t x, std::uint32_t y) {
   const float2 a = bf16x2_to_float2(*reinterpret_cast<const bf16x2*>(&x));
   const float2 b = bf16x2_to_float2(*reinterpret_cast<const bf16x2*>(&y));
@@ -276,6 +341,9 @@ void preload_kernels() {
   // launch of their module while a peer spins (see warm_up in overlap.cpp).
   hipFuncAttributes attributes{};
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll_allgather_kernel)));
+#if !defined(CARAVAN_GPU_AMD)
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll128_allgather_kernel)));
+#endif
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll_reduce_scatter_kernel)));
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&reduce_sum_kernel)));
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&reduce_sum_tail_kernel)));
@@ -284,7 +352,10 @@ void preload_kernels() {
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&fill_random_kernel<float>)));
 }
 
-std::size_t ll_buffer_bytes(int world, std::size_t bytes) { return 2 * static_cast<std::size_t>(world) * (bytes / 8) * 16; }
+std::size_t ll_buffer_bytes(int world, std::size_t bytes) {
+  const std::size_t pairs = bytes / 8, line_count = (pairs + kLl128Words - 1) / kLl128Words;
+  return 2 * static_cast<std::size_t>(world) * std::max(pairs * 16, line_count * kLl128Threads * 16);
+}
 
 namespace {
 // One thread per pair, kLlThreads a block: at most kLlMaxBlocks blocks (LlState has a word each).
@@ -301,10 +372,43 @@ void require_ll(const char* op, const HeapView& heap, std::size_t bytes, const c
 }
 }  // namespace
 
+LlFormat ll_format(std::size_t bytes) {
+#if defined(CARAVAN_GPU_AMD)
+  (void)bytes;
+  return LlFormat::pairs;  // 128-byte lines rely on NVLink delivering a warp's store whole
+#else
+  const std::uint64_t from = settings::get_bytes("CARAVAN_LL128_MIN_BYTES");
+  return from > 0 && bytes >= from ? LlFormat::lines128 : LlFormat::pairs;
+#endif
+}
+
+const char* to_string(LlFormat format) {
+  switch (format) {
+    case LlFormat::automatic: return "automatic";
+    case LlFormat::pairs: return "16-byte lines";
+    case LlFormat::lines128: return "128-byte lines";
+  }
+  return "?";
+}
+
 void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out, LlState* state,
-                  hipStream_t stream, bool early_launch) {
+                  hipStream_t stream, bool early_launch, LlFormat format) {
   require_ll("ll_allgather", heap, bytes, "copy-engine AllGather");
   const std::size_t pairs = bytes / 8;
+  if (format == LlFormat::automatic) format = ll_format(bytes);
+  if (format == LlFormat::lines128) {
+#if defined(CARAVAN_GPU_AMD)
+    throw Error(Errc::invalid_argument, "ll_allgather: LlFormat::lines128 is for NVIDIA GPUs (NVLink); use pairs");
+#else
+    const std::size_t line_count = (pairs + kLl128Words - 1) / kLl128Words;
+    // 64 and 32 threads a block measured the same as 128 (27th session): the links bound it.
+    const auto blocks = static_cast<unsigned>((line_count * kLl128Threads + kLlThreads - 1) / kLlThreads);
+    launch_kernel(ll128_allgather_kernel, blocks, kLlThreads, stream, early_launch, heap,
+                  static_cast<const std::uint64_t*>(in), pairs, line_count, static_cast<uint4*>(lines),
+                  static_cast<std::uint64_t*>(out), state);
+    return;
+#endif
+  }
   launch_kernel(ll_allgather_kernel, ll_blocks(pairs), kLlThreads, stream, early_launch, heap,
                 static_cast<const uint2*>(in), pairs, static_cast<uint4*>(lines), static_cast<uint2*>(out), state);
 }

@@ -61,8 +61,22 @@ struct LlState {
   std::uint32_t block_epoch[kLlMaxBlocks] = {};  // the epoch of the last call, per block
 };
 std::size_t ll_buffer_bytes(int world, std::size_t bytes);
+// How the AllGather's data travels: `pairs`, the 16-byte lines above (twice the data on the
+// links); `lines128`, 128-byte lines of 120 data bytes and an 8-byte flag, stored and loaded by
+// 8 threads at once (NVIDIA only: it relies on NVLink delivering a warp's aligned 128-byte store
+// whole, as NCCL's LL128 does), with 1/15 more bytes than the data; `automatic`, ll_format(bytes).
+// ll_buffer_bytes is enough for either. On 4 x H200, from graphs (scripts/probes/ll_format_probe.cu):
+// 128-byte lines 0.94-0.98x the pairs' speed at 8-16 KiB per rank, 1.01-1.02x at 32, 1.10x at 64,
+// 1.21-1.24x at 128 and 1.36x at 256 KiB.
+enum class LlFormat : std::uint8_t { automatic, pairs, lines128 };
+inline constexpr unsigned kLl128Threads = 8;  // threads (16 bytes each) per 128-byte line
+inline constexpr unsigned kLl128Words = 15;   // 8-byte data words per line
+// The format for `bytes` per rank: lines128 from CARAVAN_LL128_MIN_BYTES up on NVIDIA (0: never),
+// pairs otherwise. Reads the setting (about 0.4 us): the operations resolve it at construction.
+LlFormat ll_format(std::size_t bytes);
+const char* to_string(LlFormat format);
 void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out, LlState* state,
-                  hipStream_t stream, bool early_launch = false);
+                  hipStream_t stream, bool early_launch = false, LlFormat format = LlFormat::automatic);
 
 // The low-latency ReduceScatter, same protocol: `partial` holds world x `bytes` (this rank's
 // partial sums of every rank's rows, rank p's at p * bytes); each peer's part travels to it as

@@ -507,6 +507,7 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   if (shard_bytes <= kLlMaxBytes && shard_bytes % 8 == 0) {
     ll_lines_ = team.heap().allocate(ll_buffer_bytes(world, shard_bytes));
     ll_state_ = team.heap().allocate(sizeof(LlState));
+    ll_format_ = ll_format(shard_bytes);
   }
   sm_counters_ = team.heap().allocate(sm_push_counter_bytes(world, splits));  // zero, as sm_push needs
   sm_blocks_ = static_cast<int>(settings::get_int("CARAVAN_OVERLAP_GPU_COMM_BLOCKS"));
@@ -729,7 +730,8 @@ void AllGatherGemm::enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant vari
     // buffer: no peer's slot is read, so the peers may rewrite their shards at once.
     for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(ag_done, rank), e);
     ll_allgather(team_.heap().view(rank), rows_of(rank, mine), static_cast<std::size_t>(shard_rows) * k_ * sizeof(bf16),
-                 team_.heap().at(ll_lines_, rank), mine, team_.heap().at<LlState>(ll_state_, rank), stream);
+                 team_.heap().at(ll_lines_, rank), mine, team_.heap().at<LlState>(ll_state_, rank), stream,
+                 /*early_launch=*/false, ll_format_);
     if (with_gemm) blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
     return;
   }
@@ -1512,7 +1514,8 @@ const bf16* AllScatter::run(int rank, AllScatterVariant variant, hipStream_t str
 
 // ---------------------------------------------------------------------------------------------
 LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank)
-    : team_(team), bytes_(bytes_per_rank), early_launch_(settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH")) {
+    : team_(team), bytes_(bytes_per_rank), early_launch_(settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH")),
+      format_(ll_format(bytes_per_rank)) {
   require(bytes_per_rank > 0 && bytes_per_rank % 8 == 0 && bytes_per_rank <= kLlMaxBytes, [&] {
     return fmt::format("LowLatencyAllGather: bytes per rank must be a positive multiple of 8 up to {}, got {}",
                        kLlMaxBytes, bytes_per_rank);
@@ -1529,6 +1532,8 @@ LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_ra
 
 LowLatencyAllGather::~LowLatencyAllGather() = default;
 
+LlFormat LowLatencyAllGather::format() const { return format_; }
+
 void LowLatencyAllGather::run(int rank, const void* in, void* out, hipStream_t stream) {
   require_call(team_, "LowLatencyAllGather", rank, 1);
   require(reinterpret_cast<std::uintptr_t>(in) % 8 == 0 && reinterpret_cast<std::uintptr_t>(out) % 8 == 0,
@@ -1537,7 +1542,7 @@ void LowLatencyAllGather::run(int rank, const void* in, void* out, hipStream_t s
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   s.enter(stream);
   ll_allgather(team_.heap().view(rank), in, bytes_, team_.heap().at(lines_, rank), out,
-               team_.heap().at<LlState>(state_, rank), stream, early_launch_);
+               team_.heap().at<LlState>(state_, rank), stream, early_launch_, format_);
 }
 
 }  // namespace caravan::gpu

@@ -233,6 +233,7 @@ class AllGatherGemm {
   int splits_;
   SymmetricRegion gathered_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when a shard fits the low-latency protocol
+  LlFormat ll_format_ = LlFormat::pairs;
   SymmetricRegion sm_counters_;          // sm_push's per-chunk block counters (each rank its own)
   int sm_blocks_ = 0;                    // sm_push's grid (CARAVAN_OVERLAP_GPU_COMM_BLOCKS)
   std::vector<std::unique_ptr<RankSync>> sync_;
@@ -507,11 +508,14 @@ class LowLatencyAllGather {
   LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_rank);
   // in: this rank's bytes; out: world x bytes.
   void run(int rank, const void* in, void* out, hipStream_t stream);
+  // The line format of its calls (ll_format of the bytes per rank, at construction).
+  LlFormat format() const;
 
  private:
   GpuTeam& team_;
   std::size_t bytes_;
   bool early_launch_;
+  LlFormat format_;
   SymmetricRegion lines_, state_;
   std::vector<std::unique_ptr<RankSync>> sync_;
 };

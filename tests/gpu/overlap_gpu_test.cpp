@@ -849,13 +849,22 @@ TEST(Overlap, GemmAllScatterMatchesReferenceCallAfterCall) {
   });
 }
 
-TEST(Overlap, LowLatencyAllGatherIsExactOnEveryCall) {
+// In both line formats (CARAVAN_LL128_MIN_BYTES forces each): 24 KiB is 3072 words, so the
+// last 128-byte line is partly filled.
+class LowLatencyFormats : public ::testing::TestWithParam<LlFormat> {};
+
+TEST_P(LowLatencyFormats, AllGatherIsExactOnEveryCall) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
+#if defined(CARAVAN_GPU_AMD)
+  if (GetParam() == LlFormat::lines128) GTEST_SKIP() << "128-byte lines are for NVIDIA GPUs (NVLink)";
+#endif
   const int world = team_size();
   GpuTeam team(first_devices(world), 16 << 20);
   constexpr std::size_t kBytes = 24 << 10;
   constexpr long kElems = kBytes / sizeof(bf16);
+  settings::ScopedOverride from("CARAVAN_LL128_MIN_BYTES", GetParam() == LlFormat::lines128 ? "8" : "0");
   LowLatencyAllGather op(team, kBytes);
+  ASSERT_EQ(op.format(), GetParam()) << to_string(op.format());
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, RankBarrier&) {
     bf16 *in = device_alloc<bf16>(kElems), *out = device_alloc<bf16>(static_cast<std::size_t>(kElems) * world);
@@ -877,6 +886,11 @@ TEST(Overlap, LowLatencyAllGatherIsExactOnEveryCall) {
     (void)hipFree(ref);
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Overlap, LowLatencyFormats, ::testing::Values(LlFormat::pairs, LlFormat::lines128),
+                         [](const ::testing::TestParamInfo<LlFormat>& param) {
+                           return param.param == LlFormat::pairs ? std::string("Lines16") : std::string("Lines128");
+                         });
 
 // Calls queued back to back with no other kernel between them (with early launch, each call's
 // grid may be scheduled while the one before it ends), then the same calls, a kernel between
