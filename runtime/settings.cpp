@@ -90,7 +90,8 @@ const Definition kTable[] = {
    "cut; copies with landing flags keep it always, as copy_tiling describes it). Helps where a path runs "
    "steadily off its modelled rate; on 4 x H200 host->GPU it measured 0.99-1.00 of the planner's cut", 0, 1},
   {"CARAVAN_LL128_MIN_BYTES", Kind::bytes, "32K",
-   "The low-latency AllGather (and AllGather+GEMM's ll_bulk) sends this many bytes per rank and more as 128-byte "
+   "The low-latency AllGather and ReduceScatter (also in ll_bulk of AllGather+GEMM and GEMM+ReduceScatter) send this "
+   "many bytes per rank and more as 128-byte "
    "lines of 120 data bytes (NVIDIA GPUs over NVLink), smaller messages as 16-byte lines of 8 (0: always 16-byte "
    "lines)", 0, kInf},
   {"CARAVAN_DMA_IPC_DIRECT", Kind::boolean, "true",

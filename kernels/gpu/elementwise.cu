@@ -263,6 +263,81 @@ __device__ inline void add_pair(float (&acc)[4], std::uint32_t x, std::uint32_t 
   acc[0] += a.x, acc[1] += a.y, acc[2] += b.x, acc[3] += b.y;
 }
 
+__device__ inline std::uint64_t pack_pair(const float (&acc)[4]) {
+  const bf16x2 lo = floats_to_bf16x2(acc[0], acc[1]), hi = floats_to_bf16x2(acc[2], acc[3]);
+  return (static_cast<std::uint64_t>(*reinterpret_cast<const std::uint32_t*>(&hi)) << 32) |
+         *reinterpret_cast<const std::uint32_t*>(&lo);
+}
+
+#if !defined(CARAVAN_GPU_AMD)
+// The low-latency ReduceScatter in 128-byte lines (as ll128_allgather_kernel): thread j of a line
+// sends words 2j and 2j + 1 of the line (one word and the flag for the last thread) of every
+// peer's part to that peer, then sums its words of its own part and of every peer's line for it,
+// in rank order, in fp32.
+__global__ void CARAVAN_LAUNCH_BOUNDS(kLlThreads, 8)
+    ll128_reduce_scatter_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const std::uint64_t* partial,
+                                std::size_t pairs, std::size_t line_count, uint4* lines, std::uint64_t* out,
+                                LlState* state) {
+  wait_for_prior_grid();
+  const int world = heap.world, me = heap.rank;
+  const std::size_t t = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t line = t / kLl128Threads;
+  const unsigned lane = threadIdx.x % kLl128Threads;
+  const bool flag_lane = lane == kLl128Threads - 1;
+  const bool active = line < line_count;
+  const std::size_t first = line * kLl128Words + 2 * lane;
+  const bool has_first = active && first < pairs, has_second = active && !flag_lane && first + 1 < pairs;
+  std::uint64_t a[kMaxHeapRanks], b[kMaxHeapRanks];
+#pragma unroll
+  for (int q = 0; q < kMaxHeapRanks; ++q) {
+    a[q] = q < world && has_first ? partial[static_cast<std::size_t>(q) * pairs + first] : 0;
+    b[q] = q < world && has_second ? partial[static_cast<std::size_t>(q) * pairs + first + 1] : 0;
+  }
+  const std::uint32_t epoch = ll_epoch_begin(state);
+  uint4* half = lines + static_cast<std::size_t>(epoch & 1u) * world * line_count * kLl128Threads;
+  const std::size_t slot = line * kLl128Threads + lane;
+  if (active) {
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (q < world && q != me)
+        store_line(dev::translate(heap, half + static_cast<std::size_t>(me) * line_count * kLl128Threads + slot, q),
+                   uint4{static_cast<std::uint32_t>(a[q]), static_cast<std::uint32_t>(a[q] >> 32),
+                         flag_lane ? epoch : static_cast<std::uint32_t>(b[q]),
+                         flag_lane ? epoch : static_cast<std::uint32_t>(b[q] >> 32)});
+  }
+  const unsigned flag_source = (threadIdx.x % 32u) | (kLl128Threads - 1);
+  unsigned pending = active ? ((1u << world) - 1u) & ~(1u << me) : 0u;
+  uint4 got[kMaxHeapRanks] = {};
+  while (__any_sync(0xffffffffu, pending != 0)) {
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (pending & (1u << q)) got[q] = load_line(half + static_cast<std::size_t>(q) * line_count * kLl128Threads + slot);
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q) {
+      if (q >= world) break;
+      const std::uint32_t z = __shfl_sync(0xffffffffu, got[q].z, static_cast<int>(flag_source));
+      const std::uint32_t w = __shfl_sync(0xffffffffu, got[q].w, static_cast<int>(flag_source));
+      if ((pending & (1u << q)) != 0 && z == epoch && w == epoch) pending &= ~(1u << q);
+    }
+  }
+  if (!active) return;
+  float acc_a[4] = {}, acc_b[4] = {};
+#pragma unroll
+  for (int q = 0; q < kMaxHeapRanks; ++q) {
+    if (q >= world) break;
+    if (q == me) {
+      add_pair(acc_a, static_cast<std::uint32_t>(a[q]), static_cast<std::uint32_t>(a[q] >> 32));
+      add_pair(acc_b, static_cast<std::uint32_t>(b[q]), static_cast<std::uint32_t>(b[q] >> 32));
+    } else {
+      add_pair(acc_a, got[q].x, got[q].y);
+      add_pair(acc_b, got[q].z, got[q].w);
+    }
+  }
+  if (has_first) out[first] = pack_pair(acc_a);
+  if (has_second) out[first + 1] = pack_pair(acc_b);
+}
+#endif
+
 // The low-latency ReduceScatter: thread i sends pair i of every peer's rows to that peer as a
 // line, then sums pair i of its own rows and of every peer's line for it, in rank order (the
 // order of reduce_sum), in fp32. Progress as in ll_allgather_kernel. (Ranks index the register
@@ -343,6 +418,7 @@ void preload_kernels() {
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll_allgather_kernel)));
 #if !defined(CARAVAN_GPU_AMD)
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll128_allgather_kernel)));
+  CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll128_reduce_scatter_kernel)));
 #endif
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&ll_reduce_scatter_kernel)));
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&reduce_sum_kernel)));
@@ -414,9 +490,22 @@ void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void*
 }
 
 void ll_reduce_scatter(const HeapView& heap, const bf16* partial, std::size_t bytes, void* lines, bf16* out, LlState* state,
-                       hipStream_t stream, bool early_launch) {
+                       hipStream_t stream, bool early_launch, LlFormat format) {
   require_ll("ll_reduce_scatter", heap, bytes, "copy-engine ReduceScatter");
   const std::size_t pairs = bytes / 8;
+  if (format == LlFormat::automatic) format = ll_format(bytes);
+  if (format == LlFormat::lines128) {
+#if defined(CARAVAN_GPU_AMD)
+    throw Error(Errc::invalid_argument, "ll_reduce_scatter: LlFormat::lines128 is for NVIDIA GPUs (NVLink); use pairs");
+#else
+    const std::size_t line_count = (pairs + kLl128Words - 1) / kLl128Words;
+    const auto blocks = static_cast<unsigned>((line_count * kLl128Threads + kLlThreads - 1) / kLlThreads);
+    launch_kernel(ll128_reduce_scatter_kernel, blocks, kLlThreads, stream, early_launch, heap,
+                  reinterpret_cast<const std::uint64_t*>(partial), pairs, line_count, static_cast<uint4*>(lines),
+                  reinterpret_cast<std::uint64_t*>(out), state);
+    return;
+#endif
+  }
   launch_kernel(ll_reduce_scatter_kernel, ll_blocks(pairs), kLlThreads, stream, early_launch, heap,
                 reinterpret_cast<const uint2*>(partial), pairs, static_cast<uint4*>(lines), reinterpret_cast<uint2*>(out),
                 state);

@@ -81,9 +81,11 @@ void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void*
 // The low-latency ReduceScatter, same protocol: `partial` holds world x `bytes` (this rank's
 // partial sums of every rank's rows, rank p's at p * bytes); each peer's part travels to it as
 // lines, and out (`bytes`) = the sum over ranks of their part for this rank, accumulated in fp32
-// in rank order. `lines`: ll_buffer_bytes(world, bytes) of symmetric memory; `state` as above.
+// in rank order. `lines`: ll_buffer_bytes(world, bytes) of symmetric memory; `state` as above;
+// `format` as for ll_allgather.
 void ll_reduce_scatter(const HeapView& heap, const bf16* partial, std::size_t bytes, void* lines, bf16* out,
-                       LlState* state, hipStream_t stream, bool early_launch = false);
+                       LlState* state, hipStream_t stream, bool early_launch = false,
+                       LlFormat format = LlFormat::automatic);
 
 }  // namespace caravan::gpu
 

@@ -888,6 +888,7 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   if (out_bytes <= kLlMaxBytes) {
     ll_lines_ = team.heap().allocate(ll_buffer_bytes(world, out_bytes));
     ll_state_ = team.heap().allocate(sizeof(LlState));
+    ll_format_ = ll_format(out_bytes);
   }
   const std::uint64_t partial_bytes = static_cast<std::uint64_t>(m) * n * sizeof(bf16);
   // Every rank makes the same decision (same heap size, same allocations before this one).
@@ -1118,7 +1119,7 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
     // so this rank's slots stay free for the peers' next copy-engine call at once.
     if (gemm) team_.blas(rank).gemm(stream, m_, n_, k_, a, k_, b, n_, computed, n_);
     ll_reduce_scatter(team_.heap().view(rank), partial, chunk_elems * sizeof(bf16), team_.heap().at(ll_lines_, rank),
-                      out, team_.heap().at<LlState>(ll_state_, rank), stream, early_launch_);
+                      out, team_.heap().at<LlState>(ll_state_, rank), stream, early_launch_, ll_format_);
     for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
     return;
   }

@@ -364,6 +364,7 @@ class GemmReduceScatter {
   bool early_launch_;  // CARAVAN_OVERLAP_GPU_EARLY_LAUNCH, read at construction (not per call)
   SymmetricRegion received_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when the output fits the low-latency protocol
+  LlFormat ll_format_ = LlFormat::pairs;
   SymmetricRegion pull_partials_;        // sm_pull: two m x n partials (by epoch parity), when they fit;
                                          // sm_push: two inboxes of world slots (by epoch parity)
   SymmetricRegion push_arrived_;         // sm_push: per rank, a flag per peer and block

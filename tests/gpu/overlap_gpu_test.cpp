@@ -1016,11 +1016,22 @@ TEST(Overlap, AllGatherAloneEveryVariantCallAfterCall) {
   });
 }
 
+void reduce_scatter_every_variant_call_after_call();
+
 // The ReduceScatter alone, every variant mixed call after call: each call sums fresh random
 // inputs (a different one per rank) into an output poisoned first, against a float32 sum of the
-// same values. Three rounds of a sequence that puts each variant after every other.
+// same values. Three rounds of a sequence that puts each variant after every other; ll in both
+// line formats (CARAVAN_LL128_MIN_BYTES: 0 keeps 16-byte lines; 128-byte lines on NVIDIA).
 TEST(Overlap, ReduceScatterAloneEveryVariantCallAfterCall) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
+  for (const char* ll128_from : {"0", "8"}) {
+    SCOPED_TRACE(std::string("CARAVAN_LL128_MIN_BYTES=") + ll128_from);
+    settings::ScopedOverride from("CARAVAN_LL128_MIN_BYTES", ll128_from);
+    reduce_scatter_every_variant_call_after_call();
+  }
+}
+
+void reduce_scatter_every_variant_call_after_call() {
   const int world = team_size();
   GpuTeam team(first_devices(world), 32 << 20);
   constexpr long kRows = 64, kCols = 256;  // 32 KiB out per rank: within the ll protocol's limit
