@@ -92,8 +92,8 @@ const Definition kTable[] = {
   {"CARAVAN_LL128_MIN_BYTES", Kind::bytes, "32K",
    "The low-latency AllGather and ReduceScatter (also in ll_bulk of AllGather+GEMM and GEMM+ReduceScatter) send this "
    "many bytes per rank and more as 128-byte "
-   "lines of 120 data bytes (NVIDIA GPUs over NVLink), smaller messages as 16-byte lines of 8 (0: always 16-byte "
-   "lines)", 0, kInf},
+   "lines of 120 data bytes (NVIDIA GPUs with native peer atomics between every pair, i.e. NVLink), smaller "
+   "messages as 16-byte lines of 8 (0: always 16-byte lines)", 0, kInf},
   {"CARAVAN_DMA_IPC_DIRECT", Kind::boolean, "true",
    "A copy from this rank into another rank's GPU memory on this node, all of whose hops run here, starts at once "
    "through the destination's IPC handle (sent with its descriptor) instead of a set-up exchange with its owner "

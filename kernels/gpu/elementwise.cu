@@ -448,13 +448,37 @@ void require_ll(const char* op, const HeapView& heap, std::size_t bytes, const c
 }
 }  // namespace
 
+#if !defined(CARAVAN_GPU_AMD)
+namespace {
+// 128-byte lines need NVLink between the GPUs: over PCIe a line may land in pieces. The sign of
+// NVLink taken here is what CUDA reports for it and not for PCIe peers: native atomics between
+// every pair of the GPUs this process sees. With fewer than two in sight (each rank's process
+// shown its own GPU only) nothing can be checked, and the lines stay 16 bytes.
+bool every_gpu_pair_has_nvlink() {
+  static const bool linked = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) return false;
+    for (int i = 0; i < count; ++i)
+      for (int j = 0; j < count; ++j) {
+        int atomics = 0;
+        if (i != j && (cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, i, j) != cudaSuccess ||
+                       atomics == 0))
+          return false;
+      }
+    return true;
+  }();
+  return linked;
+}
+}  // namespace
+#endif
+
 LlFormat ll_format(std::size_t bytes) {
 #if defined(CARAVAN_GPU_AMD)
   (void)bytes;
   return LlFormat::pairs;  // 128-byte lines rely on NVLink delivering a warp's store whole
 #else
   const std::uint64_t from = settings::get_bytes("CARAVAN_LL128_MIN_BYTES");
-  return from > 0 && bytes >= from ? LlFormat::lines128 : LlFormat::pairs;
+  return from > 0 && bytes >= from && every_gpu_pair_has_nvlink() ? LlFormat::lines128 : LlFormat::pairs;
 #endif
 }
 

@@ -71,8 +71,10 @@ std::size_t ll_buffer_bytes(int world, std::size_t bytes);
 enum class LlFormat : std::uint8_t { automatic, pairs, lines128 };
 inline constexpr unsigned kLl128Threads = 8;  // threads (16 bytes each) per 128-byte line
 inline constexpr unsigned kLl128Words = 15;   // 8-byte data words per line
-// The format for `bytes` per rank: lines128 from CARAVAN_LL128_MIN_BYTES up on NVIDIA (0: never),
-// pairs otherwise. Reads the setting (about 0.4 us): the operations resolve it at construction.
+// The format for `bytes` per rank: lines128 from CARAVAN_LL128_MIN_BYTES up (0: never) on NVIDIA
+// GPUs that CUDA reports native peer atomics between (every pair this process sees: NVLink, not
+// PCIe), pairs otherwise. Reads the setting (about 0.4 us): the operations resolve it at
+// construction.
 LlFormat ll_format(std::size_t bytes);
 const char* to_string(LlFormat format);
 void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void* lines, void* out, LlState* state,
