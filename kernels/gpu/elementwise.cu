@@ -196,6 +196,29 @@ __global__ void ll_allgather_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, c
 }
 
 #if !defined(CARAVAN_GPU_AMD)
+// The 128-byte lines' counterpart of wait_lines: every thread of the warp calls it (the flag
+// travels by shuffle from the line's last thread); a thread of a line past the end (`active`
+// false) only stands by. Leaves each peer's 16 bytes of this thread's slot in got[q].
+__device__ inline void wait_lines128(const uint4* half, std::size_t line_count, std::size_t slot, bool active,
+                                     int world, int me, std::uint32_t epoch, uint4 (&got)[kMaxHeapRanks]) {
+  const unsigned flag_source = (threadIdx.x % 32u) | (kLl128Threads - 1);  // lane 7 of this line, within the warp
+  unsigned pending = active ? ((1u << world) - 1u) & ~(1u << me) : 0u;
+  while (__any_sync(0xffffffffu, pending != 0)) {
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q)
+      if (pending & (1u << q)) got[q] = load_line(half + static_cast<std::size_t>(q) * line_count * kLl128Threads + slot);
+#pragma unroll
+    for (int q = 0; q < kMaxHeapRanks; ++q) {
+      if (q >= world) break;
+      const std::uint32_t z = __shfl_sync(0xffffffffu, got[q].z, static_cast<int>(flag_source));
+      const std::uint32_t w = __shfl_sync(0xffffffffu, got[q].w, static_cast<int>(flag_source));
+      if ((pending & (1u << q)) != 0 && z == epoch && w == epoch) pending &= ~(1u << q);
+    }
+  }
+}
+#endif
+
+#if !defined(CARAVAN_GPU_AMD)
 // The AllGather in 128-byte lines (LlFormat::lines128): the 8 threads of a line (one eighth of a
 // warp) store 16 bytes each with one warp-wide instruction, 15 data words and, in the last
 // thread's second half, the flag (the epoch twice). A receiver loads the line the same way and
@@ -230,21 +253,8 @@ __global__ void ll128_allgather_kernel(const CARAVAN_GRID_CONSTANT HeapView heap
     if (has_first) out[static_cast<std::size_t>(me) * pairs + first] = a;
     if (has_second) out[static_cast<std::size_t>(me) * pairs + first + 1] = b;
   }
-  const unsigned flag_source = (threadIdx.x % 32u) | (kLl128Threads - 1);  // lane 7 of this line, within the warp
-  unsigned pending = active ? ((1u << world) - 1u) & ~(1u << me) : 0u;
   uint4 got[kMaxHeapRanks] = {};
-  while (__any_sync(0xffffffffu, pending != 0)) {
-#pragma unroll
-    for (int q = 0; q < kMaxHeapRanks; ++q)
-      if (pending & (1u << q)) got[q] = load_line(half + static_cast<std::size_t>(q) * line_count * kLl128Threads + slot);
-#pragma unroll
-    for (int q = 0; q < kMaxHeapRanks; ++q) {
-      if (q >= world) break;
-      const std::uint32_t z = __shfl_sync(0xffffffffu, got[q].z, static_cast<int>(flag_source));
-      const std::uint32_t w = __shfl_sync(0xffffffffu, got[q].w, static_cast<int>(flag_source));
-      if ((pending & (1u << q)) != 0 && z == epoch && w == epoch) pending &= ~(1u << q);
-    }
-  }
+  wait_lines128(half, line_count, slot, active, world, me, epoch, got);
   if (active) {
 #pragma unroll
     for (int q = 0; q < kMaxHeapRanks; ++q) {
@@ -305,21 +315,8 @@ __global__ void CARAVAN_LAUNCH_BOUNDS(kLlThreads, 8)
                          flag_lane ? epoch : static_cast<std::uint32_t>(b[q]),
                          flag_lane ? epoch : static_cast<std::uint32_t>(b[q] >> 32)});
   }
-  const unsigned flag_source = (threadIdx.x % 32u) | (kLl128Threads - 1);
-  unsigned pending = active ? ((1u << world) - 1u) & ~(1u << me) : 0u;
   uint4 got[kMaxHeapRanks] = {};
-  while (__any_sync(0xffffffffu, pending != 0)) {
-#pragma unroll
-    for (int q = 0; q < kMaxHeapRanks; ++q)
-      if (pending & (1u << q)) got[q] = load_line(half + static_cast<std::size_t>(q) * line_count * kLl128Threads + slot);
-#pragma unroll
-    for (int q = 0; q < kMaxHeapRanks; ++q) {
-      if (q >= world) break;
-      const std::uint32_t z = __shfl_sync(0xffffffffu, got[q].z, static_cast<int>(flag_source));
-      const std::uint32_t w = __shfl_sync(0xffffffffu, got[q].w, static_cast<int>(flag_source));
-      if ((pending & (1u << q)) != 0 && z == epoch && w == epoch) pending &= ~(1u << q);
-    }
-  }
+  wait_lines128(half, line_count, slot, active, world, me, epoch, got);
   if (!active) return;
   float acc_a[4] = {}, acc_b[4] = {};
 #pragma unroll
@@ -428,14 +425,17 @@ void preload_kernels() {
   CARAVAN_HIP_CHECK(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&fill_random_kernel<float>)));
 }
 
-std::size_t ll_buffer_bytes(int world, std::size_t bytes) {
-  const std::size_t pairs = bytes / 8, line_count = (pairs + kLl128Words - 1) / kLl128Words;
-  return 2 * static_cast<std::size_t>(world) * std::max(pairs * 16, line_count * kLl128Threads * 16);
-}
-
 namespace {
 // One thread per pair, kLlThreads a block: at most kLlMaxBlocks blocks (LlState has a word each).
 unsigned ll_blocks(std::size_t pairs) { return static_cast<unsigned>((pairs + kLlThreads - 1) / kLlThreads); }
+// 128-byte lines: 15 words a line, 8 threads a line, kLlThreads a block (64 and 32 threads a
+// block measured the same as 128, 27th session: the links bound it).
+std::size_t ll128_lines(std::size_t pairs) { return (pairs + kLl128Words - 1) / kLl128Words; }
+#if !defined(CARAVAN_GPU_AMD)
+unsigned ll128_blocks(std::size_t line_count) {
+  return static_cast<unsigned>((line_count * kLl128Threads + kLlThreads - 1) / kLlThreads);
+}
+#endif
 
 // The checks both low-latency launchers make; `fallback` names what to use above the limit.
 void require_ll(const char* op, const HeapView& heap, std::size_t bytes, const char* fallback) {
@@ -447,6 +447,11 @@ void require_ll(const char* op, const HeapView& heap, std::size_t bytes, const c
     throw Error(Errc::invalid_argument, std::string(op) + ": heap view has no valid world size");
 }
 }  // namespace
+
+std::size_t ll_buffer_bytes(int world, std::size_t bytes) {
+  const std::size_t pairs = bytes / 8, line_count = ll128_lines(pairs);
+  return 2 * static_cast<std::size_t>(world) * std::max(pairs * 16, line_count * kLl128Threads * 16);
+}
 
 #if !defined(CARAVAN_GPU_AMD)
 namespace {
@@ -500,10 +505,8 @@ void ll_allgather(const HeapView& heap, const void* in, std::size_t bytes, void*
 #if defined(CARAVAN_GPU_AMD)
     throw Error(Errc::invalid_argument, "ll_allgather: LlFormat::lines128 is for NVIDIA GPUs (NVLink); use pairs");
 #else
-    const std::size_t line_count = (pairs + kLl128Words - 1) / kLl128Words;
-    // 64 and 32 threads a block measured the same as 128 (27th session): the links bound it.
-    const auto blocks = static_cast<unsigned>((line_count * kLl128Threads + kLlThreads - 1) / kLlThreads);
-    launch_kernel(ll128_allgather_kernel, blocks, kLlThreads, stream, early_launch, heap,
+    const std::size_t line_count = ll128_lines(pairs);
+    launch_kernel(ll128_allgather_kernel, ll128_blocks(line_count), kLlThreads, stream, early_launch, heap,
                   static_cast<const std::uint64_t*>(in), pairs, line_count, static_cast<uint4*>(lines),
                   static_cast<std::uint64_t*>(out), state);
     return;
@@ -522,9 +525,8 @@ void ll_reduce_scatter(const HeapView& heap, const bf16* partial, std::size_t by
 #if defined(CARAVAN_GPU_AMD)
     throw Error(Errc::invalid_argument, "ll_reduce_scatter: LlFormat::lines128 is for NVIDIA GPUs (NVLink); use pairs");
 #else
-    const std::size_t line_count = (pairs + kLl128Words - 1) / kLl128Words;
-    const auto blocks = static_cast<unsigned>((line_count * kLl128Threads + kLlThreads - 1) / kLlThreads);
-    launch_kernel(ll128_reduce_scatter_kernel, blocks, kLlThreads, stream, early_launch, heap,
+    const std::size_t line_count = ll128_lines(pairs);
+    launch_kernel(ll128_reduce_scatter_kernel, ll128_blocks(line_count), kLlThreads, stream, early_launch, heap,
                   reinterpret_cast<const std::uint64_t*>(partial), pairs, line_count, static_cast<uint4*>(lines),
                   reinterpret_cast<std::uint64_t*>(out), state);
     return;
