@@ -17,6 +17,7 @@ class FileChannel final : public dma::Channel {
 
  private:
   void run(const dma::Request& request);
+  void run_row(const dma::TransferOp& op, bool reading, const dma::Storage& file, std::byte* host);
   std::vector<std::byte> bounce_;
 };
 

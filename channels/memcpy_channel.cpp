@@ -317,6 +317,10 @@ void copy_group(const TransferOp& lead, const OpGroup& g, const std::byte* src, 
 }
 
 void copy_op(const TransferOp& op, const std::byte* src, std::byte* dst, std::uint64_t stream_bytes) {
+  if (op.rows > 1) {
+    for (std::uint64_t r = 0; r < op.rows; ++r) copy_op(op.row(r), src, dst, stream_bytes);
+    return;
+  }
   if (op.count == 1) {
     if (stream_bytes && op.elem >= stream_bytes) stream_copy(dst + op.dst, src + op.src, op.elem);
     else std::memcpy(dst + op.dst, src + op.src, op.elem);

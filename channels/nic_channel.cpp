@@ -63,18 +63,21 @@ void NicChannel::submit(const dma::Request& request, Completion done) {
   batch->done = std::move(done);
   const net::RmaCallback callback{&PutBatch::put_done, batch};
   try {
-    for (const dma::TransferOp& op : request.ops) {
-      // Runs that continue each other on both sides are one put; otherwise one put per element.
-      const bool contiguous = op.count == 1 || (op.src_stride == static_cast<std::int64_t>(op.elem) &&
-                                                op.dst_stride == static_cast<std::int64_t>(op.elem));
-      const std::uint64_t puts = contiguous ? 1 : op.count;
-      const std::uint64_t bytes = contiguous ? op.bytes() : op.elem;
-      for (std::uint64_t i = 0; i < puts; ++i) {
-        const auto s = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(i) * op.src_stride);
-        const auto d = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(i) * op.dst_stride);
-        batch->outstanding.fetch_add(1, std::memory_order_relaxed);
-        if (rma_.put(dst->remote_memory(), d, src->host() + s, bytes, src->registration(), callback) == net::RmaStatus::done)
-          batch->release();
+    for (const dma::TransferOp& rows : request.ops) {
+      for (std::uint64_t r = 0; r < rows.rows; ++r) {
+        const dma::TransferOp op = rows.row(r);
+        // Runs that continue each other on both sides are one put; otherwise one put per element.
+        const bool contiguous = op.count == 1 || (op.src_stride == static_cast<std::int64_t>(op.elem) &&
+                                                  op.dst_stride == static_cast<std::int64_t>(op.elem));
+        const std::uint64_t puts = contiguous ? 1 : op.count;
+        const std::uint64_t bytes = contiguous ? op.bytes() : op.elem;
+        for (std::uint64_t i = 0; i < puts; ++i) {
+          const auto s = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(i) * op.src_stride);
+          const auto d = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(i) * op.dst_stride);
+          batch->outstanding.fetch_add(1, std::memory_order_relaxed);
+          if (rma_.put(dst->remote_memory(), d, src->host() + s, bytes, src->registration(), callback) == net::RmaStatus::done)
+            batch->release();
+        }
       }
     }
   } catch (const Error& e) {

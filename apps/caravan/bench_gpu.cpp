@@ -663,10 +663,11 @@ void run_conversion_case(BenchReport& out, nlohmann::json& figures, MemoryId fbm
 
 // A 2-D layout conversion within GPU 0 whose rows are apart on one side: 48 MiB of points with
 // three 4-byte fields in rows of 1024 points, F,x,y -> x,F,y (each row's fields one after
-// another). The row walker gives one op per field and row (12288 here); the gpu_convert channel
-// now moves them as one group of fields by rows. Against the same ops through the same kernel
-// one op each (what the channel did before it grouped rows), and a plain D2D copy of the same
-// bytes; verified word by word after a poisoned last run.
+// another). The row walker gives one op of 4096 rows per field (until the 28th session one op
+// per field and row, 12288 here); the gpu_convert channel moves them as one group of fields by
+// rows. Against those 12288 one-row ops through the same kernel one op each (what the channel
+// did before it grouped rows), and a plain D2D copy of the same bytes; verified word by word
+// after a poisoned last run.
 void run_conversion_2d_case(BenchReport& out, nlohmann::json& figures, MemoryId fbm0, int reps) {
   const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
   constexpr std::uint64_t kRow = 1024;
@@ -688,8 +689,11 @@ void run_conversion_2d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
   CopyReport report;
   copy(cs, cd, {.report = &report}).wait();  // plans, and loads what the first copy loads
   gpu::RawCopy by_op{.dst = address(cd), .src = address(cs), .device = 0};
+  std::vector<dma::TransferOp> field_ops;
   dma::append_tile_ops(plane, xyz, dma::View::of_layout(Layout::parse("F,x,y"), plane, xyz, 0),
-                       dma::View::of_layout(Layout::parse("x,F,y"), plane, xyz, 0), by_op.kernel_ops);
+                       dma::View::of_layout(Layout::parse("x,F,y"), plane, xyz, 0), field_ops);
+  for (const dma::TransferOp& op : field_ops)
+    for (std::uint64_t r = 0; r < op.rows; ++r) by_op.kernel_ops.push_back(op.row(r));
   const gpu::RawCopy plain{.dst = address(cd), .src = address(cs), .bytes = conv_bytes, .device = 0};
   gpu::time_raw_copies(by_op, 1);
   gpu::time_raw_copies(plain, 1);

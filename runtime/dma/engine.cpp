@@ -714,15 +714,17 @@ std::vector<std::size_t> cut_requests(std::vector<TransferOp>& ops, std::uint64_
       out.assign(ops.begin(), ops.begin() + static_cast<std::ptrdiff_t>(i));
       cutting = true;
     }
-    auto member = [&](std::size_t m, std::size_t r) { return ops[i + m * g.member_index + r * g.row_index]; };
-    const std::uint64_t row_bytes = g.members * lead.bytes();
+    auto member = [&](std::size_t m, std::size_t r) { return group_row(ops.data(), i, g, m, r); };
+    const std::uint64_t row_bytes = g.members * lead.row_bytes();
     if (row_bytes <= limit) {
       // Whole rows: as many as fit, each piece in the group's own op order.
       const std::size_t per_piece = static_cast<std::size_t>(limit / row_bytes);
       for (std::size_t a = 0; a < g.rows; a += per_piece) {
         const std::size_t b = std::min(g.rows, a + per_piece);
         place((b - a) * row_bytes);
-        if (g.member_index == 1) {
+        if (g.row_index == 0) {  // ops of several rows: each member's op, rows [a, b)
+          for (std::size_t m = 0; m < g.members; ++m) out.push_back(ops[i + m * g.member_index].rows_from(a, b - a));
+        } else if (g.member_index == 1) {
           for (std::size_t r = a; r < b; ++r)
             for (std::size_t m = 0; m < g.members; ++m) out.push_back(member(m, r));
         } else {

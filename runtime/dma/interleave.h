@@ -8,11 +8,12 @@
 // Moved as a group, element range by element range with all fields together, each sector is
 // read (or written) once.
 //
-// A 2-D tile whose rows are apart (a sub-rectangle, or `F,x,y` -> `x,F,y`) gives one op per
-// field and row; the row walker (transfer_ops.h) emits them field by field, each field's rows at
-// one distance from each other. A group then has two dimensions: its members (the fields, which
-// interleave) and its rows. Ops at one distance from each other that do not interleave (the rows
-// of a sub-rectangle copy of one layout) are a group of one member and several rows.
+// A 2-D tile whose rows are apart (a sub-rectangle, or `F,x,y` -> `x,F,y`) gives one op of
+// several rows per field (TransferOp::rows), or, where a view is blocked, one op per field and
+// row, emitted field by field, each field's rows at one distance from each other. A group then
+// has two dimensions: its members (the fields, which interleave) and its rows, held by each
+// member's op or spread over ops. Ops at one distance from each other that do not interleave (the
+// rows of a sub-rectangle copy of a blocked layout) are a group of one member and several rows.
 //
 // Three places keep groups together: the DMA engine cuts a tile's ops into requests by element or
 // row range and never splits a group between requests otherwise (engine.cpp, cut_requests); the
@@ -21,8 +22,8 @@
 // row, and takes its rows in one launch (runtime/gpu/op_kernel.cu).
 //
 // Header-only and free of library types, so that nvcc compiles it into the kernel's host code
-// as it is. `Op` has src, dst (addresses: integers or byte pointers), elem, count, src_stride and
-// dst_stride, as dma::TransferOp and gpu::KernelOp do.
+// as it is. `Op` has src, dst (addresses: integers or byte pointers), elem, count, src_stride,
+// dst_stride, rows, src_row_stride, dst_row_stride and row(r), as dma::TransferOp does.
 #pragma once
 
 #include <cstddef>
@@ -30,11 +31,12 @@
 
 namespace caravan::dma {
 
-// `members` x `rows` ops of one shape (element size, count and strides) starting at ops[first]:
-// ops[first + m * member_index + r * row_index] is member m of row r, at the first op's addresses
-// moved by m * member_src / member_dst and r * row_src / row_dst bytes. Members interleave: on
-// one side each member's elements sit one element after the previous member's, within one
-// stride. A group of one member and one row is a lone op.
+// `members` x `rows` rows of one shape (element size, count and strides) starting at ops[first]:
+// member m of row r is ops[first + m * member_index + r * row_index], or, where row_index is 0
+// (ops of several rows), row r of ops[first + m * member_index]; it sits at the first op's
+// addresses moved by m * member_src / member_dst and r * row_src / row_dst bytes. Members
+// interleave: on one side each member's elements sit one element after the previous member's,
+// within one stride. A group of one member and one row is a lone op of one row.
 struct OpGroup {
   std::size_t members = 1;
   std::size_t rows = 1;
@@ -42,8 +44,16 @@ struct OpGroup {
   std::size_t row_index = 1;
   std::int64_t member_src = 0, member_dst = 0;
   std::int64_t row_src = 0, row_dst = 0;
-  std::size_t size() const noexcept { return members * rows; }
+  // The ops the group takes in the list.
+  std::size_t size() const noexcept { return members * (row_index == 0 ? 1 : rows); }
 };
+
+// Member m of row r of the group at ops[first], as an op of one row.
+template <typename Op>
+Op group_row(const Op* ops, std::size_t first, const OpGroup& g, std::size_t m, std::size_t r) {
+  const Op& op = ops[first + m * g.member_index + (g.row_index == 0 ? 0 : r * g.row_index)];
+  return op.row(g.row_index == 0 ? r : 0);
+}
 
 namespace group_detail {
 template <typename Address>
@@ -66,10 +76,17 @@ OpGroup op_group_at(const Op* ops, std::size_t size, std::size_t first) {
   using group_detail::distance;
   OpGroup g;
   const Op& lead = ops[first];
+  if (lead.rows > 1) {  // the op holds the group's rows
+    g.rows = static_cast<std::size_t>(lead.rows);
+    g.row_index = 0;
+    g.row_src = lead.src_row_stride;
+    g.row_dst = lead.dst_row_stride;
+  }
   if (lead.elem == 0 || first + 1 >= size) return g;
   auto same_shape = [&](const Op& o) {
     return o.elem == lead.elem && o.count == lead.count && o.src_stride == lead.src_stride &&
-           o.dst_stride == lead.dst_stride;
+           o.dst_stride == lead.dst_stride && o.rows == lead.rows && o.src_row_stride == lead.src_row_stride &&
+           o.dst_row_stride == lead.dst_row_stride;
   };
   auto at = [&](const Op& o, std::int64_t src, std::int64_t dst) {
     return same_shape(o) && distance(lead.src, o.src) == src && distance(lead.dst, o.dst) == dst;
@@ -81,6 +98,25 @@ OpGroup op_group_at(const Op* ops, std::size_t size, std::size_t first) {
   std::size_t run = 2;
   while (first + run < size && at(ops[first + run], static_cast<std::int64_t>(run) * run_src, static_cast<std::int64_t>(run) * run_dst))
     ++run;
+  // How many members a step can interleave: one element apart on a side, as many as fit in that
+  // side's stride (0: the step does not interleave).
+  auto fit = [&](std::int64_t src_step, std::int64_t dst_step) -> std::uint64_t {
+    if (lead.count < 2) return 0;
+    const auto elem = static_cast<std::int64_t>(lead.elem);
+    if (src_step == elem) return group_detail::magnitude(lead.src_stride) / lead.elem;
+    if (dst_step == elem) return group_detail::magnitude(lead.dst_stride) / lead.elem;
+    return 0;
+  };
+  if (lead.rows > 1) {
+    // Ops of several rows: the fields of a 2-D conversion, one op each, or a lone op.
+    if (const std::uint64_t m = fit(run_src, run_dst); m >= 2) {
+      g.members = static_cast<std::size_t>(run < m ? run : m);
+      g.member_index = 1;
+      g.member_src = run_src;
+      g.member_dst = run_dst;
+    }
+    return g;
+  }
   // Copies of the run: block b (ops[first + b * run + k]) at b * (block_src, block_dst).
   std::size_t blocks = 1;
   std::int64_t block_src = 0, block_dst = 0;
@@ -96,15 +132,6 @@ OpGroup op_group_at(const Op* ops, std::size_t size, std::size_t first) {
     };
     while (first + (blocks + 1) * run <= size && block_matches(blocks)) ++blocks;
   }
-  // How many members a step can interleave: one element apart on a side, as many as fit in that
-  // side's stride (0: the step does not interleave).
-  auto fit = [&](std::int64_t src_step, std::int64_t dst_step) -> std::uint64_t {
-    if (lead.count < 2) return 0;
-    const auto elem = static_cast<std::int64_t>(lead.elem);
-    if (src_step == elem) return group_detail::magnitude(lead.src_stride) / lead.elem;
-    if (dst_step == elem) return group_detail::magnitude(lead.dst_stride) / lead.elem;
-    return 0;
-  };
   if (const std::uint64_t n = fit(block_src, block_dst); blocks >= 2 && n >= 2) {
     // The fields of a 2-D conversion as the walker emits them: field by field, each field's rows.
     g.members = static_cast<std::size_t>(blocks < n ? blocks : n);

@@ -6,6 +6,12 @@
 namespace caravan::dma {
 
 TransferOp split_front(TransferOp& op, std::uint64_t bytes) {
+  if (op.rows > 1) {
+    const std::uint64_t n = std::max<std::uint64_t>(bytes / op.row_bytes(), 1);  // < op.rows
+    TransferOp head = op.rows_from(0, n);
+    op = op.rows_from(n, op.rows - n);
+    return head;
+  }
   TransferOp head = op;
   if (op.count == 1) {
     head.elem = bytes;
@@ -63,11 +69,31 @@ struct Walker {
       run.count = 1;
       run.src_stride = run.dst_stride = 0;
     }
-    // Fuse with the previous run when both sides continue exactly where it ended.
-    if (run.count == 1 && !out.empty()) {
+    if (run.rows > 1) {
+      // Rows that continue each other on both sides are one longer row.
+      const auto row_src = run.count == 1 ? static_cast<std::int64_t>(run.elem) : static_cast<std::int64_t>(run.count) * run.src_stride;
+      const auto row_dst = run.count == 1 ? static_cast<std::int64_t>(run.elem) : static_cast<std::int64_t>(run.count) * run.dst_stride;
+      if (run.src_row_stride == row_src && run.dst_row_stride == row_dst) {
+        if (run.count == 1) run.elem *= run.rows;
+        else run.count *= run.rows;
+        run.rows = 1;
+        run.src_row_stride = run.dst_row_stride = 0;
+      }
+    }
+    if (!out.empty()) {
       TransferOp& last = out.back();
-      if (last.count == 1 && last.src + last.elem == run.src && last.dst + last.elem == run.dst) {
+      // Fuse with the previous run when both sides continue exactly where it ended.
+      if (run.count == 1 && run.rows == 1 && last.count == 1 && last.rows == 1 && last.src + last.elem == run.src &&
+          last.dst + last.elem == run.dst) {
         last.elem += run.elem;
+        return;
+      }
+      // Or with the previous op of rows when these are its next rows.
+      if (run.rows > 1 && last.rows > 1 && last.elem == run.elem && last.count == run.count &&
+          last.src_stride == run.src_stride && last.dst_stride == run.dst_stride &&
+          last.src_row_stride == run.src_row_stride && last.dst_row_stride == run.dst_row_stride &&
+          last.row(last.rows).src == run.src && last.row(last.rows).dst == run.dst) {
+        last.rows += run.rows;
         return;
       }
     }
@@ -123,7 +149,7 @@ void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src
     // walked once and the others are its ops moved. Walking each row took six offset() calls, a
     // few divisions each: for a 2-D conversion of 12288 rows, 1.0-1.5 ms against 0.16-0.18 ms
     // moving the first row's ops (build machine, a warm op list), where the GPU kernels that move
-    // the tile's 48 MiB take 0.14 ms.
+    // the tile's 48 MiB take 0.14 ms; ops of several rows (below) leave one op per field.
     std::array<std::int64_t, kMaxDims> src_step{}, dst_step{};
     bool even = true;
     for (int d = 0; d < dims && even; ++d) {
@@ -132,11 +158,21 @@ void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src
       even = s && t;
       if (even) src_step[static_cast<std::size_t>(d)] = *s, dst_step[static_cast<std::size_t>(d)] = *t;
     }
+    // Where even, the rows along the first other dimension of the tile (with more than one
+    // coordinate) are the rows of the first row's ops: one op per op of the first row and
+    // coordinate of the dimensions above, instead of one per row.
+    int rows_dim = -1;
     if (even) {
       first_row.clear();
       Walker{src, dst, first_row, f, elem, row_dim}.row(tile.lo(), row_length);
+      for (int d = 0; d < dims && rows_dim < 0; ++d)
+        if (d != row_dim && tile.extent(d) > 1) rows_dim = d;
     }
-    // Visit every row start: all coordinates of the tile except row_dim, dimension 0 fastest.
+    const auto rows = static_cast<std::uint64_t>(rows_dim < 0 ? 1 : tile.extent(rows_dim));
+    const std::int64_t src_row = rows_dim < 0 ? 0 : src_step[static_cast<std::size_t>(rows_dim)];
+    const std::int64_t dst_row = rows_dim < 0 ? 0 : dst_step[static_cast<std::size_t>(rows_dim)];
+    // Visit every row start: all coordinates of the tile except row_dim (and rows_dim, whose
+    // rows the ops hold), dimension 0 fastest.
     Point p = tile.lo();
     std::int64_t src_shift = 0, dst_shift = 0;  // of row p from the first row, where even
     for (;;) {
@@ -144,6 +180,11 @@ void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src
         for (TransferOp op : first_row) {
           op.src = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + src_shift);
           op.dst = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + dst_shift);
+          if (rows > 1) {
+            op.rows = rows;
+            op.src_row_stride = src_row;
+            op.dst_row_stride = dst_row;
+          }
           w.append(op);
         }
       } else {
@@ -151,7 +192,7 @@ void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src
       }
       int d = 0;
       for (; d < dims; ++d) {
-        if (d == row_dim) continue;
+        if (d == row_dim || d == rows_dim) continue;
         auto i = static_cast<std::size_t>(d);
         if (p[i] < tile.hi()[i]) {
           ++p[i];

@@ -76,6 +76,31 @@ void fill_op(const dma::TransferOp& op, const CopyEnds& e, hipStream_t stream) {
   }
 }
 
+// An op of several rows: one 2-D copy (runs) or 3-D copy (strided elements, rows a whole number
+// of strides apart with room for `count` elements) where the pitches allow, else row by row.
+void rows_op(const dma::TransferOp& op, const CopyEnds& e, hipStream_t stream) {
+  const std::uint64_t width = op.row_bytes();
+  if (linear(op) && pitch_ok(op.src_row_stride, width) && pitch_ok(op.dst_row_stride, width)) {
+    copy_2d(at(e.dst, op.dst), static_cast<std::uint64_t>(op.dst_row_stride), at(e.src, op.src),
+            static_cast<std::uint64_t>(op.src_row_stride), width, op.rows, stream);
+    return;
+  }
+  if (!linear(op) && op.src_stride != 0 && pitch_ok(op.src_stride, op.elem) && pitch_ok(op.dst_stride, op.elem)) {
+    const auto sp = static_cast<std::uint64_t>(op.src_stride), dp = static_cast<std::uint64_t>(op.dst_stride);
+    const std::int64_t ss = op.src_row_stride, ds = op.dst_row_stride;
+    if (ss > 0 && ds > 0 && static_cast<std::uint64_t>(ss) % sp == 0 && static_cast<std::uint64_t>(ds) % dp == 0 &&
+        static_cast<std::uint64_t>(ss) / sp >= op.count && static_cast<std::uint64_t>(ds) / dp >= op.count) {
+      copy_3d(at(e.dst, op.dst), dp, static_cast<std::uint64_t>(ds), at(e.src, op.src), sp, static_cast<std::uint64_t>(ss),
+              op.elem, op.count, op.rows, stream);
+      return;
+    }
+  }
+  for (std::uint64_t r = 0; r < op.rows; ++r) {
+    const dma::TransferOp row = op.row(r);
+    enqueue_transfer_ops(std::span<const dma::TransferOp>(&row, 1), e, stream);
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------ op translation
@@ -84,7 +109,12 @@ void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& 
   std::size_t i = 0;
   while (i < ops.size()) {
     const dma::TransferOp& op = ops[i];
-    if (op.count == 0 || op.elem == 0) {
+    if (op.count == 0 || op.elem == 0 || op.rows == 0) {
+      ++i;
+      continue;
+    }
+    if (op.rows > 1) {
+      rows_op(op, e, stream);
       ++i;
       continue;
     }
@@ -93,11 +123,11 @@ void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& 
       const std::uint64_t len = op.bytes();
       std::size_t j = i + 1;
       std::int64_t ds = 0, dd = 0;
-      if (j < ops.size() && linear(ops[j]) && ops[j].bytes() == len) {
+      if (j < ops.size() && linear(ops[j]) && ops[j].rows == 1 && ops[j].bytes() == len) {
         ds = static_cast<std::int64_t>(ops[j].src - op.src);
         dd = static_cast<std::int64_t>(ops[j].dst - op.dst);
         if (pitch_ok(ds, len) && pitch_ok(dd, len)) {
-          while (j < ops.size() && linear(ops[j]) && ops[j].bytes() == len &&
+          while (j < ops.size() && linear(ops[j]) && ops[j].rows == 1 && ops[j].bytes() == len &&
                  static_cast<std::int64_t>(ops[j].src - ops[j - 1].src) == ds &&
                  static_cast<std::int64_t>(ops[j].dst - ops[j - 1].dst) == dd)
             ++j;
@@ -124,7 +154,8 @@ void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& 
       std::size_t j = i + 1;
       std::int64_t ds = 0, dd = 0;
       auto same_shape = [&](const dma::TransferOp& o) {
-        return o.elem == op.elem && o.count == op.count && o.src_stride == op.src_stride && o.dst_stride == op.dst_stride;
+        return o.elem == op.elem && o.count == op.count && o.src_stride == op.src_stride && o.dst_stride == op.dst_stride &&
+               o.rows == 1;
       };
       if (j < ops.size() && same_shape(ops[j])) {
         ds = static_cast<std::int64_t>(ops[j].src - op.src);
@@ -160,10 +191,13 @@ void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnd
     const dma::TransferOp& op = ops[i];
     const dma::OpGroup g = dma::op_group_at(ops.data(), ops.size(), i);
     i += g.size();
-    if (op.count == 0 || op.elem == 0) continue;  // a group's ops share their shape: nothing to move
-    // Members and rows are each at most the ops in the list, far below 2^32 for any list in memory.
-    if (g.size() > UINT32_MAX)
-      throw Error(Errc::invalid_argument, fmt::format("enqueue_transfer_kernel: {} ops in one request; the conversion kernel takes groups of fewer than 2^32", ops.size()));
+    if (op.count == 0 || op.elem == 0 || op.rows == 0) continue;  // a group's ops share their shape: nothing to move
+    // Members are at most the ops in the list; rows at most a tile's (a request moves whole rows).
+    if (g.members > UINT32_MAX || g.rows > UINT32_MAX)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("enqueue_transfer_kernel: a group of {} members and {} rows in one request; the conversion "
+                              "kernel takes fewer than 2^32 of each",
+                              g.members, g.rows));
     KernelGroup& k = batch.groups[batch.count++];
     k.src = at(e.src, op.src);
     k.dst = at(e.dst, op.dst);

@@ -269,6 +269,9 @@ void enqueue_raw(const RawCopy& c, const std::vector<hipStream_t>& streams) {
       k.count = op.count;
       k.src_stride = op.src_stride;
       k.dst_stride = op.dst_stride;
+      k.rows = static_cast<std::uint32_t>(op.rows);
+      k.row_src = op.src_row_stride;
+      k.row_dst = op.dst_row_stride;
       if (batch.count == kMaxKernelGroups || i + 1 == c.kernel_ops.size()) {
         launch_op_batch(batch, streams[0]);
         batch.count = 0;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 namespace caravan {
 namespace {
@@ -118,14 +119,23 @@ TEST(RequestCuts, ConversionFieldsAreCutTogetherByElementRange) {
 
 // A 2-D conversion (rows apart) longer than a request: cut by row range, each request all fields
 // of its rows; rows longer than a request are cut by element range, fields side by side. No
-// request splits a group otherwise, and every cut moves the same bytes.
+// request splits a group otherwise, and every cut moves the same bytes. Both forms of the rows:
+// in the ops (one op per field, as the walker emits them) and one op per field and row.
 TEST(RequestCuts, A2dConversionIsCutByRowsWithItsFieldsTogether) {
   const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
   const Rect plane = Rect::from_extents({50, 20});  // rows of 50 points: 600 bytes of all fields
-  for (auto [from, to] : {std::pair{"F,x,y", "x,F,y"}, std::pair{"x,F,y", "F,x,y"}}) {
+  for (auto [from, to, rows_in_ops] : {std::tuple{"F,x,y", "x,F,y", true}, std::tuple{"x,F,y", "F,x,y", true},
+                                       std::tuple{"F,x,y", "x,F,y", false}, std::tuple{"x,F,y", "F,x,y", false}}) {
     std::vector<dma::TransferOp> ops;
     dma::append_tile_ops(plane, xyz, dma::View::of_layout(Layout::parse(from), plane, xyz, 0),
                          dma::View::of_layout(Layout::parse(to), plane, xyz, 0), ops);
+    ASSERT_EQ(ops.size(), 3u) << from << " -> " << to << ": an op of 20 rows per field";
+    if (!rows_in_ops) {
+      std::vector<dma::TransferOp> by_row;
+      for (const dma::TransferOp& op : ops)
+        for (std::uint64_t r = 0; r < op.rows; ++r) by_row.push_back(op.row(r));
+      ops = by_row;
+    }
     ASSERT_EQ(dma::op_group_at(ops.data(), ops.size(), 0).size(), ops.size()) << from << " -> " << to;
     const std::size_t bytes = 50 * 20 * 12;
     std::vector<std::byte> src(bytes);
@@ -135,7 +145,7 @@ TEST(RequestCuts, A2dConversionIsCutByRowsWithItsFieldsTogether) {
     // (limit, rows per request): whole rows; one row per request; rows cut in three (200 bytes,
     // 16 points of the 50: 4 pieces a row).
     for (auto [limit, rows] : {std::pair{3000u, 5u}, std::pair{700u, 1u}, std::pair{200u, 0u}}) {
-      const std::string what = fmt::format("{} -> {}, limit {}", from, to, limit);
+      const std::string what = fmt::format("{} -> {}, limit {}, {}", from, to, limit, rows_in_ops ? "rows in the ops" : "an op per row");
       std::vector<dma::TransferOp> cut = ops;
       const std::vector<std::size_t> ends = dma::cut_requests(cut, limit);
       ASSERT_FALSE(ends.empty()) << what;

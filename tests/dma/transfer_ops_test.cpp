@@ -22,14 +22,17 @@ void check_ops(const Rect& space, const FieldSpace& fields, const Layout& a, con
   append_tile_ops(space, fields, src, dst, ops);
   std::map<std::uint64_t, std::uint64_t> moved;  // dst byte -> src byte
   std::uint64_t bytes = 0;
-  for (const auto& op : ops) {
-    for (std::uint64_t i = 0; i < op.count; ++i)
-      for (std::uint64_t k = 0; k < op.elem; ++k) {
-        auto s = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(i) * op.src_stride) + k;
-        auto d = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(i) * op.dst_stride) + k;
-        ASSERT_TRUE(moved.emplace(d, s).second) << "dst byte " << d << " written twice";
-        ++bytes;
-      }
+  for (const auto& rows : ops) {
+    for (std::uint64_t r = 0; r < rows.rows; ++r) {
+      const TransferOp op = rows.row(r);
+      for (std::uint64_t i = 0; i < op.count; ++i)
+        for (std::uint64_t k = 0; k < op.elem; ++k) {
+          auto s = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(i) * op.src_stride) + k;
+          auto d = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(i) * op.dst_stride) + k;
+          ASSERT_TRUE(moved.emplace(d, s).second) << "dst byte " << d << " written twice";
+          ++bytes;
+        }
+    }
   }
   EXPECT_EQ(bytes, space.volume() * fields.total_size()) << a.to_string() << " -> " << b.to_string();
   Linearization la(a, space, fields), lb(b, space, fields);
@@ -153,7 +156,8 @@ TEST(HostOps, GroupsCopyWhatTheirOpsCopyElementByElement) {
       const std::uint64_t rows = pick(1, 6), gap = pick(0, 2) * e;
       std::uint64_t count = pick(1, 700);
       while (count > 1 && rows * (count * record + gap) > kPart) count /= 2;
-      const bool gather = rng() % 2 == 0, field_major = rng() % 2 == 0;
+      const bool gather = rng() % 2 == 0;
+      const int arrangement = static_cast<int>(rng() % 3);  // field major, row major, rows in the ops
       std::vector<TransferOp> by_row;
       for (std::uint64_t r = 0; r < rows; ++r)
         for (std::uint64_t f = 0; f < fields; ++f) {
@@ -163,9 +167,19 @@ TEST(HostOps, GroupsCopyWhatTheirOpsCopyElementByElement) {
           else by_row.push_back({at + array, at + interleaved, e, count, es, rs});
         }
       const std::size_t first = ops.size();
-      if (field_major) {
+      if (arrangement == 0) {
         for (std::uint64_t f = 0; f < fields; ++f)
           for (std::uint64_t r = 0; r < rows; ++r) ops.push_back(by_row[r * fields + f]);
+      } else if (arrangement == 2) {
+        for (std::uint64_t f = 0; f < fields; ++f) {
+          TransferOp op = by_row[f];
+          op.rows = rows;
+          if (rows > 1) {
+            op.src_row_stride = static_cast<std::int64_t>(by_row[fields + f].src - op.src);
+            op.dst_row_stride = static_cast<std::int64_t>(by_row[fields + f].dst - op.dst);
+          }
+          ops.push_back(op);
+        }
       } else {
         ops.insert(ops.end(), by_row.begin(), by_row.end());
       }
@@ -177,9 +191,13 @@ TEST(HostOps, GroupsCopyWhatTheirOpsCopyElementByElement) {
     for (auto& b : src) b = static_cast<std::byte>(rng());
     std::vector<std::byte> expected = got;
     for (const TransferOp& op : ops)
-      for (std::uint64_t i = 0; i < op.count; ++i)
-        std::memcpy(expected.data() + op.dst + static_cast<std::int64_t>(i) * op.dst_stride,
-                    src.data() + op.src + static_cast<std::int64_t>(i) * op.src_stride, op.elem);
+      for (std::uint64_t r = 0; r < op.rows; ++r)
+        for (std::uint64_t i = 0; i < op.count; ++i)
+          std::memcpy(expected.data() + op.dst + static_cast<std::int64_t>(r) * op.dst_row_stride +
+                          static_cast<std::int64_t>(i) * op.dst_stride,
+                      src.data() + op.src + static_cast<std::int64_t>(r) * op.src_row_stride +
+                          static_cast<std::int64_t>(i) * op.src_stride,
+                      op.elem);
     copy_host_ops(ops, src.data(), got.data());
     ASSERT_EQ(got, expected) << "round " << round;
     if (round == 0) {
@@ -219,21 +237,27 @@ TEST(HostOps, EveryStreamingStoreWidthAndOrderMatchesMemcpy) {
 namespace caravan::dma {
 namespace {
 
-// Cutting an op into pieces keeps every element exactly once, in order.
+// Cutting an op into pieces keeps every element exactly once, in order; an op of several rows is
+// cut at whole rows.
 TEST(TransferOps, SplitFrontKeepsEveryElementOnce) {
-  for (TransferOp whole : {TransferOp{10, 1000, 5000, 1, 0, 0}, TransferOp{8, 4096, 8, 700, 24, -16}}) {
+  for (TransferOp whole : {TransferOp{10, 1000, 5000, 1, 0, 0}, TransferOp{8, 4096, 8, 700, 24, -16},
+                           TransferOp{8, 40000, 8, 50, 24, -16, 10, 2000, 1000}, TransferOp{0, 0, 300, 1, 0, 0, 9, 400, 300}}) {
     std::vector<std::pair<std::int64_t, std::int64_t>> expected, got;  // (src, dst) of each byte
     auto bytes_of = [](const TransferOp& op, auto& out) {
-      for (std::uint64_t i = 0; i < op.count; ++i)
-        for (std::uint64_t k = 0; k < op.elem; ++k)
-          out.emplace_back(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(i) * op.src_stride + static_cast<std::int64_t>(k),
-                           static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(i) * op.dst_stride + static_cast<std::int64_t>(k));
+      for (std::uint64_t r = 0; r < op.rows; ++r)
+        for (std::uint64_t i = 0; i < op.count; ++i)
+          for (std::uint64_t k = 0; k < op.elem; ++k) {
+            const auto ri = static_cast<std::int64_t>(r), ii = static_cast<std::int64_t>(i), ki = static_cast<std::int64_t>(k);
+            out.emplace_back(static_cast<std::int64_t>(op.src) + ri * op.src_row_stride + ii * op.src_stride + ki,
+                             static_cast<std::int64_t>(op.dst) + ri * op.dst_row_stride + ii * op.dst_stride + ki);
+          }
     };
     bytes_of(whole, expected);
     TransferOp rest = whole;
     while (rest.bytes() > 1000) {
       TransferOp head = split_front(rest, 1000);
       EXPECT_LE(head.bytes(), 1000u);
+      if (whole.rows > 1) EXPECT_EQ(head.bytes() % whole.row_bytes(), 0u) << "whole rows";
       EXPECT_GT(head.bytes(), 0u);
       bytes_of(head, got);
     }
@@ -283,7 +307,9 @@ void expect_group_names_its_ops(const std::vector<TransferOp>& ops, std::size_t 
   const TransferOp& lead = ops[first];
   for (std::size_t m = 0; m < g.members; ++m)
     for (std::size_t r = 0; r < g.rows; ++r) {
-      const TransferOp& o = ops.at(first + m * g.member_index + r * g.row_index);
+      ASSERT_LT(first + m * g.member_index + r * g.row_index, ops.size()) << what;
+      const TransferOp o = group_row(ops.data(), first, g, m, r);
+      EXPECT_EQ(o.rows, 1u) << what;
       const auto mi = static_cast<std::int64_t>(m), ri = static_cast<std::int64_t>(r);
       EXPECT_EQ(static_cast<std::int64_t>(o.src - lead.src), mi * g.member_src + ri * g.row_src) << what << " member " << m << " row " << r;
       EXPECT_EQ(static_cast<std::int64_t>(o.dst - lead.dst), mi * g.member_dst + ri * g.row_dst) << what << " member " << m << " row " << r;
@@ -291,8 +317,9 @@ void expect_group_names_its_ops(const std::vector<TransferOp>& ops, std::size_t 
     }
 }
 
-// A 2-D conversion whose rows are apart: the walker emits each field's rows, field after field,
-// and the whole tile is one group of the fields (members) by the rows.
+// A 2-D conversion whose rows are apart: the walker emits one op of all rows per field, and the
+// whole tile is one group of the fields (members) by the rows. The same rows as one op each,
+// field after field (what the walker emits where a view is blocked), are the same group.
 TEST(OpGroups, A2dConversionWithRowsApartIsOneGroupOfFieldsByRows) {
   const FieldSpace xyz({{"x", 4}, {"y", 4}, {"z", 4}});
   const Rect plane = Rect::from_extents({40, 9});
@@ -301,12 +328,24 @@ TEST(OpGroups, A2dConversionWithRowsApartIsOneGroupOfFieldsByRows) {
     std::vector<TransferOp> ops;
     append_tile_ops(plane, xyz, View::of_layout(Layout::parse(from), plane, xyz, 0),
                     View::of_layout(Layout::parse(to), plane, xyz, 0), ops);
+    ASSERT_EQ(ops.size(), 3u) << what << ": one op of 9 rows per field";
     const OpGroup g = op_group_at(ops.data(), ops.size(), 0);
     EXPECT_EQ(g.members, 3u) << what;
     EXPECT_EQ(g.size(), ops.size()) << what << ": one group for the tile";
-    EXPECT_GT(g.rows, 1u) << what;
-    EXPECT_EQ(g.member_index, g.rows) << what << ": field by field, as the walker emits them";
+    EXPECT_EQ(g.rows, 9u) << what;
+    EXPECT_EQ(g.row_index, 0u) << what << ": the rows are in the ops";
     expect_group_names_its_ops(ops, 0, g, what);
+    std::vector<TransferOp> by_row;
+    for (const TransferOp& op : ops)
+      for (std::uint64_t r = 0; r < op.rows; ++r) by_row.push_back(op.row(r));
+    const OpGroup h = op_group_at(by_row.data(), by_row.size(), 0);
+    EXPECT_EQ(h.members, 3u) << what;
+    EXPECT_EQ(h.size(), by_row.size()) << what;
+    EXPECT_EQ(h.rows, 9u) << what;
+    EXPECT_EQ(h.member_index, 9u) << what << ": field by field";
+    EXPECT_EQ(h.row_src, g.row_src) << what;
+    EXPECT_EQ(h.member_dst, g.member_dst) << what;
+    expect_group_names_its_ops(by_row, 0, h, what + ", one op per row");
   }
   // The same rows with the fields of each row next to each other: the members are consecutive.
   std::vector<TransferOp> row_major;

@@ -394,11 +394,14 @@ void append_field_group(std::vector<dma::TransferOp>& ops, std::uint64_t src_at,
 
 // Appends a 2-D conversion: `rows` rows of append_field_group's shape, each row's records
 // `row_gap` bytes past the previous row's end on the interleaved side (a sub-rectangle's rows
-// apart), the field arrays of all rows one after another on the other side. `field_major`: each
-// field's rows, field after field (as the row walker emits them), else each row's fields.
+// apart), the field arrays of all rows one after another on the other side. Arranged as each
+// row's fields (`row_major`), each field's rows, field after field (`field_major`, as the row
+// walker emits them where a view is blocked), or one op of all rows per field (`rows_in_ops`, as
+// it emits them otherwise).
+enum class RowArrangement { row_major, field_major, rows_in_ops };
 void append_2d_field_group(std::vector<dma::TransferOp>& ops, std::uint64_t src_at, std::uint64_t dst_at,
                            std::uint64_t fields, std::uint64_t elem, std::uint64_t count, std::uint64_t record,
-                           std::uint64_t rows, std::uint64_t row_gap, bool gather, bool field_major) {
+                           std::uint64_t rows, std::uint64_t row_gap, bool gather, RowArrangement arrangement) {
   const std::uint64_t interleaved_row = count * record + row_gap, array_row = count * elem;
   std::vector<dma::TransferOp> by_row;
   for (std::uint64_t r = 0; r < rows; ++r) {
@@ -411,8 +414,20 @@ void append_2d_field_group(std::vector<dma::TransferOp>& ops, std::uint64_t src_
       else by_row.push_back({src_at + array_at, dst_at + field_at, elem, count, e, rs});
     }
   }
-  if (!field_major) {
+  if (arrangement == RowArrangement::row_major) {
     ops.insert(ops.end(), by_row.begin(), by_row.end());
+    return;
+  }
+  if (arrangement == RowArrangement::rows_in_ops) {
+    for (std::uint64_t f = 0; f < fields; ++f) {
+      dma::TransferOp op = by_row[f];
+      op.rows = rows;
+      if (rows > 1) {
+        op.src_row_stride = static_cast<std::int64_t>(by_row[fields + f].src - op.src);
+        op.dst_row_stride = static_cast<std::int64_t>(by_row[fields + f].dst - op.dst);
+      }
+      ops.push_back(op);
+    }
     return;
   }
   for (std::uint64_t f = 0; f < fields; ++f)
@@ -426,7 +441,7 @@ OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
   const std::uint64_t elems[] = {1, 2, 4, 8, 12, 16, 24};
   for (std::uint64_t base = 0; base + kChunk <= region; base += kChunk) {
     const std::uint64_t src_base = pick(0, region - kChunk);
-    switch (rng() % 9) {
+    switch (rng() % 10) {
       case 0: {  // one run
         std::uint64_t len = pick(1, kChunk);
         c.ops.push_back({src_base, base, len, 1, 0, 0});
@@ -482,9 +497,35 @@ OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
         std::uint64_t e = elems[rng() % 7], k = pick(2, 5), record = k * e + pick(0, 1) * e, rows = pick(2, 40);
         std::uint64_t gap = pick(0, 3) * e, n = pick(2, 300);
         while (n > 1 && rows * (n * record + gap) > kChunk) n /= 2;
-        const bool gather = rng() % 2 == 0, field_major = rng() % 2 == 0;
-        append_2d_field_group(c.ops, src_base, base, k, e, n, record, rows, gap, gather, field_major);
-        c.describe += std::string("2-D ") + (gather ? "gather " : "scatter ") + (field_major ? "field-major " : "row-major ");
+        const bool gather = rng() % 2 == 0;
+        const auto arrangement = static_cast<RowArrangement>(rng() % 3);
+        append_2d_field_group(c.ops, src_base, base, k, e, n, record, rows, gap, gather, arrangement);
+        const char* names[] = {"row-major ", "field-major ", "rows-in-ops "};
+        c.describe += std::string("2-D ") + (gather ? "gather " : "scatter ") + names[static_cast<int>(arrangement)];
+        break;
+      }
+      case 8: {  // one op of several rows: runs (a 2-D copy), strided elements (a 3-D copy where the
+                 // rows are whole strides apart, else row by row), or a fill
+        const std::uint64_t e = elems[rng() % 7], rows = pick(2, 24);
+        dma::TransferOp op{src_base, base, e, 1, 0, 0, rows, 0, 0};
+        const int kind = static_cast<int>(rng() % 3);
+        if (kind == 0) {
+          op.elem = pick(1, 2000);
+          op.src_row_stride = static_cast<std::int64_t>(op.elem + pick(0, 300));
+          op.dst_row_stride = static_cast<std::int64_t>(op.elem + pick(0, 300));
+        } else {
+          const std::uint64_t ss = kind == 2 ? 0 : e + pick(0, 24), dsd = e + pick(0, 24);
+          op.count = pick(2, 40);
+          op.src_stride = static_cast<std::int64_t>(ss);
+          op.dst_stride = static_cast<std::int64_t>(dsd);
+          // Whole strides apart (and room for the row) half the time, else any distance past it.
+          const bool whole = rng() % 2 == 0;
+          op.src_row_stride = static_cast<std::int64_t>(whole ? (op.count + pick(0, 3)) * ss : op.count * ss + pick(1, 7));
+          op.dst_row_stride = static_cast<std::int64_t>(whole ? (op.count + pick(0, 3)) * dsd : op.count * dsd + e + pick(0, 7));
+        }
+        while (op.rows > 2 && op.rows * static_cast<std::uint64_t>(std::max(op.src_row_stride, op.dst_row_stride)) > kChunk) --op.rows;
+        c.ops.push_back(op);
+        c.describe += kind == 0 ? "rows of runs " : kind == 1 ? "rows of strided " : "rows of fill ";
         break;
       }
       default: {  // contiguous both sides with count > 1: one run
