@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <atomic>
 #include <functional>
 #include <mutex>
 #include <span>
@@ -70,6 +71,10 @@ class CopyQueue {
   std::vector<hipEvent_t> fences_;  // mutex_
   bool stop_ = false;
   bool dropping_ = false;  // destructor: wait for events, skip completions
+  // Submissions so far, bumped under mutex_: the completion thread polls it for spin_ns_ after
+  // its last pending request before it sleeps (CARAVAN_GPU_WORKER_SPIN_US, as the DMA workers).
+  std::atomic<std::uint64_t> submitted_{0};
+  std::int64_t spin_ns_ = 0;
   std::thread thread_;
 };
 
