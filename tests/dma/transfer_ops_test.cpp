@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -15,11 +16,14 @@
 namespace caravan::dma {
 namespace {
 
-// Applies ops as a map src offset -> dst offset per byte, and checks it against the layouts.
-void check_ops(const Rect& space, const FieldSpace& fields, const Layout& a, const Layout& b) {
+// Applies the ops of `tile` (all of `space` by default) as a map src offset -> dst offset per
+// byte, and checks it against the layouts of `space`. Returns the number of ops.
+std::size_t check_ops(const Rect& space, const FieldSpace& fields, const Layout& a, const Layout& b,
+                      std::optional<Rect> part = std::nullopt) {
+  const Rect tile = part.value_or(space);
   View src = View::of_layout(a, space, fields, 0), dst = View::of_layout(b, space, fields, 0);
   std::vector<TransferOp> ops;
-  append_tile_ops(space, fields, src, dst, ops);
+  append_tile_ops(tile, fields, src, dst, ops);
   std::map<std::uint64_t, std::uint64_t> moved;  // dst byte -> src byte
   std::uint64_t bytes = 0;
   for (const auto& rows : ops) {
@@ -29,32 +33,39 @@ void check_ops(const Rect& space, const FieldSpace& fields, const Layout& a, con
         for (std::uint64_t k = 0; k < op.elem; ++k) {
           auto s = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.src) + static_cast<std::int64_t>(i) * op.src_stride) + k;
           auto d = static_cast<std::uint64_t>(static_cast<std::int64_t>(op.dst) + static_cast<std::int64_t>(i) * op.dst_stride) + k;
-          ASSERT_TRUE(moved.emplace(d, s).second) << "dst byte " << d << " written twice";
+            EXPECT_TRUE(moved.emplace(d, s).second) << "dst byte " << d << " written twice";
           ++bytes;
         }
     }
   }
-  EXPECT_EQ(bytes, space.volume() * fields.total_size()) << a.to_string() << " -> " << b.to_string();
+  EXPECT_EQ(bytes, tile.volume() * fields.total_size()) << a.to_string() << " -> " << b.to_string();
   Linearization la(a, space, fields), lb(b, space, fields);
-  Point p = space.lo();
+  Point p = tile.lo();
   for (;;) {
     for (std::size_t f = 0; f < fields.count(); ++f)
       for (std::uint64_t k = 0; k < fields.fields()[f].size; ++k) {
         auto it = moved.find(lb.offset(p, f) + k);
-        ASSERT_NE(it, moved.end());
-        ASSERT_EQ(it->second, la.offset(p, f) + k) << a.to_string() << " -> " << b.to_string();
+        if (it == moved.end()) {
+          ADD_FAILURE() << a.to_string() << " -> " << b.to_string() << ": a byte of the tile not written";
+          return ops.size();
+        }
+        if (it->second != la.offset(p, f) + k) {
+          ADD_FAILURE() << a.to_string() << " -> " << b.to_string() << ": a byte from the wrong place";
+          return ops.size();
+        }
       }
     int d = 0;
-    for (; d < space.dims(); ++d) {
+    for (; d < tile.dims(); ++d) {
       auto i = static_cast<std::size_t>(d);
-      if (p[i] < space.hi()[i]) {
+      if (p[i] < tile.hi()[i]) {
         ++p[i];
         break;
       }
-      p[i] = space.lo()[i];
+      p[i] = tile.lo()[i];
     }
-    if (d == space.dims()) break;
+    if (d == tile.dims()) break;
   }
+  return ops.size();
 }
 
 TEST(TransferOps, EveryByteLandsWhereTheLayoutsSay) {
@@ -65,6 +76,32 @@ TEST(TransferOps, EveryByteLandsWhereTheLayoutsSay) {
   for (auto [a, b] : std::vector<std::pair<const char*, const char*>>{
            {"F,x,y", "F,y,x"}, {"x,y,F", "F,x,y"}, {"x_in=4,y_in=3,x_out,y_out,F", "y,x,F"}, {"F,x_in=2,x_out,y", "x_in=3,F,y,x_out"}})
     check_ops(Rect::from_extents({7, 5}), fields, Layout::parse(a), Layout::parse(b));
+}
+
+// Tiles inside a larger instance (rows apart on both sides) and 3-D tiles: every byte lands where
+// the layouts say, and where no view is blocked a tile is one op per op of its first row and
+// plane, its rows held by the ops (or fewer, where they continue each other).
+TEST(TransferOps, SubTilesAndThreeDimensionsWithRowsInTheOps) {
+  FieldSpace fields({{"a", 4}, {"b", 8}, {"c", 2}});
+  const Rect plane = Rect::from_extents({9, 7});
+  const Rect part(2, Point{2, 1}, Point{6, 5});  // 5 x 5 of the 9 x 7
+  for (auto [a, b] : std::vector<std::pair<const char*, const char*>>{
+           {"F,x,y", "F,x,y"}, {"F,x,y", "x,F,y"}, {"x,y,F", "F,x,y"}, {"y,x,F", "x,y,F"}, {"F,y,x", "x,F,y"}}) {
+    const std::size_t ops = check_ops(plane, fields, Layout::parse(a), Layout::parse(b), part);
+    EXPECT_LE(ops, fields.count()) << a << " -> " << b << ": one op (of rows) per field at most";
+  }
+  // A blocked view keeps one op per row (or more): still every byte right.
+  check_ops(plane, fields, Layout::parse("x_in=4,F,x_out,y"), Layout::parse("F,x,y"), part);
+  const Rect box = Rect::from_extents({6, 5, 4});
+  const Rect inner(3, Point{1, 1, 1}, Point{4, 3, 2});  // 4 x 3 x 2
+  for (auto [a, b] : std::vector<std::pair<const char*, const char*>>{
+           {"F,x,y,z", "x,F,y,z"}, {"x,y,z,F", "F,z,y,x"}, {"F,x,y,z", "F,x,y,z"}, {"z,x,F,y", "F,x,y,z"}}) {
+    check_ops(box, fields, Layout::parse(a), Layout::parse(b));
+    const std::size_t ops = check_ops(box, fields, Layout::parse(a), Layout::parse(b), inner);
+    // The row and the rows take two of the tile's dimensions (4, 3, 2); per field one op of
+    // rows for each coordinate of the third, at most 3.
+    EXPECT_LE(ops, fields.count() * 3) << a << " -> " << b << ": per field, one op of rows per plane at most";
+  }
 }
 
 TEST(TransferOps, IdenticalLayoutsBecomeOneRun) {
