@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 
 namespace caravan::app {
 namespace {
@@ -29,6 +30,10 @@ void fail_on_problems(const std::vector<settings::SettingView>& all,
                       const std::vector<settings::UnknownVariable>& unknown) {
   const auto invalid = std::count_if(all.begin(), all.end(), [](const auto& s) { return !s.error.empty(); });
   if (invalid == 0 && unknown.empty()) return;
+  // The listing above went to stdout, the error goes to stderr: flush it first, so that a terminal
+  // or a pipe taking both shows the list whole, then the error (unflushed, a long list was cut
+  // mid-line by the error).
+  std::fflush(stdout);
   throw Error(Errc::invalid_argument, fmt::format("config: {} invalid setting value(s) and {} unknown CARAVAN_* "
                                                   "variable(s) in the environment (listed above)",
                                                   invalid, unknown.size()));

@@ -7,7 +7,8 @@ namespace caravan::dma {
 
 TransferOp split_front(TransferOp& op, std::uint64_t bytes) {
   if (op.rows > 1) {
-    const std::uint64_t n = std::max<std::uint64_t>(bytes / op.row_bytes(), 1);  // < op.rows
+    // At least one row, and one left (bytes < op.bytes(), the caller's promise, gives that too).
+    const std::uint64_t n = std::clamp<std::uint64_t>(bytes / op.row_bytes(), 1, op.rows - 1);
     TransferOp head = op.rows_from(0, n);
     op = op.rows_from(n, op.rows - n);
     return head;

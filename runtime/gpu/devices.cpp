@@ -261,6 +261,9 @@ void enqueue_raw(const RawCopy& c, const std::vector<hipStream_t>& streams) {
     KernelBatch batch;
     for (std::size_t i = 0; i < c.kernel_ops.size(); ++i) {
       const dma::TransferOp& op = c.kernel_ops[i];
+      if (op.rows > UINT32_MAX)
+        throw Error(Errc::invalid_argument,
+                    fmt::format("RawCopy::kernel_ops[{}]: {} rows; the conversion kernel takes fewer than 2^32", i, op.rows));
       KernelGroup& k = batch.groups[batch.count++];
       k = KernelGroup{};
       k.src = static_cast<const std::byte*>(c.src) + op.src;
