@@ -3,6 +3,7 @@
 #include "channels/file_channel.h"
 #include "channels/memcpy_channel.h"
 #include "channels/nic_channel.h"
+#include "runtime/cpu_relax.h"
 #include "runtime/dma/calibrate.h"
 #include "runtime/dma/instance_impl.h"
 #include "runtime/dma/interleave.h"
@@ -285,14 +286,7 @@ void DmaWorker::loop() {
         // the lock), and one sent after the look waits for the lock until cv_.wait releases it.
         const std::uint64_t seen = signals_.load(std::memory_order_acquire);
         lock.unlock();
-        const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns_);
-        bool signalled = false;
-        for (int i = 0; !(signalled = signals_.load(std::memory_order_acquire) != seen); ++i) {
-          if ((i & 63) == 63 && std::chrono::steady_clock::now() >= until) break;
-#if defined(__x86_64__) || defined(__i386__)
-          __builtin_ia32_pause();
-#endif
-        }
+        const bool signalled = poll_for_change(signals_, seen, spin_ns_);
         lock.lock();
         spun_out = !signalled;
         continue;

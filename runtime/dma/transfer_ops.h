@@ -35,15 +35,6 @@ struct TransferOp {
   std::int64_t dst_row_stride = 0;
   std::uint64_t row_bytes() const noexcept { return elem * count; }
   std::uint64_t bytes() const noexcept { return elem * count * rows; }
-  // Row r alone (an op of one row).
-  TransferOp row(std::uint64_t r) const noexcept {
-    TransferOp one = *this;
-    one.src = static_cast<std::uint64_t>(static_cast<std::int64_t>(src) + static_cast<std::int64_t>(r) * src_row_stride);
-    one.dst = static_cast<std::uint64_t>(static_cast<std::int64_t>(dst) + static_cast<std::int64_t>(r) * dst_row_stride);
-    one.rows = 1;
-    one.src_row_stride = one.dst_row_stride = 0;
-    return one;
-  }
   // Rows [first, first + n).
   TransferOp rows_from(std::uint64_t first, std::uint64_t n) const noexcept {
     TransferOp part = *this;
@@ -53,6 +44,8 @@ struct TransferOp {
     if (n == 1) part.src_row_stride = part.dst_row_stride = 0;
     return part;
   }
+  // Row r alone (an op of one row).
+  TransferOp row(std::uint64_t r) const noexcept { return rows_from(r, 1); }
 };
 
 // Cuts the first `bytes` bytes off `op`, which must be longer than that, and returns them; `op`

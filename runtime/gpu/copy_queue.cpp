@@ -2,6 +2,7 @@
 
 #include "runtime/dma/interleave.h"
 #include "runtime/gpu/op_kernel.h"
+#include "runtime/cpu_relax.h"
 
 #include "runtime/log.h"
 #include <caravan/settings.h>
@@ -9,7 +10,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 
 namespace caravan::gpu {
@@ -52,6 +52,12 @@ void copy_3d(std::byte* dst, std::uint64_t dpitch, std::uint64_t dslice, const s
   CARAVAN_HIP_CHECK(hipMemcpy3DAsync(&p, stream));
 }
 
+// Whether slices `distance` bytes apart, of `count` rows `pitch` bytes apart, can be the slices
+// of a 3-D copy: a positive whole number of rows apart, with room for the `count` rows.
+bool slices_fit(std::int64_t distance, std::uint64_t pitch, std::uint64_t count) {
+  return distance > 0 && static_cast<std::uint64_t>(distance) % pitch == 0 && static_cast<std::uint64_t>(distance) / pitch >= count;
+}
+
 std::byte* at(std::byte* base, std::uint64_t offset) { return base + offset; }
 std::byte* at(std::byte* base, std::uint64_t offset, std::uint64_t i, std::int64_t stride) {
   return base + static_cast<std::uint64_t>(static_cast<std::int64_t>(offset) + static_cast<std::int64_t>(i) * stride);
@@ -89,11 +95,9 @@ void rows_op(const dma::TransferOp& op, const CopyEnds& e, hipStream_t stream) {
   }
   if (!linear(op) && op.src_stride != 0 && pitch_ok(op.src_stride, op.elem) && pitch_ok(op.dst_stride, op.elem)) {
     const auto sp = static_cast<std::uint64_t>(op.src_stride), dp = static_cast<std::uint64_t>(op.dst_stride);
-    const std::int64_t ss = op.src_row_stride, ds = op.dst_row_stride;
-    if (ss > 0 && ds > 0 && static_cast<std::uint64_t>(ss) % sp == 0 && static_cast<std::uint64_t>(ds) % dp == 0 &&
-        static_cast<std::uint64_t>(ss) / sp >= op.count && static_cast<std::uint64_t>(ds) / dp >= op.count) {
-      copy_3d(at(e.dst, op.dst), dp, static_cast<std::uint64_t>(ds), at(e.src, op.src), sp, static_cast<std::uint64_t>(ss),
-              op.elem, op.count, op.rows, stream);
+    if (slices_fit(op.src_row_stride, sp, op.count) && slices_fit(op.dst_row_stride, dp, op.count)) {
+      copy_3d(at(e.dst, op.dst), dp, static_cast<std::uint64_t>(op.dst_row_stride), at(e.src, op.src), sp,
+              static_cast<std::uint64_t>(op.src_row_stride), op.elem, op.count, op.rows, stream);
       return;
     }
   }
@@ -162,9 +166,7 @@ void enqueue_transfer_ops(std::span<const dma::TransferOp> ops, const CopyEnds& 
       if (j < ops.size() && same_shape(ops[j])) {
         ds = static_cast<std::int64_t>(ops[j].src - op.src);
         dd = static_cast<std::int64_t>(ops[j].dst - op.dst);
-        bool sliceable = ds > 0 && dd > 0 && static_cast<std::uint64_t>(ds) % sp == 0 && static_cast<std::uint64_t>(dd) % dp == 0 &&
-                         static_cast<std::uint64_t>(ds) / sp >= op.count && static_cast<std::uint64_t>(dd) / dp >= op.count;
-        if (sliceable) {
+        if (slices_fit(ds, sp, op.count) && slices_fit(dd, dp, op.count)) {
           while (j < ops.size() && same_shape(ops[j]) && static_cast<std::int64_t>(ops[j].src - ops[j - 1].src) == ds &&
                  static_cast<std::int64_t>(ops[j].dst - ops[j - 1].dst) == dd)
             ++j;
@@ -382,13 +384,7 @@ void CopyQueue::completion_main() {
       // seen by the wait's predicate (pending_, under the lock).
       const std::uint64_t seen = submitted_.load(std::memory_order_acquire);
       lock.unlock();
-      const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns_);
-      for (int i = 0; submitted_.load(std::memory_order_acquire) == seen; ++i) {
-        if ((i & 63) == 63 && std::chrono::steady_clock::now() >= until) break;
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-      }
+      (void)poll_for_change(submitted_, seen, spin_ns_);
       lock.lock();
     }
     cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
