@@ -162,6 +162,11 @@ const Definition kTable[] = {
    "hang on 4 x H200 (docs/overlap.md, 'Run-ahead'). all: as pulls, and every call also waits for its own "
    "operation's previous call; none: no call waits (calls may then be captured in a graph, at the risk of that hang)",
    -kInf, kInf, "pulls|all|none"},
+  {"CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES", Kind::bytes, "32M",
+   "Largest partial (M x N bf16) for which a GPU GEMM+ReduceScatter takes the two symmetric-heap buffers of its "
+   "SM-driven variants sm-pull and sm-push, when the heap has room; above it they are not offered (after a large GEMM "
+   "they ran no faster than the bulk baseline, and the buffers take heap other variants use). The ReduceScatter alone "
+   "takes them at any size. Read when the operation is constructed; every rank must see the same value", 0, kInf},
   {"CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", Kind::boolean, "true",
    "GPU GEMM+ReduceScatter sm-pull, sm-push and ll-bulk, and the LL AllGather: launch the exchange kernel as a programmatic "
    "dependent of the kernel before it (Hopper and later), so that its launch overlaps that kernel's end; off: an ordinary launch "

@@ -870,6 +870,8 @@ std::string_view to_string(GemmRsVariant v) {
 // freed[p] (p finished reducing the slot I pushed to it).
 enum RsFlags { rs_arrived, rs_freed, rs_ready, rs_groups };  // rs_ready[p]: p's sm_pull partial is complete
 
+std::uint64_t GemmReduceScatter::pull_max_bytes() { return settings::get_bytes("CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES"); }
+
 GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int splits)
     : team_(team),
       m_(m),
@@ -892,7 +894,11 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   }
   const std::uint64_t partial_bytes = static_cast<std::uint64_t>(m) * n * sizeof(bf16);
   // Every rank makes the same decision (same heap size, same allocations before this one).
-  if (partial_bytes <= kPullMaxBytes && team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + (1u << 20))
+  // The ReduceScatter alone (no GEMM) takes them at any size: its sm beat ce-push at every size
+  // measured, 0.8-128 MiB (1.05-1.11x NCCL at 64-128 MiB, where ce-push ran 0.87-0.96x; 29th
+  // session), while after a large GEMM sm-pull and sm-push ran no faster than the bulk baseline.
+  const std::uint64_t pull_limit = gemm ? pull_max_bytes() : std::numeric_limits<std::uint64_t>::max();
+  if (partial_bytes <= pull_limit && team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + (1u << 20))
     pull_partials_ = team.heap().allocate(2 * partial_bytes);
   probes_.assign(static_cast<std::size_t>(world), Probe{});
   // As many blocks as give each of at least 128 threads a 16-byte vector (push_reduce_scatter_
@@ -1069,9 +1075,9 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
   });
   const bool one_kernel = variant == GemmRsVariant::sm_pull || variant == GemmRsVariant::sm_push;
   require(!one_kernel || (variant == GemmRsVariant::sm_pull ? pull() : push()), [&] {
-    return fmt::format("GemmReduceScatter: {} needs a partial of at most {} bytes and twice that free in the heap; "
-                       "this one has {}",
-                       to_string(variant), kPullMaxBytes, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
+    return fmt::format("GemmReduceScatter: {} needs a partial of at most {} bytes "
+                       "(CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES) and twice that free in the heap; this one has {}",
+                       to_string(variant), pull_max_bytes(), static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
   });
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   // The one-kernel exchanges run ahead unpaced (their buffers alternate by epoch parity, and each
@@ -1477,9 +1483,9 @@ ReduceScatter::ReduceScatter(GpuTeam& team, long rows_per_rank, long cols)
 void ReduceScatter::run(int rank, const bf16* in, bf16* out, ReduceScatterVariant variant, hipStream_t stream) {
   require(variant != ReduceScatterVariant::sm || sm(), [&] {
     return fmt::format(
-        "ReduceScatter: sm needs an input of at most {} bytes and twice that free in the symmetric heap; this one has "
-        "{}",
-        GemmReduceScatter::kPullMaxBytes, in_bytes_);
+        "ReduceScatter: sm needs twice its input ({} bytes a rank) free in the symmetric heap when the operation is "
+        "constructed (CARAVAN_SYMMETRIC_HEAP_BYTES)",
+        in_bytes_);
   });
   require(variant != ReduceScatterVariant::ll || low_latency(), [&] {
     return fmt::format("ReduceScatter: ll needs an output of at most {} bytes per rank, this one has {}", kLlMaxBytes,

@@ -294,7 +294,7 @@ enum class GemmRsVariant {
               // for small outputs (at most kLlMaxBytes per rank), where copy-engine latency dominates
   sm_pull,    // one GEMM into symmetric memory, then one kernel on every SM that waits for every
               // peer's GEMM and sums this rank's rows of all partials, read over the peer links:
-              // one flag exchange and no second copy of the data (partials of at most kPullMaxBytes)
+              // one flag exchange and no second copy of the data (partials of at most pull_max_bytes())
   sm_push,    // one GEMM, then one kernel that stores every peer's rows into the peer's inbox and
               // counts itself there, then sums this rank's rows once every peer's count is in: a
               // rank's data moves as soon as its own GEMM is done (same size limit as sm_pull)
@@ -330,7 +330,7 @@ class GemmReduceScatter {
   void reduce_scatter(int rank, const bf16* in, bf16* out, GemmRsVariant variant, hipStream_t stream);
   // Whether the ll_bulk variant is available (an output of at most kLlMaxBytes per rank).
   bool low_latency() const { return ll_lines_.bytes > 0; }
-  // Whether the sm_pull variant is available (a partial of at most kPullMaxBytes, and room in
+  // Whether the sm_pull variant is available (a partial of at most pull_max_bytes(), and room in
   // the heap for two of them).
   bool pull() const { return pull_partials_.bytes > 0; }
   // Whether the sm_push variant is available (it uses the same two buffers as inboxes).
@@ -338,7 +338,8 @@ class GemmReduceScatter {
   // Whether the tile_scatter and blas_scatter variants are available: room in the heap for their two inboxes of
   // m x n (taken at construction, after everything else), at most FlagGemmParts::kMaxParts ranks.
   bool scatter() const { return scatter_inboxes_.bytes > 0; }
-  static constexpr std::uint64_t kPullMaxBytes = std::uint64_t{32} << 20;
+  // The largest partial that gets sm-pull's two buffers (CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES).
+  static std::uint64_t pull_max_bytes();
   static constexpr std::uint64_t kPushMaxBlocks = 128;  // sm_push's grid at most
   // Diagnostics: with `after_gemm` (device memory of rank's GPU), the sm_pull and sm_push calls
   // of `rank` write the %globaltimer into it between their GEMM and their exchange (a kernel of
@@ -394,7 +395,7 @@ class GemmReduceScatter {
 enum class ReduceScatterVariant {
   ce_push,  // copy engines: each rank pushes every peer's rows into that peer's slot, then sums
   sm,       // one kernel on every SM stores the peers' rows into their inboxes and sums its own
-            // rows once every peer's have landed (partials of at most kPullMaxBytes)
+            // rows once every peer's have landed (needs two inputs' room in the heap)
   ll,       // the low-latency protocol (outputs of at most kLlMaxBytes per rank)
 };
 std::string_view to_string(ReduceScatterVariant v);
@@ -413,7 +414,8 @@ class ReduceScatter {
   // `in` is read and `out` (rows_per_rank x cols, 16-byte aligned) written in stream order.
   void run(int rank, const bf16* in, bf16* out, ReduceScatterVariant variant, hipStream_t stream);
   // The variant to run this shape with (docs/overlap.md, "Choosing a variant"): sm where
-  // available (inputs of at most 32 MiB), ce_push above. sm beat ll at every size ll takes.
+  // available (the heap had room for two inputs at construction), else ce_push. sm beat ll at
+  // every size ll takes, and ce_push at every size measured.
   ReduceScatterVariant automatic() const { return sm() ? ReduceScatterVariant::sm : ReduceScatterVariant::ce_push; }
   std::string describe_flags() const { return impl_.describe_flags(); }
 

@@ -60,11 +60,11 @@ std::uint64_t GpuTpLayer::heap_bytes(const kernels::TpLayerShape& s, int world) 
   // Every operation's low-latency lines where its shard (or output) is small: four operations.
   const std::uint64_t lines = shard <= kLlMaxBytes ? ll_buffer_bytes(world, shard) + 4096 : 0;
   // A GEMM+ReduceScatter also takes two partials for sm-pull and sm-push where one of M x H is at
-  // most kPullMaxBytes (small shapes), before its tile-scatter inboxes: without them here, the
+  // most pull_max_bytes() (small shapes), before its tile-scatter inboxes: without them here, the
   // inboxes found no room and blas-scatter and tile-scatter were refused (Llama-3 8B at TP 2 and
   // 4096 tokens in `bench llm --sweep`).
   const std::uint64_t partial = m * h * sizeof(bf16);
-  const std::uint64_t pull = partial <= GemmReduceScatter::kPullMaxBytes ? 2 * partial : 0;
+  const std::uint64_t pull = partial <= GemmReduceScatter::pull_max_bytes() ? 2 * partial : 0;
   // Two gathered A (AllGather+GEMM) and two received partials (GEMM+ReduceScatter) of M x H,
   // the two GEMM+ReduceScatters' tile-scatter inboxes (two of M x H each) and sm-pull partials,
   // flags and alignment.

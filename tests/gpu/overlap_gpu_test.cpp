@@ -1033,6 +1033,32 @@ TEST(Overlap, ReduceScatterAloneEveryVariantCallAfterCall) {
   }
 }
 
+// CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES bounds GEMM+ReduceScatter's sm-pull and sm-push buffers
+// only: below the partial, the GEMM+ReduceScatter refuses them naming the setting, while the
+// ReduceScatter alone of the same partial still offers sm (and the call-after-call sequence above
+// passes with it, every variant against float32, with the limit at 1 KiB).
+TEST(Overlap, ReduceScatterAloneTakesSmAboveTheGemmLimit) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  settings::ScopedOverride limit("CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES", "1K");
+  const int world = team_size();
+  {
+    GpuTeam team(first_devices(world), 32 << 20);
+    constexpr long kRows = 64, kCols = 256;
+    ReduceScatter alone(team, kRows, kCols);
+    EXPECT_TRUE(alone.sm());
+    GemmReduceScatter with_gemm(team, kRows * world, 64, kCols);
+    EXPECT_FALSE(with_gemm.pull());
+    EXPECT_FALSE(with_gemm.push());
+    try {
+      with_gemm.run(0, nullptr, nullptr, nullptr, GemmRsVariant::sm_push, nullptr);
+      ADD_FAILURE() << "sm-push accepted above CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES"), std::string::npos) << e.what();
+    }
+  }
+  reduce_scatter_every_variant_call_after_call();
+}
+
 void reduce_scatter_every_variant_call_after_call() {
   const int world = team_size();
   GpuTeam team(first_devices(world), 32 << 20);
@@ -1251,7 +1277,7 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
 // GpuTpLayer::heap_bytes is enough for one layer of any variant: the variants whose inboxes are
 // taken last, where they fit (tile-scatter, blas-scatter), run in a heap of exactly that size. The
 // shape's partials are small enough that every GEMM+ReduceScatter also takes sm-pull's two
-// (at most GemmReduceScatter::kPullMaxBytes), which the estimate once left out: the second
+// (at most GemmReduceScatter::pull_max_bytes()), which the estimate once left out: the second
 // operation's inboxes then found no room (outputs are not checked here;
 // MatchesTheFloat32ReferenceLayer checks them).
 TEST(GpuTpLayer, HeapBytesHoldEveryVariant) {
@@ -1259,7 +1285,7 @@ TEST(GpuTpLayer, HeapBytesHoldEveryVariant) {
   const int world = team_size();
   const kernels::TpLayerShape shape{
       .tokens = 1024L * world, .hidden = 1024, .heads = 8, .ffn = 256L * world, .kv_heads = 4};
-  ASSERT_LE(static_cast<std::uint64_t>(shape.tokens * shape.hidden) * sizeof(bf16), GemmReduceScatter::kPullMaxBytes);
+  ASSERT_LE(static_cast<std::uint64_t>(shape.tokens * shape.hidden) * sizeof(bf16), GemmReduceScatter::pull_max_bytes());
   const long rows = shape.tokens / world;
   const kernels::TpLayerWeights weights = kernels::random_layer_weights(shape, fresh_seed());
   GpuTeam team(first_devices(world), GpuTpLayer::heap_bytes(shape, world));
