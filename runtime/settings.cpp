@@ -167,6 +167,10 @@ const Definition kTable[] = {
    "SM-driven variants sm-pull and sm-push, when the heap has room; above it they are not offered (after a large GEMM "
    "they ran no faster than the bulk baseline, and the buffers take heap other variants use). The ReduceScatter alone "
    "takes them at any size. Read when the operation is constructed; every rank must see the same value", 0, kInf},
+  {"CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES", Kind::bytes, "4M",
+   "GPU ReduceScatter sm and GEMM+ReduceScatter sm-push: bytes a rank sends each peer per round (at most 8 rounds); "
+   "each block sums one round while the next round's stores are on the links. 0: one round (store everything, then "
+   "sum). Read when the operation is constructed; every rank must see the same value", 0, kInf},
   {"CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", Kind::boolean, "true",
    "GPU GEMM+ReduceScatter sm-pull, sm-push and ll-bulk, and the LL AllGather: launch the exchange kernel as a programmatic "
    "dependent of the kernel before it (Hopper and later), so that its launch overlaps that kernel's end; off: an ordinary launch "

@@ -275,14 +275,16 @@ void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t ele
 // The one-shot push ReduceScatter: `partial` (this GPU's memory, world x `elements`, row block q
 // for rank q) is stored into each peer q's `inbox` (symmetric, world slots of `elements`) at slot
 // `rank`, by `blocks` blocks (the same on every rank, and all resident at once);
-// block b then sets the peer's arrived[rank * blocks + b] = `epoch` (symmetric, world x blocks
+// block b then sets the peer's arrived[rank * blocks + b] = `epoch` (one round; symmetric, world x blocks
 // words, zero at first; epochs grow from call to call), waits until arrived[q * blocks + b] >=
 // epoch for every peer q, and writes its share of out = the sum over ranks in rank order and
 // fp32 of slot q (its own rows from `partial`). `freed` (if given): the peers' freed[rank] set to
 // `epoch`. The caller must not overwrite an inbox slot a peer may still read (GemmReduceScatter
-// alternates two by epoch parity).
+// alternates two by epoch parity). With `rounds` > 1 the rows go in that many ranges, a block
+// summing one range while it stores the next; the words then count rounds, (epoch - 1) x rounds
+// + r + 1 after round r, so every call on one arrived array must have the same rounds.
 void push_reduce_scatter(const HeapView& heap, const bf16* partial, bf16* inbox, std::size_t elements, bf16* out,
-                         std::uint64_t* arrived, int blocks, std::uint64_t* freed, std::uint64_t epoch,
+                         std::uint64_t* arrived, int blocks, int rounds, std::uint64_t* freed, std::uint64_t epoch,
                          hipStream_t stream, bool early_launch = false, std::uint64_t* stamps = nullptr);
 // The threads per block push_reduce_scatter runs `blocks` blocks of: enough for one 16-byte
 // vector a thread, a multiple of 32 in [128, 512]; so a small exchange spreads over many SMs.

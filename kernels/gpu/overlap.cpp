@@ -910,6 +910,11 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   // another block from starting.
   push_blocks_ = static_cast<int>(std::min<std::uint64_t>(
       std::max<std::uint64_t>((static_cast<std::uint64_t>(m / world) * n / 8 + 127) / 128, 1), kPushMaxBlocks));
+  // Rounds of CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES per peer, at most kPushMaxRounds: a function
+  // of the shape and the setting, the same on every rank.
+  const std::uint64_t round_bytes = settings::get_bytes("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES");
+  if (round_bytes > 0)
+    push_rounds_ = static_cast<int>(std::clamp<std::uint64_t>(out_bytes / round_bytes, 1, kPushMaxRounds));
   // Zero, as the flags start.
   push_arrived_ = team.heap().allocate(static_cast<std::uint64_t>(world) * static_cast<std::uint64_t>(push_blocks_) *
                                        sizeof(std::uint64_t));
@@ -1116,7 +1121,7 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
     if (probe.after_gemm) stamp_time(probe.after_gemm, stream);
     bf16* inbox = team_.heap().at<bf16>(pull_partials_, rank) + (e & 1) * static_cast<std::size_t>(m_) * n_;
     push_reduce_scatter(team_.heap().view(rank), partial, inbox, chunk_elems, out,
-                        team_.heap().at<std::uint64_t>(push_arrived_, rank), push_blocks_, my.at(rs_freed, 0), e,
+                        team_.heap().at<std::uint64_t>(push_arrived_, rank), push_blocks_, push_rounds_, my.at(rs_freed, 0), e,
                         stream, early_launch_ && !probe.after_gemm, probe.stamps);
     return;
   }

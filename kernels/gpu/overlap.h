@@ -341,6 +341,7 @@ class GemmReduceScatter {
   // The largest partial that gets sm-pull's two buffers (CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES).
   static std::uint64_t pull_max_bytes();
   static constexpr std::uint64_t kPushMaxBlocks = 128;  // sm_push's grid at most
+  static constexpr std::uint64_t kPushMaxRounds = 8;    // sm_push's rounds at most
   // Diagnostics: with `after_gemm` (device memory of rank's GPU), the sm_pull and sm_push calls
   // of `rank` write the %globaltimer into it between their GEMM and their exchange (a kernel of
   // its own, which also stops the exchange's early launch), and with `stamps` (stamp_word::count
@@ -370,6 +371,7 @@ class GemmReduceScatter {
                                          // sm_push: two inboxes of world slots (by epoch parity)
   SymmetricRegion push_arrived_;         // sm_push: per rank, a flag per peer and block
   int push_blocks_ = 0;                  // sm_push's grid, the same on every rank
+  int push_rounds_ = 1;                  // sm_push's rounds (push_reduce_scatter), likewise
   std::vector<bf16*> partial_;
   // tile_push, per rank: the row tiles in destination order, a done word per part (world x
   // splits; flag_gemm's done words), and the calls so far (a word's target is calls x its

@@ -37,11 +37,13 @@ __global__ void stamp_time_kernel(std::uint64_t* word) { *word = dev::global_ns(
 
 // The block's share of a ReduceScatter's sums: out[v] = the sum over ranks q < world of
 // from[q][v], in rank order and fp32 (the order and rounding of reduce_sum), for the vectors
-// v = blockIdx.x * blockDim.x + threadIdx.x, stepping by the grid. Every rank's vector is loaded
-// (L2 only: the peers' bytes are new in every call) before the first is used.
-__device__ inline void sum_ranks(const uint4* const (&from)[kMaxHeapRanks], int world, std::size_t vectors, uint4* out) {
+// v in [begin, end) at begin + blockIdx.x * blockDim.x + threadIdx.x, stepping by the grid. Every
+// rank's vector is loaded (L2 only: the peers' bytes are new in every call) before the first is
+// used.
+__device__ inline void sum_ranks(const uint4* const (&from)[kMaxHeapRanks], int world, std::size_t begin,
+                                 std::size_t end, uint4* out) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t v = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; v < vectors; v += stride) {
+  for (std::size_t v = begin + blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; v < end; v += stride) {
     uint4 raw[kMaxHeapRanks];
 #pragma unroll
     for (int q = 0; q < kMaxHeapRanks; ++q)
@@ -219,7 +221,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll  // ranks index the array only through unrolled loops: it stays in registers
   for (int q = 0; q < kMaxHeapRanks; ++q)
     if (q < world) from[q] = q == me ? rows : dev::translate(heap, rows, q);
-  sum_ranks(from, world, vectors, out);
+  sum_ranks(from, world, 0, vectors, out);
   stamp_block_done(stamps);
 }
 
@@ -232,51 +234,69 @@ __global__ void __launch_bounds__(kThreads)
 // call) and its own from the partial. So no block waits for another block of its own grid, a
 // rank's pushes go as soon as its own GEMM is done whatever its peers are doing, and a block
 // sums as soon as its three partners have stored.
+// In `rounds` (the rows cut into that many ranges, each round as above), a block sums round
+// r - 1 while its stores of round r are on the links, and only then fences and raises round r:
+// the sums, which need only local memory bandwidth, hide behind the link-bound stores. Round r
+// of call `epoch` raises the word to (epoch - 1) x rounds + r + 1, so the words keep growing
+// from call to call as long as every call has the same rounds.
 // Why a word per block: with one count per rank that every block of every peer added to (a
 // remote fetch-add each, all on the same word), the signalling took 8-9 us after the stores on
 // 4 x H200 (%globaltimer stamps, eleventh session), and each block waited for the slowest block.
 __global__ void __launch_bounds__(kThreads)
     push_reduce_scatter_kernel(const CARAVAN_GRID_CONSTANT HeapView heap, const uint4* partial, uint4* inbox,
                                std::size_t vectors, uint4* out, std::uint64_t* arrived, std::uint64_t* freed,
-                               std::uint64_t epoch, std::uint64_t* stamps) {
+                               std::uint64_t epoch, int rounds, std::uint64_t* stamps) {
   wait_for_prior_grid();
   if (threadIdx.x == 0) stamp(stamps, stamp_word::entry_last);
   const int world = heap.world, me = heap.rank;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t per_round = (vectors + static_cast<std::size_t>(rounds) - 1) / static_cast<std::size_t>(rounds);
+  const std::uint64_t base = (epoch - 1) * static_cast<std::uint64_t>(rounds);
   uint4* remote[kMaxHeapRanks] = {};
 #pragma unroll  // ranks index the array only through unrolled loops: it stays in registers
   for (int step = 1; step < kMaxHeapRanks; ++step)
     if (step < world) remote[step] = dev::translate(heap, inbox + me * vectors, (me + step) % world);
-  for (std::size_t v = first; v < vectors; v += stride) {
-    uint4 rows[kMaxHeapRanks];
-#pragma unroll
-    for (int step = 1; step < kMaxHeapRanks; ++step)
-      if (step < world) rows[step] = partial[((me + step) % world) * vectors + v];  // every load before the first store
-#pragma unroll
-    for (int step = 1; step < kMaxHeapRanks; ++step)
-      if (step < world) remote[step][v] = rows[step];
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    stamp(stamps, stamp_word::stored);
-    // The barrier ordered the block's stores before this thread's fence, and the fence orders
-    // them before the relaxed flag stores (a release pattern): one fence for every flag.
-    __threadfence_system();
-    publish_to_peers(heap, arrived + me * gridDim.x + blockIdx.x, epoch);
-    // This rank keeps nothing of the peers' in their copy-engine slots: they may push again.
-    if (blockIdx.x == 0 && freed != nullptr) publish_to_peers(heap, freed + me, epoch);
-    stamp(stamps, stamp_word::signalled);
-    for (int q = 0; q < world; ++q)
-      if (q != me) dev::wait_until(arrived + q * gridDim.x + blockIdx.x, dev::Compare::ge, epoch);
-    stamp(stamps, stamp_word::waited);
-  }
-  __syncthreads();
   const uint4* from[kMaxHeapRanks] = {};
-#pragma unroll  // ranks index the array only through unrolled loops: it stays in registers
+#pragma unroll
   for (int q = 0; q < kMaxHeapRanks; ++q)
     if (q < world) from[q] = q == me ? partial + me * vectors : inbox + q * vectors;
-  sum_ranks(from, world, vectors, out);
+  for (int r = 0; r <= rounds; ++r) {
+    if (r < rounds) {
+      const std::size_t end = (r + 1) * per_round < vectors ? (r + 1) * per_round : vectors;
+      for (std::size_t v = r * per_round + first; v < end; v += stride) {
+        uint4 rows[kMaxHeapRanks];
+#pragma unroll
+        for (int step = 1; step < kMaxHeapRanks; ++step)
+          if (step < world) rows[step] = partial[((me + step) % world) * vectors + v];  // every load before the first store
+#pragma unroll
+        for (int step = 1; step < kMaxHeapRanks; ++step)
+          if (step < world) remote[step][v] = rows[step];
+      }
+    }
+    if (r > 0) {  // round r - 1: wait for the partners' words, then sum
+      if (threadIdx.x == 0) {
+        for (int q = 0; q < world; ++q)
+          if (q != me) dev::wait_until(arrived + q * gridDim.x + blockIdx.x, dev::Compare::ge, base + r);
+        if (r == rounds) stamp(stamps, stamp_word::waited);
+      }
+      __syncthreads();
+      sum_ranks(from, world, (r - 1) * per_round, r * per_round < vectors ? r * per_round : vectors, out);
+    }
+    if (r < rounds) {
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        if (r == rounds - 1) stamp(stamps, stamp_word::stored);
+        // The barrier ordered the block's stores before this thread's fence, and the fence orders
+        // them before the relaxed flag stores (a release pattern): one fence for every flag.
+        __threadfence_system();
+        publish_to_peers(heap, arrived + me * gridDim.x + blockIdx.x, base + r + 1);
+        // This rank keeps nothing of the peers' in their copy-engine slots: they may push again.
+        if (r == 0 && blockIdx.x == 0 && freed != nullptr) publish_to_peers(heap, freed + me, epoch);
+        if (r == rounds - 1) stamp(stamps, stamp_word::signalled);
+      }
+    }
+  }
   stamp_block_done(stamps);
 }
 
@@ -297,16 +317,17 @@ unsigned push_reduce_scatter_threads(std::size_t elements, int blocks) {
 }
 
 void push_reduce_scatter(const HeapView& heap, const bf16* partial, bf16* inbox, std::size_t elements, bf16* out,
-                         std::uint64_t* arrived, int blocks, std::uint64_t* freed, std::uint64_t epoch,
+                         std::uint64_t* arrived, int blocks, int rounds, std::uint64_t* freed, std::uint64_t epoch,
                          hipStream_t stream, bool early_launch, std::uint64_t* stamps) {
   const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
   if (elements == 0 || elements % 8 != 0 || misaligned(partial) || misaligned(inbox) || misaligned(out) ||
-      arrived == nullptr || blocks < 1)
+      arrived == nullptr || blocks < 1 || rounds < 1 || epoch < 1)
     throw Error(Errc::invalid_argument,
                 "push_reduce_scatter: elements (" + std::to_string(elements) +
                     ") must be a positive multiple of 8, partial, inbox and out 16-byte aligned, "
                     "arrived given, blocks (" +
-                    std::to_string(blocks) + ") positive");
+                    std::to_string(blocks) + "), rounds (" + std::to_string(rounds) + ") and epoch (" +
+                    std::to_string(epoch) + ") positive");
   if (heap.world < 1 || heap.world > kMaxHeapRanks)
     throw Error(Errc::invalid_argument, "push_reduce_scatter: heap view has no valid world size");
   const std::size_t vectors = elements / 8;
@@ -314,7 +335,7 @@ void push_reduce_scatter(const HeapView& heap, const bf16* partial, bf16* inbox,
   auto* box = reinterpret_cast<uint4*>(inbox);
   auto* sum = reinterpret_cast<uint4*>(out);
   launch_kernel(push_reduce_scatter_kernel, static_cast<unsigned>(blocks), push_reduce_scatter_threads(elements, blocks),
-                stream, early_launch, heap, in, box, vectors, sum, arrived, freed, epoch, stamps);
+                stream, early_launch, heap, in, box, vectors, sum, arrived, freed, epoch, rounds, stamps);
 }
 
 void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t elements, bf16* out, std::uint64_t* ready,

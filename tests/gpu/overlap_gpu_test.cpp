@@ -750,12 +750,23 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   }
 }
 
+void gemm_reduce_scatter_one_kernel_calls_run_ahead();
+
 // sm_pull and sm_push run unpaced: ranks queue sixteen calls each without waiting (sleeping at
 // random between them), the one-kernel variants mixed, both parities of their shared buffers
 // back to back, and with a paced copy-engine call among them. Every call has its own inputs and
-// output; all are checked at the end.
+// output; all are checked at the end. sm_push in one round and in eight (4 KiB a round of the
+// 32 KiB each rank sends each peer): its words then count rounds from call to call.
 TEST(Overlap, GemmReduceScatterOneKernelCallsRunAhead) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
+  for (const char* round_bytes : {"0", "4K"}) {
+    SCOPED_TRACE(std::string("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES=") + round_bytes);
+    settings::ScopedOverride rounds("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES", round_bytes);
+    gemm_reduce_scatter_one_kernel_calls_run_ahead();
+  }
+}
+
+void gemm_reduce_scatter_one_kernel_calls_run_ahead() {
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
   const long m = 64L * world, k = 160, n = 256, rows = m / world, kk = k * world;
@@ -1024,11 +1035,14 @@ void reduce_scatter_every_variant_call_after_call();
 // inputs (a different one per rank) into an output poisoned first, against a float32 sum of the
 // same values. Three rounds of a sequence that puts each variant after every other; ll in both
 // line formats (CARAVAN_LL128_MIN_BYTES: 0 keeps 16-byte lines; 128-byte lines on NVIDIA).
+// sm in one round and (with 128-byte lines) in eight, 4 KiB a round of the 32 KiB each rank
+// sends each peer.
 TEST(Overlap, ReduceScatterAloneEveryVariantCallAfterCall) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
   for (const char* ll128_from : {"0", "8"}) {
     SCOPED_TRACE(std::string("CARAVAN_LL128_MIN_BYTES=") + ll128_from);
     settings::ScopedOverride from("CARAVAN_LL128_MIN_BYTES", ll128_from);
+    settings::ScopedOverride rounds("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES", ll128_from[0] == '0' ? "0" : "4K");
     reduce_scatter_every_variant_call_after_call();
   }
 }
