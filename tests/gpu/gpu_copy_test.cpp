@@ -524,8 +524,20 @@ OpCase random_ops(std::mt19937_64& rng, std::uint64_t region) {
           op.dst_row_stride = static_cast<std::int64_t>(whole ? (op.count + pick(0, 3)) * dsd : op.count * dsd + e + pick(0, 7));
         }
         while (op.rows > 2 && op.rows * static_cast<std::uint64_t>(std::max(op.src_row_stride, op.dst_row_stride)) > kChunk) --op.rows;
+        // Either side's rows backwards a third of the time each: the op starts at the last row,
+        // and the copy engines, which take no negative pitch, go row by row.
+        const bool src_back = rng() % 3 == 0, dst_back = rng() % 3 == 0;
+        if (src_back) {
+          op.src += (op.rows - 1) * static_cast<std::uint64_t>(op.src_row_stride);
+          op.src_row_stride = -op.src_row_stride;
+        }
+        if (dst_back) {
+          op.dst += (op.rows - 1) * static_cast<std::uint64_t>(op.dst_row_stride);
+          op.dst_row_stride = -op.dst_row_stride;
+        }
         c.ops.push_back(op);
-        c.describe += kind == 0 ? "rows of runs " : kind == 1 ? "rows of strided " : "rows of fill ";
+        c.describe += kind == 0 ? "rows of runs" : kind == 1 ? "rows of strided" : "rows of fill";
+        c.describe += src_back || dst_back ? " backwards " : " ";
         break;
       }
       default: {  // contiguous both sides with count > 1: one run
