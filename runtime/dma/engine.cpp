@@ -904,13 +904,13 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
   const std::int64_t called_ns = now_ns();
   std::shared_ptr<const planner::Plan> plan;
   if (wants_multipath(src, dst, options)) {
-    planner::MultiPlan multi = runnable_multipath_plan(src, dst);
-    // Copies with landing flags keep the planned cut: their flags were sized by copy_tiling.
     std::string learn_key;
-    if (multi.shares.size() > 1 && multipath_learn_.load(std::memory_order_relaxed) > 0 && !options.signal.flags) {
-      learn_key = multipath_key(make_request(src, dst));
+    planner::MultiPlan multi = runnable_multipath_plan(src, dst, &learn_key);
+    // Copies with landing flags keep the planned cut: their flags were sized by copy_tiling.
+    if (multi.shares.size() > 1 && multipath_learn_.load(std::memory_order_relaxed) > 0 && !options.signal.flags)
       spread_by_learned_rates(multi, learn_key, src.space());
-    }
+    else
+      learn_key.clear();  // nothing to learn into
     if (multi.shares.size() > 1) return copy_multipath(src, dst, multi, options, called_ns, std::move(learn_key));
     // One path: the copy is exactly what it would be without multi-path (the full planner's
     // path when asked for explicitly, today's automatic plan otherwise).
@@ -922,8 +922,9 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
   return submit(std::move(op), options.precondition);
 }
 
-planner::MultiPlan Engine::runnable_multipath_plan(const Instance& src, const Instance& dst) {
-  planner::MultiPlan multi = *plan_multipath(src, dst);
+planner::MultiPlan Engine::runnable_multipath_plan(const Instance& src, const Instance& dst, std::string* key) {
+  std::string scratch;
+  planner::MultiPlan multi = *plan_multipath(src, dst, key ? *key : scratch);
   // Every slab is whole rows; one that rounded to nothing has no path (the planner drops those
   // already).
   std::erase_if(multi.shares, [](const planner::PathShare& share) { return share.piece.volume() == 0; });
@@ -1208,17 +1209,15 @@ std::string Engine::multipath_key(const planner::TransferRequest& request) {
 // H200, 27th session): cut by learned rates, 0.987-1.001 of the planner's cut, because which path
 // lags changes from copy to copy; so learning is off by default and serves paths that are
 // steadily off their model (a stale calibration, a degraded link).
-bool Engine::spread_by_learned_rates(planner::MultiPlan& plan, const std::string& key, const Rect& space) {
+void Engine::spread_by_learned_rates(planner::MultiPlan& plan, const std::string& key, const Rect& space) {
   std::vector<double> rates;
   {
     std::lock_guard lock(multiplan_mutex_);
     auto it = learned_rates_.find(key);
-    if (it == learned_rates_.end()) return false;
+    if (it == learned_rates_.end()) return;
     rates = it->second;
   }
-  if (rates.size() != plan.shares.size()) return false;
-  planner::spread_shares(plan, space, rates);
-  return true;
+  if (rates.size() == plan.shares.size()) planner::spread_shares(plan, space, rates);
 }
 
 void Engine::learn_path_rates(const MultiCopy& multi) {
@@ -1266,8 +1265,14 @@ void Engine::set_multipath_learn(double weight) {
 }
 
 std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance& src, const Instance& dst) {
+  std::string key;
+  return plan_multipath(src, dst, key);
+}
+
+std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance& src, const Instance& dst,
+                                                                 std::string& key) {
   planner::TransferRequest request = make_request(src, dst);
-  std::string key = multipath_key(request);
+  key = multipath_key(request);
   const std::size_t entries = planner_->options().cache_entries;
   {
     std::lock_guard lock(multiplan_mutex_);
@@ -1281,7 +1286,7 @@ std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance&
       multiplans_.clear();
       learned_rates_.clear();
     }
-    multiplans_.emplace(std::move(key), plan);
+    multiplans_.emplace(key, plan);
   }
   return plan;
 }

@@ -397,13 +397,16 @@ class Engine final : public RuntimeService {
   // CARAVAN_DMA_MULTIPATH_MIN_BYTES. Throws for an explicit request it cannot honour (across ranks).
   bool wants_multipath(const Instance& src, const Instance& dst, const CopyOptions& options) const;
   // The multi-path plan copy() runs (plan_multipath, less any slab that rounded to no row), so
-  // that copy() and copy_tiling() cut the copy into the same parts.
-  planner::MultiPlan runnable_multipath_plan(const Instance& src, const Instance& dst);
+  // that copy() and copy_tiling() cut the copy into the same parts. `key`, if given: set to the
+  // plan's key (multipath_key).
+  planner::MultiPlan runnable_multipath_plan(const Instance& src, const Instance& dst, std::string* key = nullptr);
+  // plan_multipath, also setting `key` to the plan's key among the cached plans.
+  std::shared_ptr<const planner::MultiPlan> plan_multipath(const Instance& src, const Instance& dst, std::string& key);
   // The key of src -> dst among the cached multi-path plans and the learned rates.
   static std::string multipath_key(const planner::TransferRequest& request);
   // Cuts `plan` (the runnable plan of `key`) again by the rates its paths were measured at in
-  // earlier copies, where there are any. Returns whether it did.
-  bool spread_by_learned_rates(planner::MultiPlan& plan, const std::string& key, const Rect& space);
+  // earlier copies, where there are any.
+  void spread_by_learned_rates(planner::MultiPlan& plan, const std::string& key, const Rect& space);
   // A multi-path copy finished without failure: blends each path's measured rate (its bytes over
   // the time from the copy's first start to the path's end) into the learned rates of its plan.
   void learn_path_rates(const MultiCopy& multi);
