@@ -55,6 +55,16 @@ GpuSymmetricHeap::GpuSymmetricHeap(std::vector<int> devices, std::uint64_t bytes
   }
 }
 
+namespace {
+// Settings that decide the symmetric allocations or the protocols of the operations built on a
+// heap (kernels/gpu/overlap.h): ranks that disagree would lay out their heaps differently, or
+// wait for flag values their peers never write, and corrupt memory or hang instead of failing.
+// join_node() refuses them up front. Bytes settings, read as such.
+constexpr const char* kAgreedSettings[] = {"CARAVAN_LL128_MIN_BYTES", "CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES",
+                                           "CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES"};
+constexpr std::size_t kAgreedCount = std::size(kAgreedSettings);
+}  // namespace
+
 // What each rank of the job tells the others in join_node(). A rank that failed to set up
 // still sends one (ok = false, with its reason), so every rank takes part in every collective
 // and every rank reaches the same verdict.
@@ -66,6 +76,7 @@ struct JoinEntry {
   char bus_id[32] = {};  // the GPU's PCI address: two ranks of a node must not share one
   char failure[160] = {};
   std::uint64_t bytes = 0;
+  std::uint64_t agreed[kAgreedCount] = {};  // kAgreedSettings, as this rank reads them
   hipIpcMemHandle_t handle{};
 };
 
@@ -109,6 +120,7 @@ std::unique_ptr<GpuSymmetricHeap> GpuSymmetricHeap::join_node(int device, std::u
   mine.ok = 1;
   void* base = nullptr;
   try {
+    for (std::size_t i = 0; i < kAgreedCount; ++i) mine.agreed[i] = settings::get_bytes(kAgreedSettings[i]);
     if (bytes_per_rank == 0) throw Error(Errc::invalid_argument, "bytes_per_rank must be positive");
     CARAVAN_HIP_CHECK(hipSetDevice(device));
     CARAVAN_HIP_CHECK(hipDeviceGetPCIBusId(mine.bus_id, sizeof(mine.bus_id), device));
@@ -141,6 +153,11 @@ std::unique_ptr<GpuSymmetricHeap> GpuSymmetricHeap::join_node(int device, std::u
       verdict = fmt::format("every rank of a node must ask for the same size; local rank {} asked for {} bytes, local rank "
                             "{} for {}",
                             e.local_rank, e.bytes, team.front().local_rank, team.front().bytes);
+    for (std::size_t k = 0; k < kAgreedCount && verdict.empty() && e.ok && team.front().ok; ++k)
+      if (e.agreed[k] != team.front().agreed[k])
+        verdict = fmt::format("every rank of a node must see the same {}; local rank {} has {}, local rank {} has {}",
+                              kAgreedSettings[k], e.local_rank, e.agreed[k], team.front().local_rank,
+                              team.front().agreed[k]);
     for (std::size_t j = 0; j < i && verdict.empty(); ++j)
       if (team[j].ok && e.ok && std::strncmp(team[j].bus_id, e.bus_id, sizeof(e.bus_id)) == 0)
         verdict = fmt::format("local ranks {} and {} both chose GPU {}; each rank needs a GPU of its own", team[j].local_rank,

@@ -298,6 +298,7 @@ void preload_sm_copy();
 //   and one atomic max serve every word), entry_last the latest block's start, stored when the
 //   blocks had stored their rows into the peers (push only), signalled when they had told the
 //   peers, waited when the peers' words were seen, and done when the sums were written.
+// (push_reduce_scatter in rounds: stored and signalled mark its last round, waited its last wait.)
 // stamp_time writes the timer into *word from one thread, in stream order (marks between other
 // work; a kernel launch of its own).
 namespace stamp_word {

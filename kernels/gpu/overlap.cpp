@@ -895,10 +895,10 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   const std::uint64_t partial_bytes = static_cast<std::uint64_t>(m) * n * sizeof(bf16);
   // Every rank makes the same decision (same heap size, same allocations before this one).
   // The ReduceScatter alone (no GEMM) takes them at any size: its sm beat ce-push at every size
-  // measured, 0.8-128 MiB (1.05-1.11x NCCL at 64-128 MiB, where ce-push ran 0.87-0.96x; 29th
+  // measured, 0.8-128 MiB (1.05-1.14x NCCL at 64-128 MiB, where ce-push ran 0.84-0.96x; 29th
   // session), while after a large GEMM sm-pull and sm-push ran no faster than the bulk baseline.
-  const std::uint64_t pull_limit = gemm ? pull_max_bytes() : std::numeric_limits<std::uint64_t>::max();
-  if (partial_bytes <= pull_limit && team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + (1u << 20))
+  pull_limit_ = gemm ? pull_max_bytes() : std::numeric_limits<std::uint64_t>::max();
+  if (partial_bytes <= pull_limit_ && team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + (1u << 20))
     pull_partials_ = team.heap().allocate(2 * partial_bytes);
   probes_.assign(static_cast<std::size_t>(world), Probe{});
   // As many blocks as give each of at least 128 threads a 16-byte vector (push_reduce_scatter_
@@ -910,11 +910,20 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   // another block from starting.
   push_blocks_ = static_cast<int>(std::min<std::uint64_t>(
       std::max<std::uint64_t>((static_cast<std::uint64_t>(m / world) * n / 8 + 127) / 128, 1), kPushMaxBlocks));
-  // Rounds of CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES per peer, at most kPushMaxRounds: a function
-  // of the shape and the setting, the same on every rank.
+  // Rounds of CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES per peer, at most kPushMaxRounds, each whole
+  // passes of the grid (so every block works in every round), and none left empty: a function of
+  // the shape and the setting, the same on every rank (GpuSymmetricHeap::join_node checks the
+  // setting agrees).
   const std::uint64_t round_bytes = settings::get_bytes("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES");
-  if (round_bytes > 0)
-    push_rounds_ = static_cast<int>(std::clamp<std::uint64_t>(out_bytes / round_bytes, 1, kPushMaxRounds));
+  if (round_bytes > 0) {
+    const std::uint64_t vectors = out_bytes / 16,
+                        pass = static_cast<std::uint64_t>(push_blocks_) *
+                               push_reduce_scatter_threads(out_bytes / sizeof(bf16), push_blocks_),
+                        passes = (vectors + pass - 1) / pass;
+    const std::uint64_t asked = std::clamp<std::uint64_t>(out_bytes / round_bytes, 1, kPushMaxRounds);
+    const std::uint64_t per_round = (passes + std::min(asked, passes) - 1) / std::min(asked, passes);
+    push_rounds_ = static_cast<int>((passes + per_round - 1) / per_round);
+  }
   // Zero, as the flags start.
   push_arrived_ = team.heap().allocate(static_cast<std::uint64_t>(world) * static_cast<std::uint64_t>(push_blocks_) *
                                        sizeof(std::uint64_t));
@@ -1082,7 +1091,7 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
   require(!one_kernel || (variant == GemmRsVariant::sm_pull ? pull() : push()), [&] {
     return fmt::format("GemmReduceScatter: {} needs a partial of at most {} bytes "
                        "(CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES) and twice that free in the heap; this one has {}",
-                       to_string(variant), pull_max_bytes(), static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
+                       to_string(variant), pull_limit_, static_cast<std::uint64_t>(m_) * n_ * sizeof(bf16));
   });
   RankSync& s = *sync_[static_cast<std::size_t>(rank)];
   // The one-kernel exchanges run ahead unpaced (their buffers alternate by epoch parity, and each
@@ -1488,8 +1497,8 @@ ReduceScatter::ReduceScatter(GpuTeam& team, long rows_per_rank, long cols)
 void ReduceScatter::run(int rank, const bf16* in, bf16* out, ReduceScatterVariant variant, hipStream_t stream) {
   require(variant != ReduceScatterVariant::sm || sm(), [&] {
     return fmt::format(
-        "ReduceScatter: sm needs twice its input ({} bytes a rank) free in the symmetric heap when the operation is "
-        "constructed (CARAVAN_SYMMETRIC_HEAP_BYTES)",
+        "ReduceScatter: sm needs twice its input ({} bytes a rank), and 1 MiB, free in the symmetric heap when the "
+        "operation is constructed (CARAVAN_SYMMETRIC_HEAP_BYTES)",
         in_bytes_);
   });
   require(variant != ReduceScatterVariant::ll || low_latency(), [&] {

@@ -335,6 +335,8 @@ class GemmReduceScatter {
   bool pull() const { return pull_partials_.bytes > 0; }
   // Whether the sm_push variant is available (it uses the same two buffers as inboxes).
   bool push() const { return pull(); }
+  // The rounds sm_push's exchange runs in (push_reduce_scatter; CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES).
+  int push_rounds() const { return push_rounds_; }
   // Whether the tile_scatter and blas_scatter variants are available: room in the heap for their two inboxes of
   // m x n (taken at construction, after everything else), at most FlagGemmParts::kMaxParts ranks.
   bool scatter() const { return scatter_inboxes_.bytes > 0; }
@@ -372,6 +374,7 @@ class GemmReduceScatter {
   SymmetricRegion push_arrived_;         // sm_push: per rank, a flag per peer and block
   int push_blocks_ = 0;                  // sm_push's grid, the same on every rank
   int push_rounds_ = 1;                  // sm_push's rounds (push_reduce_scatter), likewise
+  std::uint64_t pull_limit_ = 0;         // the partial sm-pull's buffers were offered up to (pull_max_bytes())
   std::vector<bf16*> partial_;
   // tile_push, per rank: the row tiles in destination order, a done word per part (world x
   // splits; flag_gemm's done words), and the calls so far (a word's target is calls x its
@@ -412,6 +415,8 @@ class ReduceScatter {
   // (16-byte rows).
   ReduceScatter(GpuTeam& team, long rows_per_rank, long cols);
   bool sm() const { return impl_.push(); }
+  // The rounds sm runs in (CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES; docs/overlap.md).
+  int sm_rounds() const { return impl_.push_rounds(); }
   bool low_latency() const { return impl_.low_latency(); }
   // `in` is read and `out` (rows_per_rank x cols, 16-byte aligned) written in stream order.
   void run(int rank, const bf16* in, bf16* out, ReduceScatterVariant variant, hipStream_t stream);

@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kThreads)
 // call) and its own from the partial. So no block waits for another block of its own grid, a
 // rank's pushes go as soon as its own GEMM is done whatever its peers are doing, and a block
 // sums as soon as its three partners have stored.
-// In `rounds` (the rows cut into that many ranges, each round as above), a block sums round
+// In `rounds` (the rows cut into that many ranges of whole grid passes, each round as above), a block sums round
 // r - 1 while its stores of round r are on the links, and only then fences and raises round r:
 // the sums, which need only local memory bandwidth, hide behind the link-bound stores. Round r
 // of call `epoch` raises the word to (epoch - 1) x rounds + r + 1, so the words keep growing
@@ -251,7 +251,10 @@ __global__ void __launch_bounds__(kThreads)
   const int world = heap.world, me = heap.rank;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  const std::size_t per_round = (vectors + static_cast<std::size_t>(rounds) - 1) / static_cast<std::size_t>(rounds);
+  // Each round whole passes of the grid (the last may be short), so every block works in each.
+  const std::size_t passes = (vectors + stride - 1) / stride;
+  const std::size_t per_round =
+      (passes + static_cast<std::size_t>(rounds) - 1) / static_cast<std::size_t>(rounds) * stride;
   const std::uint64_t base = (epoch - 1) * static_cast<std::uint64_t>(rounds);
   uint4* remote[kMaxHeapRanks] = {};
 #pragma unroll  // ranks index the array only through unrolled loops: it stays in registers

@@ -203,6 +203,21 @@ TEST_F(GpuHeapAcrossProcesses, RanksAskingForDifferentSizesAreTold) {
   }
 }
 
+TEST_F(GpuHeapAcrossProcesses, RanksSeeingDifferentProtocolSettingsAreTold) {
+  // Rank 0 sees another round size for the SM-driven ReduceScatter: the operations' flag words
+  // would count rounds differently, so the heap is refused, on every rank, naming the setting.
+  settings::ScopedOverride rounds("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES", rank() == 0 ? "8M" : "4M");
+  try {
+    auto other = GpuSymmetricHeap::join_node(local_, 4 << 20);
+    if (world() > 1) ADD_FAILURE() << "join_node accepted ranks with different CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES";
+    other->leave();
+  } catch (const Error& e) {
+    EXPECT_GT(world(), 1) << e.what();
+    EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES"), std::string::npos) << e.what();
+  }
+}
+
 // The overlapped operations with one process per rank (GpuTeam's cross-process form), every
 // variant call after call against a float32 reference on fresh random data, outputs poisoned.
 class OverlapAcrossProcesses : public JobTest {

@@ -750,28 +750,30 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   }
 }
 
-void gemm_reduce_scatter_one_kernel_calls_run_ahead();
+void gemm_reduce_scatter_one_kernel_calls_run_ahead(long rows_per_rank, int expected_rounds);
 
 // sm_pull and sm_push run unpaced: ranks queue sixteen calls each without waiting (sleeping at
 // random between them), the one-kernel variants mixed, both parities of their shared buffers
 // back to back, and with a paced copy-engine call among them. Every call has its own inputs and
-// output; all are checked at the end. sm_push in one round and in eight (4 KiB a round of the
-// 32 KiB each rank sends each peer): its words then count rounds from call to call.
+// output; all are checked at the end. sm_push in one round (64 rows a rank) and in two (4096
+// rows a rank: 2 MiB to each peer, two passes of the kernel's grid, 512 KiB asked a round):
+// its words then count rounds from call to call.
 TEST(Overlap, GemmReduceScatterOneKernelCallsRunAhead) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
-  for (const char* round_bytes : {"0", "4K"}) {
+  for (const auto& [round_bytes, rows, rounds] : {std::tuple{"0", 64L, 1}, std::tuple{"512K", 4096L, 2}}) {
     SCOPED_TRACE(std::string("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES=") + round_bytes);
-    settings::ScopedOverride rounds("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES", round_bytes);
-    gemm_reduce_scatter_one_kernel_calls_run_ahead();
+    settings::ScopedOverride setting("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES", round_bytes);
+    gemm_reduce_scatter_one_kernel_calls_run_ahead(rows, rounds);
   }
 }
 
-void gemm_reduce_scatter_one_kernel_calls_run_ahead() {
+void gemm_reduce_scatter_one_kernel_calls_run_ahead(long rows_per_rank, int expected_rounds) {
   const int world = team_size();
   GpuTeam team(first_devices(world), 64 << 20);
-  const long m = 64L * world, k = 160, n = 256, rows = m / world, kk = k * world;
+  const long m = rows_per_rank * world, k = 160, n = 256, rows = m / world, kk = k * world;
   GemmReduceScatter op(team, m, k, n);
   ASSERT_TRUE(op.pull());
+  EXPECT_EQ(op.push_rounds(), expected_rounds);
   const std::vector<GemmRsVariant> runs = {
       GemmRsVariant::sm_push, GemmRsVariant::sm_push, GemmRsVariant::sm_pull, GemmRsVariant::sm_pull,
       GemmRsVariant::sm_push, GemmRsVariant::sm_pull, GemmRsVariant::sm_push, GemmRsVariant::ce_push,
@@ -1030,19 +1032,18 @@ TEST(Overlap, AllGatherAloneEveryVariantCallAfterCall) {
 }
 
 void reduce_scatter_every_variant_call_after_call();
+void reduce_scatter_calls(long rows, long cols, std::uint64_t heap_bytes, const std::vector<ReduceScatterVariant>& sequence,
+                          int repeats, int expected_rounds);
 
 // The ReduceScatter alone, every variant mixed call after call: each call sums fresh random
 // inputs (a different one per rank) into an output poisoned first, against a float32 sum of the
 // same values. Three rounds of a sequence that puts each variant after every other; ll in both
 // line formats (CARAVAN_LL128_MIN_BYTES: 0 keeps 16-byte lines; 128-byte lines on NVIDIA).
-// sm in one round and (with 128-byte lines) in eight, 4 KiB a round of the 32 KiB each rank
-// sends each peer.
 TEST(Overlap, ReduceScatterAloneEveryVariantCallAfterCall) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
   for (const char* ll128_from : {"0", "8"}) {
     SCOPED_TRACE(std::string("CARAVAN_LL128_MIN_BYTES=") + ll128_from);
     settings::ScopedOverride from("CARAVAN_LL128_MIN_BYTES", ll128_from);
-    settings::ScopedOverride rounds("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES", ll128_from[0] == '0' ? "0" : "4K");
     reduce_scatter_every_variant_call_after_call();
   }
 }
@@ -1074,15 +1075,41 @@ TEST(Overlap, ReduceScatterAloneTakesSmAboveTheGemmLimit) {
 }
 
 void reduce_scatter_every_variant_call_after_call() {
-  const int world = team_size();
-  GpuTeam team(first_devices(world), 32 << 20);
-  constexpr long kRows = 64, kCols = 256;  // 32 KiB out per rank: within the ll protocol's limit
-  ReduceScatter op(team, kRows, kCols);
-  ASSERT_TRUE(op.low_latency());
-  ASSERT_TRUE(op.sm());
-  EXPECT_EQ(op.automatic(), ReduceScatterVariant::sm);  // the rule: sm wherever it is available
   using V = ReduceScatterVariant;
-  const V sequence[] = {V::ce_push, V::sm, V::ll, V::sm, V::sm, V::ce_push, V::ce_push, V::ll, V::ll, V::ce_push};
+  // 32 KiB out per rank: within the ll protocol's limit, and one grid pass of sm's kernel, so
+  // one round whatever CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES says.
+  reduce_scatter_calls(64, 256, 32 << 20,
+                       {V::ce_push, V::sm, V::ll, V::sm, V::sm, V::ce_push, V::ce_push, V::ll, V::ll, V::ce_push}, 3, 1);
+}
+
+// sm in rounds: 2000 x 1024 out per rank (4096000 bytes to each peer, 256000 16-byte vectors:
+// four passes of sm's 128 x 512 threads, the last a partial one). CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES
+// = 1M asks for 3 rounds, which take 2 passes each, so 2 rounds (each thread loops within a
+// round); 512K asks for 7, at most one a pass, so 4; 0 for one. Call after call, against the
+// float32 sum, with ce-push between.
+TEST(Overlap, ReduceScatterAloneSmInRoundsMatchesTheSum) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  using V = ReduceScatterVariant;
+  for (const auto& [round_bytes, rounds] : {std::pair{"1M", 2}, std::pair{"512K", 4}, std::pair{"0", 1}}) {
+    SCOPED_TRACE(std::string("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES=") + round_bytes);
+    settings::ScopedOverride setting("CARAVAN_OVERLAP_GPU_SM_RS_ROUND_BYTES", round_bytes);
+    const std::uint64_t in_bytes = 2000ull * 1024 * sizeof(bf16) * static_cast<std::uint64_t>(team_size());
+    reduce_scatter_calls(2000, 1024, 3 * in_bytes + (16 << 20), {V::sm, V::sm, V::ce_push, V::sm}, 1, rounds);
+  }
+}
+
+void reduce_scatter_calls(long rows, long cols, std::uint64_t heap_bytes, const std::vector<ReduceScatterVariant>& sequence,
+                          int repeats, int expected_rounds) {
+  const int world = team_size();
+  GpuTeam team(first_devices(world), heap_bytes);
+  const long kRows = rows, kCols = cols;
+  ReduceScatter op(team, kRows, kCols);
+  ASSERT_TRUE(op.sm());
+  EXPECT_EQ(op.sm_rounds(), expected_rounds);
+  EXPECT_EQ(op.automatic(), ReduceScatterVariant::sm);  // the rule: sm wherever it is available
+  if (std::find(sequence.begin(), sequence.end(), ReduceScatterVariant::ll) != sequence.end()) {
+    ASSERT_TRUE(op.low_latency());
+  }
   const std::uint64_t seed = fresh_seed();
   const long all_rows = kRows * world;
   const auto rank_seed = [&](std::uint64_t call_seed, int q) {
@@ -1096,8 +1123,8 @@ void reduce_scatter_every_variant_call_after_call() {
     float* ref = device_alloc<float>(mine);
     std::vector<float> host_part(mine), host_sum(mine);
     barrier.arrive_and_wait();  // no allocation while a peer's call may wait on this rank
-    for (int round = 0; round < 3; ++round)
-      for (std::size_t i = 0; i < std::size(sequence); ++i) {
+    for (int round = 0; round < repeats; ++round)
+      for (std::size_t i = 0; i < sequence.size(); ++i) {
         const std::uint64_t call_seed = seed + 1000 * (static_cast<std::uint64_t>(round) * 100 + i);
         fill_random(in, all_rows, kCols, kCols, rank_seed(call_seed, r), 0, 0, 1.0f, stream);
         poison(out, mine, stream);
