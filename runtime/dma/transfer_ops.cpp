@@ -1,5 +1,7 @@
 #include "runtime/dma/transfer_ops.h"
 
+#include "runtime/dma/interleave.h"
+
 #include <algorithm>
 #include <array>
 
@@ -130,6 +132,28 @@ struct Walker {
   }
 };
 
+// A tile of three or more dimensions whose planes do not continue each other (a sub-box) leaves,
+// field by field, one op of rows per plane: ops[field_first[f] + p]. Where the fields interleave
+// on one side, puts each plane's fields next to each other instead, so that they form groups
+// (op_group_at: a conversion moves a plane's fields in one pass instead of one pass per field).
+// The ops of a tile are disjoint, so their order changes nothing else.
+void interleave_planes(std::vector<TransferOp>& out, const std::vector<std::size_t>& field_first) {
+  const std::size_t fields = field_first.size() - 1, first = field_first.front();
+  if (fields < 2) return;
+  const std::size_t planes = field_first[1] - field_first[0];
+  if (planes < 2) return;
+  for (std::size_t f = 0; f < fields; ++f)
+    if (field_first[f + 1] - field_first[f] != planes) return;
+  for (std::size_t i = first; i < out.size(); ++i)
+    if (out[i].rows < 2) return;
+  std::vector<TransferOp> by_plane;
+  by_plane.reserve(fields * planes);
+  for (std::size_t p = 0; p < planes; ++p)
+    for (std::size_t f = 0; f < fields; ++f) by_plane.push_back(out[field_first[f] + p]);
+  if (op_group_at(by_plane.data(), by_plane.size(), 0).members < 2) return;
+  std::copy(by_plane.begin(), by_plane.end(), out.begin() + static_cast<std::ptrdiff_t>(first));
+}
+
 }  // namespace
 
 void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src, const View& dst,
@@ -142,7 +166,9 @@ void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src
   const std::int64_t row_length = tile.extent(row_dim);
   const std::size_t field_groups = whole_points ? 1 : fields.count();
   std::vector<TransferOp> first_row;
+  std::vector<std::size_t> field_first;  // where each field's ops begin in `out`, then the end
   for (std::size_t f = 0; f < field_groups; ++f) {
+    field_first.push_back(out.size());
     const std::uint64_t elem = whole_points ? fields.total_size() : fields.fields()[f].size;
     Walker w{src, dst, out, f, elem, row_dim};
     // Where both views step evenly along every dimension but the row's (none is blocked), each
@@ -208,6 +234,8 @@ void append_tile_ops(const Rect& tile, const FieldSpace& fields, const View& src
       if (d == dims) break;
     }
   }
+  field_first.push_back(out.size());
+  interleave_planes(out, field_first);
 }
 
 TileGrid::TileGrid(const Rect& space, std::uint64_t target_points) : space_(space) {

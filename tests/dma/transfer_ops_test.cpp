@@ -104,6 +104,37 @@ TEST(TransferOps, SubTilesAndThreeDimensionsWithRowsInTheOps) {
   }
 }
 
+// A 3-D sub-box of a conversion: each plane's fields sit next to each other in the op list,
+// where they interleave on one side, so that a plane's fields form one group of ops of rows
+// (op_group_at) instead of moving one field at a time (each field's planes came one after
+// another before: six groups of one op here). Where no side interleaves, nothing groups and the
+// order stays as it was. Every byte is checked against the layouts (check_ops).
+TEST(TransferOps, ThreeDimensionalSubBoxesGroupEachPlanesFields) {
+  FieldSpace fields({{"a", 4}, {"b", 4}, {"c", 4}});
+  const Rect box = Rect::from_extents({6, 5, 4});
+  const Rect inner(3, Point{1, 1, 1}, Point{4, 3, 2});  // 4 x 3 x 2: two planes of 3 rows of 4
+  struct Case {
+    const char *a, *b;
+    std::size_t groups, members;  // expected: groups in the tile's op list, fields in each
+  };
+  for (const Case& c : {Case{"F,x,y,z", "x,F,y,z", 2, 3}, Case{"x,F,y,z", "F,x,y,z", 2, 3},
+                        Case{"x,y,z,F", "F,x,y,z", 2, 3}, Case{"F,x,y,z", "F,z,y,x", 3, 1}}) {
+    SCOPED_TRACE(std::string(c.a) + " -> " + c.b);
+    const std::size_t n = check_ops(box, fields, Layout::parse(c.a), Layout::parse(c.b), inner);
+    View src = View::of_layout(Layout::parse(c.a), box, fields, 0), dst = View::of_layout(Layout::parse(c.b), box, fields, 0);
+    std::vector<TransferOp> ops;
+    append_tile_ops(inner, fields, src, dst, ops);
+    ASSERT_EQ(ops.size(), n);
+    std::size_t groups = 0;
+    for (std::size_t i = 0; i < ops.size(); ++groups) {
+      const OpGroup g = op_group_at(ops.data(), ops.size(), i);
+      EXPECT_EQ(g.members, c.members) << "group at op " << i;
+      i += g.size();
+    }
+    EXPECT_EQ(groups, c.groups);
+  }
+}
+
 TEST(TransferOps, IdenticalLayoutsBecomeOneRun) {
   FieldSpace fields({{"a", 4}, {"b", 8}});
   Rect space = Rect::from_extents({100, 30});
@@ -294,7 +325,9 @@ TEST(TransferOps, SplitFrontKeepsEveryElementOnce) {
     while (rest.bytes() > 1000) {
       TransferOp head = split_front(rest, 1000);
       EXPECT_LE(head.bytes(), 1000u);
-      if (whole.rows > 1) EXPECT_EQ(head.bytes() % whole.row_bytes(), 0u) << "whole rows";
+      if (whole.rows > 1) {
+        EXPECT_EQ(head.bytes() % whole.row_bytes(), 0u) << "whole rows";
+      }
       EXPECT_GT(head.bytes(), 0u);
       bytes_of(head, got);
     }
