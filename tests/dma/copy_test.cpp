@@ -62,6 +62,10 @@ TEST(CopySplit, ConversionsSplitOverThreadsMoveEveryValue) {
   copy_and_verify(Rect::from_extents({400, 300}), xyz, "F,x,y", "x,F,y", sys_memory(), sys_memory(), seed++);
   copy_and_verify(Rect::from_extents({400, 300}), xyz, "x,F,y", "F,x,y", sys_memory(), sys_memory(), seed++);
   copy_and_verify(Rect::from_extents({200001}), xyz, "F,x", "x,F", sys_memory(), sys_memory(), seed++);
+  // 3-D with the dimensions permuted: tiles whose planes lie apart on one side, each plane's
+  // fields one group of ops of rows (interleave_planes in transfer_ops.cpp).
+  for (auto [a, b] : {std::pair{"F,x,y,z", "x,F,z,y"}, std::pair{"x,y,z,F", "F,z,x,y"}, std::pair{"z,x,F,y", "F,x,y,z"}})
+    copy_and_verify(Rect::from_extents({67, 41, 29}), xyz, a, b, sys_memory(), sys_memory(), seed++);
 }
 
 TEST_F(CopyTest, LargeInstancesSpanManyTilesAndRequests) {

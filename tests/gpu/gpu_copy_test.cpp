@@ -747,6 +747,25 @@ TEST_F(GpuCopyTest, LayoutConversionsWithinOneGpu) {
   }
 }
 
+// 3-D conversions with the dimensions permuted, in fields of one size: the tiles' planes lie apart
+// on one side, and each plane's fields travel as one group of ops of rows (transfer_ops.cpp,
+// interleave_planes); every byte checked.
+TEST_F(GpuCopyTest, ThreeDimensionalConversionsWithinOneGpu) {
+  CARAVAN_REQUIRE_GPUS(1);
+  const FieldSpace fields({{"u", 4}, {"v", 4}, {"w", 4}});
+  const Rect space = Rect::from_extents({67, 41, 29});
+  for (auto [a, b] : {std::pair{"F,x,y,z", "x,F,z,y"}, std::pair{"x,y,z,F", "F,z,x,y"}, std::pair{"z,x,F,y", "F,x,y,z"}}) {
+    const std::uint64_t seed = fresh_seed();
+    Instance src = Instance::create(fbm(0), space, fields, Layout::parse(a));
+    Instance dst = Instance::create(fbm(0), space, fields, Layout::parse(b));
+    test::write_pattern(src, seed);
+    test::poison(dst);
+    CopyReport report;
+    ASSERT_TRUE(copy(src, dst, {.report = &report}).wait_for(60s)) << a << " -> " << b;
+    EXPECT_EQ(test::count_mismatches(dst, seed), 0u) << a << " -> " << b << " via " << report.route << " (seed " << seed << ")";
+  }
+}
+
 TEST(GpuChannelOps, EveryOpShapeOverThePeerLink) {
   CARAVAN_REQUIRE_GPUS(2);
   const std::uint64_t region = 4 << 20;
