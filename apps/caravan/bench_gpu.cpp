@@ -752,9 +752,10 @@ void run_conversion_2d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
 // 4-byte fields over 1024 x 64 x 64, F,x,y,z -> x,F,z,y. Per tile and field the row walker gives
 // one op of rows (y) per plane (z), the planes apart on the destination; each plane's fields are
 // listed together (29th session), so the gpu_convert channel moves them as one group. Against the
-// same ops through the same kernel one op each (what the channel did with them before: a
-// plane's fields one at a time, the interleaved source read once per field), and a plain D2D
-// copy of the same bytes; verified word by word after a poisoned last run.
+// same ops in the order the walker listed them before (field by field), through the same kernel
+// one op each, as the channel then moved them (32 ops a launch: each launch one field's planes,
+// the interleaved source read once per field), and a plain D2D copy of the same bytes; verified
+// word by word after a poisoned last run.
 void run_conversion_3d_case(BenchReport& out, nlohmann::json& figures, MemoryId fbm0, int reps) {
   const FieldSpace xyz({{"u", 4}, {"v", 4}, {"w", 4}});
   constexpr std::uint64_t kX = 1024, kY = 64, kZ = 64, points = kX * kY * kZ, conv_bytes = points * 12;
@@ -777,8 +778,11 @@ void run_conversion_3d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
   CopyReport report;
   copy(cs, cd, {.report = &report}).wait();  // plans, and loads what the first copy loads
   gpu::RawCopy by_op{.dst = address(cd), .src = address(cs), .device = 0};
+  std::vector<dma::TransferOp> by_plane;  // the walker's order now: each plane's three fields
   dma::append_tile_ops(box, xyz, dma::View::of_layout(Layout::parse("F,x,y,z"), box, xyz, 0),
-                       dma::View::of_layout(Layout::parse("x,F,z,y"), box, xyz, 0), by_op.kernel_ops);
+                       dma::View::of_layout(Layout::parse("x,F,z,y"), box, xyz, 0), by_plane);
+  for (std::size_t f = 0; f < 3; ++f)  // back to field by field
+    for (std::size_t p = f; p < by_plane.size(); p += 3) by_op.kernel_ops.push_back(by_plane[p]);
   const gpu::RawCopy plain{.dst = address(cd), .src = address(cs), .bytes = conv_bytes, .device = 0};
   gpu::time_raw_copies(by_op, 1);
   gpu::time_raw_copies(plain, 1);

@@ -132,11 +132,12 @@ struct Walker {
   }
 };
 
-// A tile of three or more dimensions whose planes do not continue each other (a sub-box) leaves,
-// field by field, one op of rows per plane: ops[field_first[f] + p]. Where the fields interleave
-// on one side, puts each plane's fields next to each other instead, so that they form groups
-// (op_group_at: a conversion moves a plane's fields in one pass instead of one pass per field).
-// The ops of a tile are disjoint, so their order changes nothing else.
+// A tile whose ops are, field by field, the same number of ops of rows (one per plane of a 3-D
+// sub-box whose planes do not continue each other: ops[field_first[f] + p]) lists each plane's
+// fields next to each other instead, where that makes them a group (op_group_at: the fields
+// interleave on one side) and the field-by-field order did not already: a conversion then moves
+// a plane's fields in one pass instead of one pass per field. The ops of a tile are disjoint, so
+// their order changes nothing else.
 void interleave_planes(std::vector<TransferOp>& out, const std::vector<std::size_t>& field_first) {
   const std::size_t fields = field_first.size() - 1, first = field_first.front();
   if (fields < 2) return;
@@ -146,6 +147,7 @@ void interleave_planes(std::vector<TransferOp>& out, const std::vector<std::size
     if (field_first[f + 1] - field_first[f] != planes) return;
   for (std::size_t i = first; i < out.size(); ++i)
     if (out[i].rows < 2) return;
+  if (op_group_at(out.data() + first, out.size() - first, 0).members >= 2) return;  // groups as it is
   std::vector<TransferOp> by_plane;
   by_plane.reserve(fields * planes);
   for (std::size_t p = 0; p < planes; ++p)

@@ -133,6 +133,48 @@ TEST(TransferOps, ThreeDimensionalSubBoxesGroupEachPlanesFields) {
     }
     EXPECT_EQ(groups, c.groups);
   }
+  // Where the fields interleave on neither side (fields outermost on both), the order stays field
+  // by field: the first two planes' ops are field a's, before field b's array.
+  {
+    const Layout soa_a = Layout::parse("x,y,z,F"), soa_b = Layout::parse("x,z,y,F");
+    check_ops(box, fields, soa_a, soa_b, inner);
+    View src = View::of_layout(soa_a, box, fields, 0), dst = View::of_layout(soa_b, box, fields, 0);
+    std::vector<TransferOp> ops;
+    append_tile_ops(inner, fields, src, dst, ops);
+    ASSERT_EQ(ops.size(), 6u);  // three fields by two planes
+    const std::uint64_t field_b = src.offset(box.lo(), 1);
+    EXPECT_LT(ops[0].src, field_b);
+    EXPECT_LT(ops[1].src, field_b) << "a field's planes stay together where no side interleaves";
+  }
+  // Fields of different sizes never group: the order stays field by field.
+  {
+    FieldSpace mixed({{"a", 4}, {"b", 8}, {"c", 4}});
+    const Layout aos = Layout::parse("F,x,y,z"), other = Layout::parse("x,F,z,y");
+    check_ops(box, mixed, aos, other, inner);
+    View src = View::of_layout(aos, box, mixed, 0), dst = View::of_layout(other, box, mixed, 0);
+    std::vector<TransferOp> ops;
+    append_tile_ops(inner, mixed, src, dst, ops);
+    ASSERT_EQ(ops.size(), 6u);
+    EXPECT_EQ(ops[0].elem, ops[1].elem) << "field a's two planes first";
+    EXPECT_EQ(ops[2].elem, 8u);
+  }
+  // Two tiles appended to one list: each tile's planes are grouped within that tile.
+  {
+    const Layout a = Layout::parse("F,x,y,z"), b = Layout::parse("x,F,y,z");
+    View src = View::of_layout(a, box, fields, 0), dst = View::of_layout(b, box, fields, 0);
+    const Rect other(3, Point{0, 1, 2}, Point{3, 3, 3});  // another 4 x 3 x 2 sub-box
+    std::vector<TransferOp> ops;
+    append_tile_ops(inner, fields, src, dst, ops);
+    const std::size_t first_tile = ops.size();
+    append_tile_ops(other, fields, src, dst, ops);
+    std::size_t groups = 0;
+    for (std::size_t i = 0; i < ops.size(); ++groups) {
+      const OpGroup g = op_group_at(ops.data(), ops.size(), i);
+      EXPECT_EQ(g.members, 3u) << "group at op " << i << " (the second tile starts at " << first_tile << ")";
+      i += g.size();
+    }
+    EXPECT_EQ(groups, 4u);
+  }
 }
 
 TEST(TransferOps, IdenticalLayoutsBecomeOneRun) {
