@@ -32,6 +32,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <span>
 #include <utility>
@@ -661,6 +662,64 @@ void run_conversion_case(BenchReport& out, nlohmann::json& figures, MemoryId fbm
                            {"verified", wrong == 0}};
 }
 
+// The conversion cases against the kernel op by op: `runs` rounds of the same ops through the
+// kernel one op each (`by_op`), a plain D2D copy of the same bytes, and Caravan's copy cs -> cd.
+// The last round's op-by-op kernel and Caravan's copy each write a poisoned destination, which
+// `count_wrong` then checks (it reads cd into `got`, this poisons it).
+struct ConversionTimes {
+  Summary caravan, by_op, plain;
+  std::uint64_t wrong = 0;
+};
+ConversionTimes time_conversion(const Instance& cs, const Instance& cd, const gpu::RawCopy& by_op,
+                                std::uint64_t conv_bytes, int reps, std::vector<std::uint32_t>& got,
+                                const std::function<std::uint64_t()>& count_wrong) {
+  const gpu::RawCopy plain{.dst = address(cd), .src = address(cs), .bytes = conv_bytes, .device = 0};
+  gpu::time_raw_copies(by_op, 1);
+  gpu::time_raw_copies(plain, 1);
+  auto poison = [&] {
+    std::fill(got.begin(), got.end(), 0xDEADBEEFu);
+    cd.write_bytes(0, std::as_bytes(std::span(got)));
+  };
+  auto check = [&] {
+    cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
+    return count_wrong();
+  };
+  std::vector<double> caravan_gbps, by_op_gbps, plain_gbps;
+  ConversionTimes t;
+  const int runs = std::max(reps / 2, 5);
+  for (int r = 0; r < runs; ++r) {
+    const bool last = r == runs - 1;
+    if (last) poison();
+    by_op_gbps.push_back(gbps(conv_bytes, gpu::time_raw_copies(by_op, 1).front()));
+    if (last) t.wrong += check();
+    plain_gbps.push_back(gbps(conv_bytes, gpu::time_raw_copies(plain, 1).front()));
+    if (last) poison();
+    caravan_gbps.push_back(gbps(conv_bytes, polled_copy_seconds(cs, cd)));
+  }
+  t.wrong += check();
+  t.caravan = summarize(caravan_gbps), t.by_op = summarize(by_op_gbps), t.plain = summarize(plain_gbps);
+  return t;
+}
+
+// The table, headline, failure and figures of a conversion case timed by time_conversion.
+void report_conversion(BenchReport& out, nlohmann::json& figures, const std::string& key, const std::string& title,
+                       const std::string& name, const ConversionTimes& t, std::size_t ops, const std::string& route) {
+  BenchTable table{title, {"copy", "median", "p10", "p90", "min", "max"}, {}};
+  table.rows.push_back(row("caravan copy(), as planned", t.caravan));
+  table.rows.push_back(row(fmt::format("conversion kernel, one op each ({} ops)", ops), t.by_op));
+  table.rows.push_back(row("hipMemcpyAsync D2D, same bytes, no conversion", t.plain));
+  out.tables.push_back(table);
+  out.headlines.push_back(fmt::format(
+      "{}: caravan / the kernel op by op = {:.2f}x ({:.1f} vs {:.1f} GB/s), {:.2f} of a plain D2D copy ({:.1f} GB/s) "
+      "via {}{}",
+      name, t.caravan.median / t.by_op.median, t.caravan.median, t.by_op.median, t.caravan.median / t.plain.median,
+      t.plain.median, route, t.wrong == 0 ? "" : fmt::format(" DATA MISMATCH ({} words)", t.wrong)));
+  if (t.wrong != 0) out.failure = fmt::format("{}: {} words wrong", name, t.wrong);
+  figures[key] = {{"caravan_gbps", summary_json(t.caravan)}, {"kernel_op_by_op_gbps", summary_json(t.by_op)},
+                  {"plain_d2d_gbps", summary_json(t.plain)}, {"ops", ops},
+                  {"route", route}, {"verified", t.wrong == 0}};
+}
+
 // A 2-D layout conversion within GPU 0 whose rows are apart on one side: 48 MiB of points with
 // three 4-byte fields in rows of 1024 points, F,x,y -> x,F,y (each row's fields one after
 // another). The row walker gives one op of 4096 rows per field (until the 28th session one op
@@ -694,41 +753,11 @@ void run_conversion_2d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
                        dma::View::of_layout(Layout::parse("x,F,y"), plane, xyz, 0), field_ops);
   for (const dma::TransferOp& op : field_ops)
     for (std::uint64_t r = 0; r < op.rows; ++r) by_op.kernel_ops.push_back(op.row(r));
-  const gpu::RawCopy plain{.dst = address(cd), .src = address(cs), .bytes = conv_bytes, .device = 0};
-  gpu::time_raw_copies(by_op, 1);
-  gpu::time_raw_copies(plain, 1);
-  std::vector<double> caravan_gbps, by_op_gbps, plain_gbps;
-  std::uint64_t wrong = 0;
-  const int runs = std::max(reps / 2, 5);
-  for (int r = 0; r < runs; ++r) {
-    by_op_gbps.push_back(gbps(conv_bytes, gpu::time_raw_copies(by_op, 1).front()));
-    if (r == runs - 1) {  // the op-by-op kernel checked, then the destination poisoned for Caravan's
-      cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
-      wrong += count_wrong();
-    }
-    plain_gbps.push_back(gbps(conv_bytes, gpu::time_raw_copies(plain, 1).front()));
-    if (r == runs - 1) {
-      std::fill(got.begin(), got.end(), 0xDEADBEEFu);
-      cd.write_bytes(0, std::as_bytes(std::span(got)));
-    }
-    caravan_gbps.push_back(gbps(conv_bytes, polled_copy_seconds(cs, cd)));
-  }
-  cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
-  wrong += count_wrong();
-  const Summary sc = summarize(caravan_gbps), so = summarize(by_op_gbps), sp = summarize(plain_gbps);
-  BenchTable t{fmt::format("2-D layout conversion within GPU 0, {} MiB, rows of {} points, F,x,y -> x,F,y, GB/s",
-                           conv_bytes >> 20, kRow),
-               {"copy", "median", "p10", "p90", "min", "max"},
-               {}};
-  t.rows.push_back(row("caravan copy(), as planned", sc));
-  t.rows.push_back(row(fmt::format("conversion kernel, one op each ({} ops)", by_op.kernel_ops.size()), so));
-  t.rows.push_back(row("hipMemcpyAsync D2D, same bytes, no conversion", sp));
-  out.tables.push_back(t);
-  out.headlines.push_back(fmt::format(
-      "2-D layout conversion fbm0 F,x,y->x,F,y: caravan / the kernel op by op = {:.2f}x ({:.1f} vs {:.1f} GB/s), "
-      "{:.2f} of a plain D2D copy ({:.1f} GB/s) via {}{}",
-      sc.median / so.median, sc.median, so.median, sc.median / sp.median, sp.median, report.route,
-      wrong == 0 ? "" : fmt::format(" DATA MISMATCH ({} words)", wrong)));
+  const ConversionTimes t = time_conversion(cs, cd, by_op, conv_bytes, reps, got, count_wrong);
+  report_conversion(out, figures, "conversion_2d",
+                    fmt::format("2-D layout conversion within GPU 0, {} MiB, rows of {} points, F,x,y -> x,F,y, GB/s",
+                                conv_bytes >> 20, kRow),
+                    "2-D layout conversion fbm0 F,x,y->x,F,y", t, by_op.kernel_ops.size(), report.route);
   {  // one more copy with a report: where its time goes
     CopyReport timed;
     polled_copy_seconds(cs, cd, {.report = &timed});
@@ -742,10 +771,6 @@ void run_conversion_2d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
                                     timed.tiles, timed.hop_requests.empty() ? 0 : timed.hop_requests.front(),
                                     timed.setup_us, spans, timed.teardown_us));
   }
-  if (wrong != 0) out.failure = fmt::format("2-D layout conversion: {} words wrong", wrong);
-  figures["conversion_2d"] = {{"caravan_gbps", summary_json(sc)}, {"kernel_op_by_op_gbps", summary_json(so)},
-                              {"plain_d2d_gbps", summary_json(sp)}, {"ops", by_op.kernel_ops.size()},
-                              {"route", report.route}, {"verified", wrong == 0}};
 }
 
 // A 3-D layout conversion within GPU 0 with the dimensions permuted: 48 MiB of points with three
@@ -783,51 +808,13 @@ void run_conversion_3d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
                        dma::View::of_layout(Layout::parse("x,F,z,y"), box, xyz, 0), by_plane);
   for (std::size_t f = 0; f < 3; ++f)  // back to field by field
     for (std::size_t p = f; p < by_plane.size(); p += 3) by_op.kernel_ops.push_back(by_plane[p]);
-  const gpu::RawCopy plain{.dst = address(cd), .src = address(cs), .bytes = conv_bytes, .device = 0};
-  gpu::time_raw_copies(by_op, 1);
-  gpu::time_raw_copies(plain, 1);
-  std::vector<double> caravan_gbps, by_op_gbps, plain_gbps;
-  std::uint64_t wrong = 0;
-  const int runs = std::max(reps / 2, 5);
-  for (int r = 0; r < runs; ++r) {
-    if (r == runs - 1) {  // the op-by-op kernel checked on a poisoned destination
-      std::fill(got.begin(), got.end(), 0xDEADBEEFu);
-      cd.write_bytes(0, std::as_bytes(std::span(got)));
-    }
-    by_op_gbps.push_back(gbps(conv_bytes, gpu::time_raw_copies(by_op, 1).front()));
-    if (r == runs - 1) {  // then poisoned again for Caravan's
-      cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
-      wrong += count_wrong();
-    }
-    plain_gbps.push_back(gbps(conv_bytes, gpu::time_raw_copies(plain, 1).front()));
-    if (r == runs - 1) {
-      std::fill(got.begin(), got.end(), 0xDEADBEEFu);
-      cd.write_bytes(0, std::as_bytes(std::span(got)));
-    }
-    caravan_gbps.push_back(gbps(conv_bytes, polled_copy_seconds(cs, cd)));
-  }
-  cd.read_bytes(0, std::as_writable_bytes(std::span(got)));
-  wrong += count_wrong();
-  const Summary sc = summarize(caravan_gbps), so = summarize(by_op_gbps), sp = summarize(plain_gbps);
-  BenchTable t{fmt::format("3-D layout conversion within GPU 0, {} MiB, {} x {} x {}, F,x,y,z -> x,F,z,y, GB/s",
-                           conv_bytes >> 20, kX, kY, kZ),
-               {"copy", "median", "p10", "p90", "min", "max"},
-               {}};
-  t.rows.push_back(row("caravan copy(), as planned", sc));
-  t.rows.push_back(row(fmt::format("conversion kernel, one op each ({} ops)", by_op.kernel_ops.size()), so));
-  t.rows.push_back(row("hipMemcpyAsync D2D, same bytes, no conversion", sp));
-  out.tables.push_back(t);
-  out.headlines.push_back(fmt::format(
-      "3-D layout conversion fbm0 F,x,y,z->x,F,z,y: caravan / the kernel op by op = {:.2f}x ({:.1f} vs {:.1f} GB/s), "
-      "{:.2f} of a plain D2D copy ({:.1f} GB/s) via {}{}",
-      sc.median / so.median, sc.median, so.median, sc.median / sp.median, sp.median, report.route,
-      wrong == 0 ? "" : fmt::format(" DATA MISMATCH ({} words)", wrong)));
+  const ConversionTimes t = time_conversion(cs, cd, by_op, conv_bytes, reps, got, count_wrong);
+  report_conversion(out, figures, "conversion_3d",
+                    fmt::format("3-D layout conversion within GPU 0, {} MiB, {} x {} x {}, F,x,y,z -> x,F,z,y, GB/s",
+                                conv_bytes >> 20, kX, kY, kZ),
+                    "3-D layout conversion fbm0 F,x,y,z->x,F,z,y", t, by_op.kernel_ops.size(), report.route);
   out.notes.push_back(fmt::format("3-D layout conversion: {} tile(s), {} request(s) on the channel", report.tiles,
                                   report.hop_requests.empty() ? 0 : report.hop_requests.front()));
-  if (wrong != 0) out.failure = fmt::format("3-D layout conversion: {} words wrong", wrong);
-  figures["conversion_3d"] = {{"caravan_gbps", summary_json(sc)}, {"kernel_op_by_op_gbps", summary_json(so)},
-                              {"plain_d2d_gbps", summary_json(sp)}, {"ops", by_op.kernel_ops.size()},
-                              {"route", report.route}, {"verified", wrong == 0}};
 }
 
 BenchReport run_gpu_bench() {
