@@ -920,8 +920,8 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
                         pass = static_cast<std::uint64_t>(push_blocks_) *
                                push_reduce_scatter_threads(out_bytes / sizeof(bf16), push_blocks_),
                         passes = (vectors + pass - 1) / pass;
-    const std::uint64_t asked = std::clamp<std::uint64_t>(out_bytes / round_bytes, 1, kPushMaxRounds);
-    const std::uint64_t per_round = (passes + std::min(asked, passes) - 1) / std::min(asked, passes);
+    const std::uint64_t asked = std::min(std::clamp<std::uint64_t>(out_bytes / round_bytes, 1, kPushMaxRounds), passes);
+    const std::uint64_t per_round = (passes + asked - 1) / asked;  // passes a round
     push_rounds_ = static_cast<int>((passes + per_round - 1) / per_round);
   }
   // Zero, as the flags start.
