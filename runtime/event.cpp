@@ -2,6 +2,7 @@
 #include "runtime/log.h"
 #include "runtime/net/network.h"
 #include "runtime/net/remote_events.h"
+#include "runtime/progress.h"
 #include "runtime/runtime_impl.h"
 
 #include <fmt/format.h>
@@ -76,6 +77,11 @@ net::Network* remote_owner(const Event& e) {
 EventState Event::query() const {
   if (is_none()) return EventState::triggered;
   auto local = RuntimeImpl::local_view(*this);
+  const EventState state = local.table->query(local.event);
+  if (state != EventState::pending) return state;
+  // A caller polling the event is awake: it finishes device work whose service thread sleeps
+  // (runtime/progress.h), which may trigger this very event.
+  detail::help_progress();
   return local.table->query(local.event);
 }
 

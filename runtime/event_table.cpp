@@ -2,6 +2,7 @@
 
 #include "runtime/cpu_relax.h"
 #include "runtime/log.h"
+#include "runtime/progress.h"
 
 #include <fmt/format.h>
 
@@ -291,6 +292,8 @@ bool EventTable::wait(Event e, const std::chrono::steady_clock::time_point* dead
     for (unsigned i = 0; s.triggered_generation.load(std::memory_order_acquire) < e.generation(); ++i) {
       cpu_relax();
       if ((i & 63) == 63) {
+        // Awake anyway: finish device work whose service thread sleeps (runtime/progress.h).
+        help_progress();
         if (Clock::now() >= spin_until) break;
         if ((i & 1023) == 1023) std::this_thread::yield();
       }

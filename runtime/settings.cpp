@@ -52,6 +52,9 @@ const Definition kTable[] = {
   {"CARAVAN_WAIT_SPIN_US", Kind::integer, "-1",
    "How long Event::wait polls before it blocks the thread (microseconds); -1: 20, and 5000 once the runtime uses "
    "a GPU (a blocked thread took 150-200 us to wake on the GPU machine)", -1, 1000000},
+  {"CARAVAN_WAIT_HELPS", Kind::boolean, "true",
+   "Whether a thread in Event::wait or Event::query finishes GPU copy requests that have completed on the device "
+   "while the channel's service threads sleep (waking one took 150-200 us on the GPU machine)"},
   // --- planner ---
   {"CARAVAN_PLANNER_FULL_MIN_BYTES", Kind::bytes, "16M",
    "Transfers of at least this many bytes use the full path planner; smaller ones the simple planner", 0, kInf},

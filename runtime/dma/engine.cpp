@@ -255,8 +255,7 @@ void DmaWorker::loop() {
     std::vector<Xd*> retired;
     for (auto it = pool_.begin(); it != pool_.end();) {
       Xd* xd = *it;
-      bool all_done = xd->tiles_done.load(std::memory_order_acquire) == xd->op->grid.count();
-      if (xd->in_flight == 0 && !xd->generating && (all_done || xd->op->cancelled.load(std::memory_order_acquire))) {
+      if (can_retire(*xd)) {
         xd->retired = true;
         retired.push_back(xd);
         it = pool_.erase(it);
@@ -379,7 +378,24 @@ DmaWorker::Issue DmaWorker::take_request(Xd* chosen) {
   return issue;
 }
 
+namespace {
+// Nonzero while this thread is inside Channel::submit: a completion run from there (a synchronous
+// channel, or an enqueue failure) leaves the retiring to the worker, since the channel may still
+// read the request, whose ops the copy owns, after `done` returns.
+thread_local int t_submitting = 0;
+}  // namespace
+
+bool DmaWorker::can_retire(const Xd& xd) const {
+  if (xd.in_flight != 0 || xd.generating || xd.retired) return false;
+  return xd.tiles_done.load(std::memory_order_acquire) == xd.op->grid.count() ||
+         xd.op->cancelled.load(std::memory_order_acquire);
+}
+
 void DmaWorker::submit(Xd* xd, const Issue& issue) {
+  struct Submitting {
+    Submitting() { ++t_submitting; }
+    ~Submitting() { --t_submitting; }
+  } submitting;
   channel_->submit(issue.request, [this, xd, tile = issue.tile, span = issue.span](const FailureCause& failure) {
     complete(xd, tile, span, failure);
   });
@@ -416,11 +432,28 @@ void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, std::size_t span, con
   // Notify under the lock: once it is released the worker may retire the XD, finish the copy,
   // and the engine (with this worker) may be shut down and destroyed, so an asynchronous
   // channel's completion thread must not touch the worker after that.
-  std::lock_guard lock(mutex_);
-  --in_flight_;
-  --xd->in_flight;
-  signals_.fetch_add(1, std::memory_order_release);
-  cv_.notify_one();
+  CopyOperation* retire_here = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    --in_flight_;
+    --xd->in_flight;
+    // The XD's last request on a channel that completes from its own threads (or from a thread
+    // waiting for an event, runtime/progress.h): retire it here rather than hand that to the
+    // worker, whose wake-up after an idle spell (150-200 us on the GPU machine) would otherwise
+    // sit between the copy's last byte and its event. Taken out of the pool under the lock, the
+    // XD is the worker's no more; the copy stays active (and the engine with this worker alive)
+    // until xd_retired below has run.
+    if (submit_here_ && t_submitting == 0 && !stop_ && can_retire(*xd)) {
+      if (auto it = std::find(pool_.begin(), pool_.end(), xd); it != pool_.end()) {
+        pool_.erase(it);
+        xd->retired = true;
+        retire_here = xd->op;
+      }
+    }
+    signals_.fetch_add(1, std::memory_order_release);
+    cv_.notify_one();
+  }
+  if (retire_here) engine_.xd_retired(retire_here);
 }
 
 // ------------------------------------------------------------------------------------ Timeline

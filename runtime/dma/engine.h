@@ -129,6 +129,8 @@ class DmaWorker {
  private:
   void loop();
   bool can_issue(const Xd& xd) const;
+  // mutex_ held: nothing of `xd` is in flight or being cut, and it is done or cancelled.
+  bool can_retire(const Xd& xd) const;
   static constexpr std::size_t kNoSpan = ~std::size_t{0};
   // A request taken from an XD, with what its completion needs.
   struct Issue {

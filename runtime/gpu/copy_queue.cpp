@@ -238,9 +238,11 @@ CopyQueue::CopyQueue(int device, int streams, std::string name)
     }
   }
   thread_ = std::thread([this] { completion_main(); });
+  if (detail::waiting_threads_help()) hooked_ = detail::add_progress_hook(this);
 }
 
 CopyQueue::~CopyQueue() {
+  if (hooked_) detail::remove_progress_hook(this);  // no helper runs help() after this
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
@@ -368,16 +370,39 @@ void CopyQueue::submit(const std::function<void(hipStream_t)>& enqueue, dma::Cha
   {
     std::lock_guard lock(mutex_);
     pending_.push_back(std::move(p));
+    pending_count_.store(pending_.size(), std::memory_order_release);
     submitted_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_one();
+}
+
+void CopyQueue::help() noexcept {
+  if (pending_count_.load(std::memory_order_acquire) == 0) return;
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || completing_ || dropping_ || pending_.empty()) return;
+  hipEvent_t event = pending_.front().event;
+  // Not ready, or an error: the completion thread waits for it and reports it. hipErrorNotReady
+  // is not recorded as the thread's last error, so the waiting thread's own HIP state is kept.
+  if (event && hipEventQuery(event) != hipSuccess) return;
+  Pending p = std::move(pending_.front());
+  pending_.pop_front();
+  pending_count_.store(pending_.size(), std::memory_order_release);
+  if (event) free_events_.push_back(event);
+  completing_ = true;
+  lock.unlock();
+  p.done(p.failure);
+  lock.lock();
+  completing_ = false;
+  submitted_.fetch_add(1, std::memory_order_release);  // the completion thread's turn again
+  lock.unlock();
+  cv_.notify_all();
 }
 
 void CopyQueue::completion_main() {
   if (hipSetDevice(device_) != hipSuccess) (void)hipGetLastError();
   std::unique_lock lock(mutex_);
   for (;;) {
-    if (pending_.empty() && !stop_ && spin_ns_ > 0) {
+    if ((pending_.empty() || completing_) && !stop_ && spin_ns_ > 0) {
       // Poll for the next request before sleeping: a thread woken from the condition variable
       // took 150-200 us on the GPU machine, longer than a request of 48 MiB within a GPU
       // (50-60 us), whose completion it then delayed. A submission after the poll gave up is
@@ -387,9 +412,10 @@ void CopyQueue::completion_main() {
       (void)poll_for_change(submitted_, seen, spin_ns_);
       lock.lock();
     }
-    cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+    cv_.wait(lock, [&] { return (stop_ && !completing_) || (!pending_.empty() && !completing_); });
     if (pending_.empty()) return;  // stop_ and nothing left
     hipEvent_t event = pending_.front().event;
+    completing_ = true;  // the front is this thread's: a helper leaves it alone
     lock.unlock();
     FailureCause failure;
     if (event) {
@@ -405,12 +431,17 @@ void CopyQueue::completion_main() {
     lock.lock();
     Pending p = std::move(pending_.front());
     pending_.pop_front();
+    pending_count_.store(pending_.size(), std::memory_order_release);
     if (event) free_events_.push_back(event);
     if (!p.failure) p.failure = failure;
-    if (dropping_) continue;
+    if (dropping_) {
+      completing_ = false;
+      continue;
+    }
     lock.unlock();
     p.done(p.failure);
     lock.lock();
+    completing_ = false;
   }
 }
 

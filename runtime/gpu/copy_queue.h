@@ -9,10 +9,14 @@
 // and a GPU error that surfaces at the event is reported as that request's failure.
 // Completions run in submission order (a later request on another stream that finishes first
 // waits for the earlier one's report), which keeps the engine's in-order tile accounting simple.
+// A thread waiting for an event may run them too (help(), runtime/progress.h): the front
+// request's completion once hipEventQuery says its copies finished, if no other thread is
+// completing one. One completion runs at a time, in order, whoever runs it.
 #pragma once
 
 #include "runtime/dma/channel.h"
 #include "runtime/gpu/platform.h"
+#include "runtime/progress.h"
 
 #include <condition_variable>
 #include <cstdint>
@@ -27,7 +31,7 @@
 
 namespace caravan::gpu {
 
-class CopyQueue {
+class CopyQueue final : public detail::ProgressHook {
  public:
   // `streams` non-blocking streams on `device`.
   CopyQueue(int device, int streams, std::string name);
@@ -47,6 +51,10 @@ class CopyQueue {
   // enqueueing failed.
   void submit(const std::function<void(hipStream_t)>& enqueue, dma::Channel::Completion done,
               std::uint64_t* flag = nullptr, std::uint64_t flag_value = 0);
+
+  // Runs the front request's completion on this thread if its copies have finished and no other
+  // thread is completing one (never blocks). Called by threads waiting for events.
+  void help() noexcept override;
 
  private:
   struct Pending {
@@ -75,6 +83,11 @@ class CopyQueue {
   // its last pending request before it sleeps (CARAVAN_GPU_WORKER_SPIN_US, as the DMA workers).
   std::atomic<std::uint64_t> submitted_{0};
   std::int64_t spin_ns_ = 0;
+  // mutex_: a thread (the completion thread or a helper) is running a completion; the others
+  // leave the queue's front alone until it is done.
+  bool completing_ = false;
+  std::atomic<std::size_t> pending_count_{0};  // pending_.size(), for help()'s check without the lock
+  bool hooked_ = false;  // registered as a progress hook (CARAVAN_WAIT_HELPS)
   std::thread thread_;
 };
 

@@ -5,6 +5,7 @@
 #include "runtime/dma/engine.h"
 #include "channels/file_channel.h"
 #include "channels/memcpy_channel.h"
+#include "runtime/progress.h"
 #include "tests/dma/dma_test_util.h"
 
 #include <caravan/settings.h>
@@ -56,6 +57,8 @@ class AsyncChannel final : public dma::Channel {
     cv_.notify_all();
   }
   void fail_inline(bool on) { fail_inline_.store(on); }
+  // The thread that runs the requests and their completions.
+  std::thread::id thread_id() const { return thread_.get_id(); }
   std::set<std::thread::id> submitters() {
     std::lock_guard lock(mutex_);
     return submitters_;
@@ -302,6 +305,157 @@ TEST(CopyOnAnAsynchronousChannel, CallerSubmitsOneRequestWhileTheWorkerPolls) {
   ThroughABoundedBuffer::expect_landed(second, path.dst2);
   ThroughABoundedBuffer::expect_landed(first, path.dst);
   EXPECT_EQ(from_caller, 1u);
+}
+
+// The completion of a copy's last request, run on the channel's own thread, finishes the copy
+// there: the DMA worker (asleep here) is not woken to retire it, which on the GPU machine cost
+// 150-200 us between a copy's last byte and its event.
+TEST(CopyOnAnAsynchronousChannel, TheLastCompletionFinishesTheCopyOnItsThread) {
+  settings::ScopedOverride spin("CARAVAN_GPU_WORKER_SPIN_US", "0");  // the worker sleeps as soon as it is idle
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  AsyncChannel& async = use_async_memcpy();
+  const Rect space = Rect::from_extents({4096});
+  Instance a = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x"));
+  Instance b = Instance::create(sys_memory(), space, kFields, Layout::parse("x,F"));
+  test::write_pattern(a, 11);
+  for (int c = 0; c < 20; ++c) {
+    test::poison(b);
+    std::atomic<bool> called{false};
+    std::thread::id triggered_on;
+    // Held until copy() has returned: a request that completed while the caller was still
+    // submitting (the copy's XD counts as being cut then) is retired by the worker.
+    async.hold(true);
+    Event done = copy(a, b);
+    async.hold(false);
+    done.on_trigger([&](const FailureCause&) {
+      triggered_on = std::this_thread::get_id();
+      called.store(true);
+    });
+    ASSERT_TRUE(done.wait_for(20s));
+    const auto give_up = std::chrono::steady_clock::now() + 20s;
+    while (!called.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    ASSERT_TRUE(called.load());
+    EXPECT_EQ(test::count_mismatches(b, 11), 0u);
+    // The callback runs on the thread that triggered the event, or here if it had triggered by
+    // the time on_trigger was called.
+    if (triggered_on != std::this_thread::get_id()) {
+      EXPECT_EQ(triggered_on, async.thread_id()) << "copy " << c << " was finished by another thread than the channel's";
+    }
+  }
+  EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
+}
+
+// A channel whose service thread is slow to notice finished requests (2 s here; a sleeping
+// thread took 150-200 us on the GPU machine) and which registers a progress hook, as the GPU
+// channels' queues do: the bytes move inside submit(), and the completion waits for the service
+// thread, unless a thread waiting for an event runs it first through help().
+class SleepyChannel final : public dma::Channel, public detail::ProgressHook {
+ public:
+  SleepyChannel() : inner_(1, 0), thread_([this] { run(); }) {
+    if (detail::waiting_threads_help()) hooked_ = detail::add_progress_hook(this);
+  }
+  ~SleepyChannel() override {
+    if (hooked_) detail::remove_progress_hook(this);
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  ChannelKind kind() const noexcept override { return inner_.kind(); }
+  bool serves(MemoryId src, MemoryId dst) const noexcept override { return inner_.serves(src, dst); }
+  int window() const noexcept override { return 2; }
+  bool submits_from_any_thread() const noexcept override { return true; }
+  void submit(const dma::Request& request, Completion done) override {
+    FailureCause failure;
+    inner_.submit(request, [&](const FailureCause& f) { failure = f; });
+    std::lock_guard lock(mutex_);
+    finished_.push_back({std::move(done), failure, std::chrono::steady_clock::now()});
+    cv_.notify_all();
+  }
+  void help() noexcept override { complete_front(true); }
+  int helped() const { return helped_.load(); }
+
+ private:
+  struct Finished {
+    Completion done;
+    FailureCause failure;
+    std::chrono::steady_clock::time_point at;
+  };
+  // One completion at a time, in order, whoever runs it (as gpu::CopyQueue).
+  bool complete_front(bool helping) {
+    std::unique_lock lock(mutex_);
+    if (completing_ || finished_.empty()) return false;
+    if (!helping && std::chrono::steady_clock::now() < finished_.front().at + kNoticeDelay) return false;
+    Finished f = std::move(finished_.front());
+    finished_.pop_front();
+    completing_ = true;
+    lock.unlock();
+    f.done(f.failure);
+    if (helping) helped_.fetch_add(1);
+    lock.lock();
+    completing_ = false;
+    return true;
+  }
+  void run() {
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        if (stop_) return;
+        cv_.wait_for(lock, 10ms);
+      }
+      while (complete_front(false)) {
+      }
+    }
+  }
+  static constexpr auto kNoticeDelay = 2s;
+  channels::MemcpyChannel inner_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Finished> finished_;
+  bool completing_ = false, stop_ = false, hooked_ = false;
+  std::atomic<int> helped_{0};
+  std::thread thread_;
+};
+
+void copies_through_a_sleepy_channel(bool helps) {
+  settings::ScopedOverride help("CARAVAN_WAIT_HELPS", helps ? "true" : "false");
+  settings::ScopedOverride spin("CARAVAN_WAIT_SPIN_US", "1000000");  // waiters poll (and help) for 1 s
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  auto channel = std::make_unique<SleepyChannel>();
+  SleepyChannel& sleepy = *channel;
+  dma::Engine::current().replace_channel_for_testing(kChannel, std::move(channel));
+  const Rect space = Rect::from_extents({1 << 14});
+  Instance a = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x"));
+  Instance b = Instance::create(sys_memory(), space, kFields, Layout::parse("x,F"));
+  test::write_pattern(a, 5);
+  const int copies = helps ? 3 : 1;  // 2 s each with helping off
+  for (int c = 0; c < copies; ++c) {
+    test::poison(b);
+    const auto start = std::chrono::steady_clock::now();
+    Event done = copy(a, b);
+    ASSERT_TRUE(done.wait_for(30s));
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(test::count_mismatches(b, 5), 0u);
+    if (helps)
+      EXPECT_LT(took, 1s) << "copy " << c << ": the waiting thread did not finish it";
+    else
+      EXPECT_GE(took, 2s) << "copy " << c << ": finished before the service thread noticed it, with helping off";
+  }
+  if (helps)
+    EXPECT_GE(sleepy.helped(), copies);
+  else
+    EXPECT_EQ(sleepy.helped(), 0);
+  EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
+}
+
+TEST(CopyOnAnAsynchronousChannel, AWaitingThreadFinishesRequestsOfASleepyChannel) {
+  copies_through_a_sleepy_channel(true);
+}
+
+TEST(CopyOnAnAsynchronousChannel, WithHelpingOffTheSleepyChannelsThreadFinishesThem) {
+  copies_through_a_sleepy_channel(false);
 }
 
 // A channel that fails the first request inside submit(), on the calling thread: the copy's
