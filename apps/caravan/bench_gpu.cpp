@@ -35,6 +35,7 @@
 #include <functional>
 #include <random>
 #include <span>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -53,6 +54,10 @@ struct GpuBenchOptions {
   std::uint64_t multipath_mib = 1024;
   bool priority_only = false;
   bool conversion_only = false;
+  bool idle_only = false;
+  // The idle case: each copy after this long with nothing to do, longer than the service threads
+  // poll (CARAVAN_GPU_WORKER_SPIN_US), so that they sleep when it comes.
+  int idle_ms = 5;
   // The priority case: one high-priority copy under a backlog of low-priority ones, all
   // zcm -> fbm0 on GPU 0's copy engine (issue 6: 64 MiB under 16 x 1 GiB).
   std::uint64_t priority_mib = 64;
@@ -75,7 +80,8 @@ void validate_options(const GpuBenchOptions& o) {
       throw Error(Errc::invalid_argument, fmt::format("{} {}: must be in [1, {}]", name, mib, kMaxMib));
   const std::pair<const char*, int> counts[] = {{"--reps", o.repetitions},
                                                 {"--priority-load-copies", o.priority_load_copies},
-                                                {"--priority-runs", o.priority_runs}};
+                                                {"--priority-runs", o.priority_runs},
+                                                {"--idle-ms", o.idle_ms}};
   for (const auto& [name, count] : counts)
     if (count < 1) throw Error(Errc::invalid_argument, fmt::format("{} {}: must be at least 1", name, count));
 }
@@ -817,6 +823,59 @@ void run_conversion_3d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
                                   report.hop_requests.empty() ? 0 : report.hop_requests.front()));
 }
 
+// "copies after idle": small copies, each after --idle-ms with nothing to do, when the channels'
+// service threads sleep. Caravan's time from copy() to the event (waited for, and polled) against
+// hipMemcpyAsync + hipStreamSynchronize on the same buffers after the same idle time, in turn.
+// Before waiting threads helped (runtime/progress.h), waking those threads cost 150-200 us here.
+void run_idle_case(BenchReport& out, nlohmann::json& figures, std::uint32_t rank) {
+  const FieldSpace& f = fields();
+  const Layout aos = Layout::parse("F,x");
+  const MemoryId zcm{0, rank, MemoryKind::zcm, 0}, fbm0{0, rank, MemoryKind::fbm, 0};
+  struct Case {
+    std::string name;
+    MemoryId src, dst;
+    std::uint64_t bytes;
+  };
+  const std::vector<Case> cases = {{"64 KiB zcm->fbm0", zcm, fbm0, 64u << 10}, {"16 MiB fbm0->fbm0", fbm0, fbm0, 16u << 20}};
+  const auto idle = std::chrono::milliseconds(g_gpu.idle_ms);
+  const int reps = std::max(g_gpu.repetitions, 10);
+  BenchTable t{fmt::format("Time of one copy after {} ms idle, us ({} runs each, the three kinds in turn)", g_gpu.idle_ms, reps),
+               {"copy", "median", "p10", "p90", "min", "max"}, {}};
+  for (const Case& c : cases) {
+    const Rect space = Rect::from_extents({static_cast<std::int64_t>(c.bytes / f.total_size())});
+    Instance src = Instance::create(c.src, space, f, aos), dst = Instance::create(c.dst, space, f, aos);
+    gpu::RawCopy raw{.dst = address(dst), .src = address(src), .bytes = c.bytes, .device = 0};
+    copy(src, dst).wait();  // plan, streams, first touch
+    gpu::time_raw_copies(raw, 1);
+    std::vector<double> waited_us, polled_us, raw_us;
+    for (int r = 0; r < reps; ++r) {
+      std::this_thread::sleep_for(idle);
+      raw_us.push_back(gpu::time_raw_copies(raw, 1).front() * 1e6);
+      std::this_thread::sleep_for(idle);
+      auto start = Clock::now();
+      copy(src, dst).wait();
+      waited_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+      std::this_thread::sleep_for(idle);
+      polled_us.push_back(polled_copy_seconds(src, dst) * 1e6);
+    }
+    const bool verified = verify(src, dst);
+    Summary sw = summarize(waited_us), sp = summarize(polled_us), sr = summarize(raw_us);
+    t.rows.push_back(row(c.name + " caravan, Event::wait", sw));
+    t.rows.push_back(row(c.name + " caravan, event polled", sp));
+    t.rows.push_back(row(c.name + " hipMemcpyAsync + hipStreamSynchronize", sr));
+    out.headlines.push_back(fmt::format("{} after {} ms idle: caravan {:.1f} us (Event::wait), {:.1f} us (polled) vs raw {:.1f} us: "
+                                        "{:.2f}x / {:.2f}x raw's time{}",
+                                        c.name, g_gpu.idle_ms, sw.median, sp.median, sr.median, sw.median / sr.median,
+                                        sp.median / sr.median, verified ? "" : " DATA MISMATCH"));
+    figures["idle"][c.name] = {{"waited_us", summary_json(sw)}, {"polled_us", summary_json(sp)}, {"raw_us", summary_json(sr)},
+                               {"idle_ms", g_gpu.idle_ms}, {"verified", verified}};
+  }
+  out.notes.push_back(fmt::format("idle case: waiting threads help = {} (CARAVAN_WAIT_HELPS), service threads poll {} us "
+                                  "(CARAVAN_GPU_WORKER_SPIN_US)",
+                                  settings::get_bool("CARAVAN_WAIT_HELPS"), settings::get_int("CARAVAN_GPU_WORKER_SPIN_US")));
+  out.tables.push_back(t);
+}
+
 BenchReport run_gpu_bench() {
   validate_options(g_gpu);
   BenchReport out;
@@ -833,6 +892,12 @@ BenchReport run_gpu_bench() {
     nlohmann::json figures = nlohmann::json::object();
     if (g_gpu.multipath_only) run_multipath_case(out, figures, rank);
     if (g_gpu.priority_only) run_priority_case(out, figures, rank);
+    out.figures = figures;
+    return out;
+  }
+  if (g_gpu.idle_only) {
+    nlohmann::json figures = nlohmann::json::object();
+    run_idle_case(out, figures, rank);
     out.figures = figures;
     return out;
   }
@@ -1004,6 +1069,7 @@ BenchReport run_gpu_bench() {
                                               {"notice", summary_json(summarize(notice_us))}};
   }
 
+  run_idle_case(out, figures, rank);
   if (g_gpu.priority) run_priority_case(out, figures, rank);
   if (g_gpu.multipath) run_multipath_case(out, figures, rank);
   out.notes.push_back(fmt::format("GPUs: {} x {}; peer copies {}", topo.devices.size(), topo.devices[0].name,
@@ -1039,6 +1105,11 @@ void add_bench_gpu(CLI::App& bench) {
       ->excludes(multipath_only)
       ->excludes(priority_only)
       ->excludes(all_to_all_only);
+  c.add_flag("--idle-only", g_gpu.idle_only, "Run only the small copies after idle time (service threads asleep)")
+      ->excludes(multipath_only)
+      ->excludes(priority_only)
+      ->excludes(all_to_all_only);
+  c.add_option("--idle-ms", g_gpu.idle_ms, "Idle time before each copy of the idle case (ms)")->capture_default_str();
   c.add_option("--priority-mib", g_gpu.priority_mib, "MiB of the high-priority copy")->capture_default_str();
   c.add_option("--priority-load-copies", g_gpu.priority_load_copies, "Low-priority copies queued before it")
       ->capture_default_str();
