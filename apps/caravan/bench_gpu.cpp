@@ -823,6 +823,46 @@ void run_conversion_3d_case(BenchReport& out, nlohmann::json& figures, MemoryId 
                                   report.hop_requests.empty() ? 0 : report.hop_requests.front()));
 }
 
+// Where one copy's time goes, split at the engine's own timestamps (call -> start -> the first
+// request's issue -> its completion callback -> the copy's finish) and the moment the calling
+// thread saw the event (polled). Building the report falls in the retire step.
+struct CopyBreakdown {
+  std::vector<double> setup_us, issue_us, request_us, teardown_us, notice_us;
+
+  bool empty() const { return setup_us.empty(); }
+  void time(const Instance& src, const Instance& dst) {
+    CopyReport report;
+    auto start = Clock::now();
+    Event e = copy(src, dst, {.report = &report});
+    while (!e.has_triggered()) {
+    }
+    const double total = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    e.wait();
+    if (report.timeline.empty() || report.timeline.front().requests.empty()) return;
+    const RequestSpan& request = report.timeline.front().requests.front();
+    setup_us.push_back(report.setup_us);
+    issue_us.push_back(request.start_us);
+    request_us.push_back(request.end_us - request.start_us);
+    teardown_us.push_back(report.teardown_us + (report.elapsed_us - request.end_us));
+    notice_us.push_back(total - report.setup_us - report.elapsed_us - report.teardown_us);
+  }
+  void add_rows(BenchTable& t, const std::string& first) const {
+    if (empty()) return;
+    t.rows.push_back(row(first + "call -> start (plan, admit)", summarize(setup_us)));
+    t.rows.push_back(row("  start -> request issued", summarize(issue_us)));
+    t.rows.push_back(row("  issued -> completion callback (channel)", summarize(request_us)));
+    t.rows.push_back(row("  callback -> event triggered (retire, report)", summarize(teardown_us)));
+    t.rows.push_back(row("  triggered -> seen by the polling caller", summarize(notice_us)));
+  }
+  nlohmann::json json() const {
+    return {{"setup", summary_json(summarize(setup_us))},
+            {"issue", summary_json(summarize(issue_us))},
+            {"request", summary_json(summarize(request_us))},
+            {"retire", summary_json(summarize(teardown_us))},
+            {"notice", summary_json(summarize(notice_us))}};
+  }
+};
+
 // "copies after idle": small copies, each after --idle-ms with nothing to do, when the channels'
 // service threads sleep. Caravan's time from copy() to the event (waited for, and polled) against
 // hipMemcpyAsync + hipStreamSynchronize on the same buffers after the same idle time, in turn.
@@ -839,7 +879,7 @@ void run_idle_case(BenchReport& out, nlohmann::json& figures, std::uint32_t rank
   const std::vector<Case> cases = {{"64 KiB zcm->fbm0", zcm, fbm0, 64u << 10}, {"16 MiB fbm0->fbm0", fbm0, fbm0, 16u << 20}};
   const auto idle = std::chrono::milliseconds(g_gpu.idle_ms);
   const int reps = std::max(g_gpu.repetitions, 10);
-  BenchTable t{fmt::format("Time of one copy after {} ms idle, us ({} runs each, the three kinds in turn)", g_gpu.idle_ms, reps),
+  BenchTable t{fmt::format("Time of one copy after {} ms idle, us ({} runs each, the four kinds in turn)", g_gpu.idle_ms, reps),
                {"copy", "median", "p10", "p90", "min", "max"}, {}};
   for (const Case& c : cases) {
     const Rect space = Rect::from_extents({static_cast<std::int64_t>(c.bytes / f.total_size())});
@@ -848,6 +888,7 @@ void run_idle_case(BenchReport& out, nlohmann::json& figures, std::uint32_t rank
     copy(src, dst).wait();  // plan, streams, first touch
     gpu::time_raw_copies(raw, 1);
     std::vector<double> waited_us, polled_us, raw_us;
+    CopyBreakdown breakdown;
     for (int r = 0; r < reps; ++r) {
       std::this_thread::sleep_for(idle);
       raw_us.push_back(gpu::time_raw_copies(raw, 1).front() * 1e6);
@@ -857,18 +898,22 @@ void run_idle_case(BenchReport& out, nlohmann::json& figures, std::uint32_t rank
       waited_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
       std::this_thread::sleep_for(idle);
       polled_us.push_back(polled_copy_seconds(src, dst) * 1e6);
+      std::this_thread::sleep_for(idle);
+      breakdown.time(src, dst);
     }
     const bool verified = verify(src, dst);
     Summary sw = summarize(waited_us), sp = summarize(polled_us), sr = summarize(raw_us);
     t.rows.push_back(row(c.name + " caravan, Event::wait", sw));
     t.rows.push_back(row(c.name + " caravan, event polled", sp));
     t.rows.push_back(row(c.name + " hipMemcpyAsync + hipStreamSynchronize", sr));
+    breakdown.add_rows(t, "  with a report, polled: ");
     out.headlines.push_back(fmt::format("{} after {} ms idle: caravan {:.1f} us (Event::wait), {:.1f} us (polled) vs raw {:.1f} us: "
                                         "{:.2f}x / {:.2f}x raw's time{}",
                                         c.name, g_gpu.idle_ms, sw.median, sp.median, sr.median, sw.median / sr.median,
                                         sp.median / sr.median, verified ? "" : " DATA MISMATCH"));
     figures["idle"][c.name] = {{"waited_us", summary_json(sw)}, {"polled_us", summary_json(sp)}, {"raw_us", summary_json(sr)},
                                {"idle_ms", g_gpu.idle_ms}, {"verified", verified}};
+    if (!breakdown.empty()) figures["idle"][c.name]["with_report"] = breakdown.json();
   }
   out.notes.push_back(fmt::format("idle case: waiting threads help = {} (CARAVAN_WAIT_HELPS), service threads poll {} us "
                                   "(CARAVAN_GPU_WORKER_SPIN_US)",
@@ -1027,46 +1072,17 @@ BenchReport run_gpu_bench() {
       raw_us.push_back(gpu::time_raw_copies(raw, 1).front() * 1e6);
       caravan_us.push_back(polled_copy_seconds(ss, sd) * 1e6);
     }
-    // Where the caravan copy's time goes: the same copy with a report, split at the engine's
-    // own timestamps (call -> start -> the request's issue -> its completion callback -> the
-    // copy's finish) and the moment this thread saw the event. Building the report falls in
-    // the retire step.
-    std::vector<double> setup_us, issue_us, request_us, teardown_us, notice_us;
-    for (int r = 0; r < 50; ++r) {
-      CopyReport report;
-      auto start = Clock::now();
-      Event e = copy(ss, sd, {.report = &report});
-      while (!e.has_triggered()) {
-      }
-      const double total = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-      e.wait();
-      if (report.timeline.empty() || report.timeline.front().requests.empty()) continue;
-      const RequestSpan& request = report.timeline.front().requests.front();
-      setup_us.push_back(report.setup_us);
-      issue_us.push_back(request.start_us);
-      request_us.push_back(request.end_us - request.start_us);
-      teardown_us.push_back(report.teardown_us + (report.elapsed_us - request.end_us));
-      notice_us.push_back(total - report.setup_us - report.elapsed_us - report.teardown_us);
-    }
+    // Where the caravan copy's time goes: the same copy with a report.
+    CopyBreakdown breakdown;
+    for (int r = 0; r < 50; ++r) breakdown.time(ss, sd);
     Summary sc = summarize(caravan_us), sr = summarize(raw_us);
     BenchTable l{"Time of one 64 KiB zcm->fbm0 copy, us (50 runs): the fixed cost per copy", {"copy", "median", "p10", "p90", "min", "max"}, {}};
     l.rows.push_back(row("caravan copy(), event polled", sc));
     l.rows.push_back(row("hipMemcpyAsync + hipStreamSynchronize", sr));
-    if (!setup_us.empty()) {
-      l.rows.push_back(row("  with a report: call -> start (plan, admit)", summarize(setup_us)));
-      l.rows.push_back(row("  start -> request issued (worker)", summarize(issue_us)));
-      l.rows.push_back(row("  issued -> completion callback (channel)", summarize(request_us)));
-      l.rows.push_back(row("  callback -> event triggered (retire, report)", summarize(teardown_us)));
-      l.rows.push_back(row("  triggered -> seen by the polling caller", summarize(notice_us)));
-    }
+    breakdown.add_rows(l, "  with a report: ");
     out.tables.push_back(l);
     figures["latency_us"] = {{"caravan", summary_json(sc)}, {"raw", summary_json(sr)}};
-    if (!setup_us.empty())
-      figures["latency_us"]["with_report"] = {{"setup", summary_json(summarize(setup_us))},
-                                              {"issue", summary_json(summarize(issue_us))},
-                                              {"request", summary_json(summarize(request_us))},
-                                              {"retire", summary_json(summarize(teardown_us))},
-                                              {"notice", summary_json(summarize(notice_us))}};
+    if (!breakdown.empty()) figures["latency_us"]["with_report"] = breakdown.json();
   }
 
   run_idle_case(out, figures, rank);
