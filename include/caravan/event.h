@@ -37,13 +37,17 @@ class Event {
 
   // Blocks until the event triggers. Throws EventPoisoned if it was poisoned.
   // Waiting inside a task occupies that task's worker thread; prefer preconditions there.
+  // While it polls (CARAVAN_WAIT_SPIN_US), and in query(), the thread finishes GPU copy requests
+  // that are done on the device while their channel's threads sleep (CARAVAN_WAIT_HELPS).
   void wait() const;
   // As wait(), but gives up after `timeout`: returns false then (the event stays pending).
   bool wait_for(std::chrono::nanoseconds timeout) const;
 
   // Calls `callback` exactly once when the event triggers (at once, on this thread, if it already
   // has), with nullptr on success or the failure cause. It runs on the triggering thread and
-  // must not block; an exception it throws is logged and dropped.
+  // must not block; an exception it throws is logged and dropped. The triggering thread may be
+  // one in wait() or query() of another event: waiting threads finish GPU copies whose service
+  // threads sleep (CARAVAN_WAIT_HELPS), so a callback must not take a lock its waiters hold.
   using Callback = std::function<void(const FailureCause& failure)>;
   void on_trigger(Callback callback) const;
 
