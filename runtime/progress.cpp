@@ -13,9 +13,11 @@ namespace {
 // queue (8 GPUs have 8 x 7 peer pairs and a few host queues each).
 constexpr std::size_t kSlots = 256;
 std::array<std::atomic<ProgressHook*>, kSlots> g_hooks{};
+// Slot i's hook is being run (or about to be): its removal waits for this, and for nothing else.
+std::array<std::atomic<bool>, kSlots> g_running{};
 std::atomic<std::size_t> g_used{0};      // slots [0, g_used) may hold hooks
 std::atomic<int> g_registered{0};
-std::atomic<bool> g_busy{false};         // a thread is running the hooks
+std::atomic<bool> g_busy{false};         // a thread is running the hooks (one at a time)
 thread_local bool t_helping = false;
 
 }  // namespace
@@ -35,17 +37,18 @@ bool add_progress_hook(ProgressHook* hook) noexcept {
 }
 
 void remove_progress_hook(ProgressHook* hook) noexcept {
-  bool found = false;
-  for (std::size_t i = 0; i < kSlots && !found; ++i) {
+  std::size_t slot = kSlots;
+  for (std::size_t i = 0; i < kSlots && slot == kSlots; ++i) {
     ProgressHook* expected = hook;
-    found = g_hooks[i].compare_exchange_strong(expected, nullptr);
+    if (g_hooks[i].compare_exchange_strong(expected, nullptr)) slot = i;
   }
-  if (!found) return;
+  if (slot == kSlots) return;
   g_registered.fetch_sub(1);
-  // A helper that read the slot before it was cleared set g_busy first (both sequentially
-  // consistent), so it is seen here until it is done with the hook.
+  // A helper that read the slot before it was cleared marked it running first (both sequentially
+  // consistent), so that mark is seen here until the helper is done with the hook. Other hooks'
+  // work (completions that may run user callbacks) is not waited for.
   if (t_helping) return;  // removed from inside a hook: that hook is this thread's own
-  while (g_busy.load()) std::this_thread::yield();
+  while (g_running[slot].load()) std::this_thread::yield();
 }
 
 void help_progress() noexcept {
@@ -53,8 +56,12 @@ void help_progress() noexcept {
   if (g_busy.load(std::memory_order_relaxed) || g_busy.exchange(true)) return;
   t_helping = true;
   const std::size_t used = g_used.load();
-  for (std::size_t i = 0; i < used; ++i)
+  for (std::size_t i = 0; i < used; ++i) {
+    if (g_hooks[i].load(std::memory_order_relaxed) == nullptr) continue;  // a cheap look first
+    g_running[i].store(true);
     if (ProgressHook* hook = g_hooks[i].load()) hook->help();
+    g_running[i].store(false);
+  }
   t_helping = false;
   g_busy.store(false);
 }

@@ -24,7 +24,8 @@ class ProgressHook {
 
 // Registers `hook` (false: the table of hooks is full, and this one is never run).
 bool add_progress_hook(ProgressHook* hook) noexcept;
-// Unregisters `hook` and returns once no thread is running it. Not from inside a hook.
+// Unregisters `hook` and returns once no thread is running it (other hooks' work is not waited
+// for). Not from inside a hook.
 void remove_progress_hook(ProgressHook* hook) noexcept;
 // Runs the hooks, unless another thread is running them or this thread already is.
 void help_progress() noexcept;

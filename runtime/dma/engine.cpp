@@ -450,8 +450,12 @@ void DmaWorker::complete(Xd* xd, std::uint64_t tile_index, std::size_t span, con
         retire_here = xd->op;
       }
     }
-    signals_.fetch_add(1, std::memory_order_release);
-    cv_.notify_one();
+    // The worker has work only if the pool still holds some (a request slot came free for it);
+    // a worker left with an empty pool would wake for nothing.
+    if (!retire_here || !pool_.empty()) {
+      signals_.fetch_add(1, std::memory_order_release);
+      cv_.notify_one();
+    }
   }
   if (retire_here) engine_.xd_retired(retire_here);
 }
@@ -607,7 +611,13 @@ std::vector<std::unique_ptr<DmaWorker>> Engine::make_workers(const planner::Tran
   return workers;
 }
 
-Engine::~Engine() { shutdown(); }
+Engine::~Engine() {
+  shutdown();
+  // The workers go first, while the rest of the engine is still there: destroying a GPU channel
+  // joins its completion thread, and a channel that completes outstanding requests as it goes
+  // calls back into the engine.
+  workers_.clear();
+}
 
 Engine& Engine::current() {
   RuntimeImpl* rt = RuntimeImpl::current();
@@ -1565,6 +1575,7 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
   op->finished_ns = now_ns();
   {
     std::lock_guard lock(mutex_);
+    ++finishing_;  // with the erase: shutdown never sees active_ empty while this finish runs
     release_reservations(*op, retry);
     active_.erase(op->done);
     for (auto& waiter : retry) {
@@ -1620,7 +1631,8 @@ void Engine::finish(const std::shared_ptr<CopyOperation>& op) {
   runtime_.events().trigger(op->done, failure);
   {
     std::lock_guard lock(mutex_);
-    if (active_.empty() && multi_.empty()) idle_cv_.notify_all();
+    --finishing_;
+    if (active_.empty() && multi_.empty() && finishing_ == 0) idle_cv_.notify_all();
   }
 }
 
@@ -1683,7 +1695,7 @@ void Engine::shutdown() {
   {
     std::unique_lock lock(mutex_);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    if (!idle_cv_.wait_until(lock, deadline, [&] { return active_.empty() && multi_.empty(); }))
+    if (!idle_cv_.wait_until(lock, deadline, [&] { return active_.empty() && multi_.empty() && finishing_ == 0; }))
       log::get("dma")->error("shutdown: {} copies ({} multi-path) did not stop within 30 s", active_.size(), multi_.size());
   }
   watchdog_cv_.notify_all();

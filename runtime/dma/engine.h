@@ -503,6 +503,11 @@ class Engine final : public RuntimeService {
   std::atomic<double> multipath_learn_{0};
   std::uint64_t next_sequence_ = 0;
   bool stopping_ = false;
+  // finish() calls between taking a copy out of active_ and their last use of the engine (mutex_).
+  // They run on the DMA workers, the control thread, the GPU queues' completion threads and
+  // threads waiting for events (runtime/progress.h); shutdown waits for them, since it joins only
+  // the first two.
+  int finishing_ = 0;
   std::thread watchdog_;
   std::condition_variable watchdog_cv_;
   std::uint64_t request_floor_bytes_, tile_bytes_, pool_bytes_, multipath_min_bytes_;

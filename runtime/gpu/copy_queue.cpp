@@ -382,8 +382,14 @@ void CopyQueue::help() noexcept {
   if (!lock.owns_lock() || completing_ || dropping_ || pending_.empty()) return;
   hipEvent_t event = pending_.front().event;
   // Not ready, or an error: the completion thread waits for it and reports it. hipErrorNotReady
-  // is not recorded as the thread's last error, so the waiting thread's own HIP state is kept.
-  if (event && hipEventQuery(event) != hipSuccess) return;
+  // is not recorded as the thread's last error (CUDA; recent ROCm), so the waiting thread's own
+  // HIP state is kept; another error is taken back off it.
+  if (event) {
+    if (const hipError_t status = hipEventQuery(event); status != hipSuccess) {
+      if (status != hipErrorNotReady) (void)hipGetLastError();
+      return;
+    }
+  }
   Pending p = std::move(pending_.front());
   pending_.pop_front();
   pending_count_.store(pending_.size(), std::memory_order_release);

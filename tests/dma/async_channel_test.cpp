@@ -345,6 +345,37 @@ TEST(CopyOnAnAsynchronousChannel, TheLastCompletionFinishesTheCopyOnItsThread) {
   EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
 }
 
+// The copy's event triggers on the channel's thread, inside the engine's finish(), which still
+// uses the engine afterwards: a runtime shut down the moment the event is seen must wait for that
+// (the engine counts finishes in progress, and joins its channels' threads before the rest of it
+// goes) rather than tear the engine down under it. A stress test, run under AddressSanitizer and
+// ThreadSanitizer in CI: with both fixes taken out it still passed on the build machine (the
+// engine's members were destroyed but not yet freed when the late thread used them), so it
+// guards against crashes and hangs on this path, not that precise ordering.
+TEST(CopyOnAnAsynchronousChannel, ShutdownRightAfterTheLastEventWaitsForTheFinishingThread) {
+  settings::ScopedOverride spin("CARAVAN_GPU_WORKER_SPIN_US", "0");
+  for (int round = 0; round < 20; ++round) {
+    Runtime rt(RuntimeOptions{.cpu_workers = 1});
+    AsyncChannel& channel = use_async_memcpy();
+    auto async_channel = [&]() -> AsyncChannel& { return channel; };
+    const Rect space = Rect::from_extents({1024});
+    Instance a = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x"));
+    Instance b = Instance::create(sys_memory(), space, kFields, Layout::parse("x,F"));
+    test::write_pattern(a, static_cast<std::uint64_t>(round));
+    async_channel().hold(true);  // the callback below is in place before the copy can finish
+    Event done = copy(a, b);
+    // Runs inside the trigger, on the finishing thread, and holds it there a while after the
+    // event is seen triggered: the widest window for the shutdown below.
+    done.on_trigger([](const FailureCause&) { std::this_thread::sleep_for(5ms); });
+    async_channel().hold(false);
+    const auto give_up = std::chrono::steady_clock::now() + 20s;
+    while (!done.has_triggered() && std::chrono::steady_clock::now() < give_up) {
+    }
+    ASSERT_TRUE(done.has_triggered()) << "round " << round;
+    EXPECT_EQ(test::count_mismatches(b, static_cast<std::uint64_t>(round)), 0u);
+  }  // instances, then the runtime, go at once
+}
+
 // A channel whose service thread is slow to notice finished requests (2 s here; a sleeping
 // thread took 150-200 us on the GPU machine) and which registers a progress hook, as the GPU
 // channels' queues do: the bytes move inside submit(), and the completion waits for the service

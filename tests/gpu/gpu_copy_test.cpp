@@ -8,6 +8,7 @@
 // that needs a device skips with the reason when there is none (CI has nvcc but no GPU).
 #include "runtime/dma/calibrate.h"
 #include "runtime/dma/channel.h"
+#include "runtime/dma/engine.h"
 #include "runtime/dma/storage.h"
 #include "runtime/gpu/devices.h"
 #include "tests/dma/dma_test_util.h"
@@ -146,6 +147,57 @@ TEST_F(GpuCopyTest, EveryGpuAndEveryPeerPair) {
       }
     }
   }
+}
+
+// Copies from several threads at random moments, with the channels' service threads sleeping
+// whenever they are idle (CARAVAN_GPU_WORKER_SPIN_US=0): the threads waiting for (or polling)
+// their copies' events finish the GPU requests themselves (runtime/progress.h) while the service
+// threads wake. Every copy lands whole, and the waiting threads' HIP error state stays clean
+// (the hipEventQuery of a request not yet done is not recorded as their error).
+TEST(GpuCopyHelp, SporadicCopiesFinishedByWaitingAndPollingThreads) {
+  CARAVAN_REQUIRE_GPUS(1);
+  settings::ScopedOverride spin("CARAVAN_GPU_WORKER_SPIN_US", "0");
+  settings::ScopedOverride helps("CARAVAN_WAIT_HELPS", "true");
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  const bool peer = gpu::topology().devices.size() >= 2 && gpu::topology().can_peer(0, 1);
+  std::vector<MemoryId> memories = {zcm(), fbm(0)};
+  if (peer) memories.push_back(fbm(1));
+  constexpr int kThreads = 4, kCopies = 24;
+  std::atomic<int> failures{0}, hip_errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(fresh_seed() + static_cast<std::uint64_t>(t));
+      for (int c = 0; c < kCopies; ++c) {
+        const MemoryId from = memories[rng() % memories.size()], to = memories[rng() % memories.size()];
+        const Rect space = Rect::from_extents({static_cast<std::int64_t>(4096 + rng() % (1u << 19))});  // 56 KiB - 7 MiB
+        const std::uint64_t seed = rng();
+        Instance src = Instance::create(from, space, kFields, Layout::parse("F,x"));
+        Instance dst = Instance::create(to, space, kFields, Layout::parse(rng() % 4 == 0 ? "x,F" : "F,x"));
+        test::write_pattern(src, seed);
+        test::poison(dst);
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));  // let the service threads fall asleep
+        Event e = copy(src, dst);
+        bool landed = false;
+        if (c % 2 == 0) {
+          landed = e.wait_for(60s);
+        } else {
+          const auto give_up = std::chrono::steady_clock::now() + 60s;
+          while (!e.has_triggered() && std::chrono::steady_clock::now() < give_up) {
+          }
+          landed = e.has_triggered();
+        }
+        if (!landed || e.failure() || test::count_mismatches(dst, seed) != 0) failures.fetch_add(1);
+#if CARAVAN_HAVE_GPU
+        if (hipGetLastError() != hipSuccess) hip_errors.fetch_add(1);
+#endif
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0) << "copies that did not land whole within 60 s";
+  EXPECT_EQ(hip_errors.load(), 0) << "waiting threads left with a HIP error";
+  EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
 }
 
 // Every GPU sending to every peer at once (an all-to-all of copies), under each xgmi engine:

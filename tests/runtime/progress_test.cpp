@@ -30,7 +30,7 @@ class TriggeringHook final : public detail::ProgressHook {
     while (inside > most && !most_inside_.compare_exchange_weak(most, inside)) {
     }
     calls_.fetch_add(1);
-    helper_ = std::this_thread::get_id();
+    helper_.store(std::this_thread::get_id());
     // A hook that waits itself (its completion's callbacks may): no nested help from here.
     detail::help_progress();
     if (armed_.exchange(false)) event_.trigger();
@@ -38,13 +38,13 @@ class TriggeringHook final : public detail::ProgressHook {
   }
   int calls() const { return calls_.load(); }
   int most_inside() const { return most_inside_.load(); }
-  std::thread::id helper() const { return helper_; }
+  std::thread::id helper() const { return helper_.load(); }
 
  private:
   UserEvent event_;
   std::atomic<bool> armed_{false};
   std::atomic<int> calls_{0}, inside_{0}, most_inside_{0};
-  std::thread::id helper_;
+  std::atomic<std::thread::id> helper_{};
 };
 
 // Removes itself from the table when it goes, as CopyQueue does.
