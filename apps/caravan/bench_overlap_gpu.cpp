@@ -549,6 +549,18 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
           ctx, "ce-push x4 parts 2 lanes",
           [&] { split4->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_push, ctx.stream, 2); }, poison_out,
           check_out);
+    // The ring: each destination's rows summed inside the GEMMs on their way round, nothing after
+    // the last GEMM. Parts keep a push ahead of the neighbour's GEMM that adds to it.
+    const std::pair<const char*, gpu::GemmReduceScatter*> rings[] = {
+        {"ce-ring x2 parts", &split}, {"ce-ring x4 parts", split4.get()}};
+    for (const auto& [name, ring_op] : rings)
+      for (int lanes : {1, 2})
+        if (ring_op)
+          runner.measure(ctx, std::string(name) + (lanes == 2 ? " 2 lanes" : ""),
+                         [&, ring_op, lanes] {
+                           ring_op->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_ring, ctx.stream, lanes);
+                         },
+                         poison_out, check_out);
     runner.measure(ctx, "tile-push",
                    [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::tile_push, ctx.stream); }, poison_out,
                    check_out);

@@ -340,6 +340,7 @@ void Lanes::finish() {
 // loads the ReduceScatter reduction.
 struct GemmShape {
   long m, n, k, ldc;
+  float beta = 0.0f;  // 1: adds to C (the vendor BLAS may pick another kernel for it)
 };
 void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t reduce_elements = 0) {
   long a_elems = 1, b_elems = 1, c_elems = 1;
@@ -364,7 +365,7 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
       for (int lane = 0; lane < 2; ++lane)
         for (const auto& g : shapes)
           team.blas(r, lane).gemm(streams[0], g.m, g.n, g.k, static_cast<bf16*>(a), g.k, static_cast<bf16*>(b), g.n,
-                                  static_cast<bf16*>(c), g.ldc);
+                                  static_cast<bf16*>(c), g.ldc, g.beta);
       if (reduce_elements > 0) {
         ReduceInputs in;
         in.count = 1;
@@ -862,13 +863,15 @@ std::string_view to_string(GemmRsVariant v) {
     case GemmRsVariant::tile_push: return "tile-push";
     case GemmRsVariant::tile_scatter: return "tile-scatter";
     case GemmRsVariant::blas_scatter: return "blas-scatter";
+    case GemmRsVariant::ce_ring: return "ce-ring";
     default: return "ce-bulk";
   }
 }
 
 // Flags of GemmReduceScatter, per rank: arrived[p] (p's partial for my rows is in my slot p),
-// freed[p] (p finished reducing the slot I pushed to it).
-enum RsFlags { rs_arrived, rs_freed, rs_ready, rs_groups };  // rs_ready[p]: p's sm_pull partial is complete
+// freed[p] (p finished reducing the slot I pushed to it), ready[p] (p's sm_pull partial is
+// complete), ring[p] (ce_ring: the parts p, my left neighbour, pushed here, over its ring calls).
+enum RsFlags { rs_arrived, rs_freed, rs_ready, rs_ring, rs_groups };
 
 std::uint64_t GemmReduceScatter::pull_max_bytes() { return settings::get_bytes("CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES"); }
 
@@ -945,11 +948,13 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
       }
       build_tile_orders();
     }
+    ring_calls_.assign(static_cast<std::size_t>(world), 0);
     sync_ = make_sync(team, world * splits);
     flag_report_ =
-        std::make_unique<FlagReport>(team, flags_, std::vector<std::string>{"arrived", "freed", "ready"}, world);
+        std::make_unique<FlagReport>(team, flags_, std::vector<std::string>{"arrived", "freed", "ready", "ring"}, world);
     std::vector<GemmShape> shapes;
-    if (gemm) shapes = {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}};
+    // ce_ring adds each part's product to the running sum (beta = 1).
+    if (gemm) shapes = {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}, {m / world / splits, n, k, n, 1.0f}};
     warm_up(team, shapes, static_cast<std::size_t>(m / world) * n);
     team.construction_done();
   } catch (...) {
@@ -1203,6 +1208,52 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
     for (int step = 1; step < world; ++step) write_flag(comm, flags((rank + step) % world).at(rs_freed, rank), e);
     CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
     CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+    return;
+  }
+  if (variant == GemmRsVariant::ce_ring) {
+    // Destination d's rows go around the ring d+1, d+2, ..., d: at step t a rank works on the
+    // rows of rank - t - 1, so it receives from its left neighbour and pushes to its right one
+    // only, and its own rows come last. Step 0 computes the product into the local partial; each
+    // later step waits for the neighbour's part in this rank's slot for d and adds its product to
+    // it in place (beta = 1); all but the last push the slot on. The last step first copies the
+    // sum of the others' products into out and adds its own there. The neighbour's word counts
+    // parts over the ring calls: (calls x (world - 1) + t) x splits + part + 1.
+    const int left = (rank + world - 1) % world, right = (rank + 1) % world;
+    const std::uint64_t base = ring_calls_[static_cast<std::size_t>(rank)] * static_cast<std::uint64_t>(world - 1) *
+                               static_cast<std::uint64_t>(splits_);
+    Lanes lane(team_, rank, s, stream, lanes);
+    int chunk = 0, pushed = 0;
+    for (int t = 0; t < world; ++t) {
+      const int d = (rank - t - 1 + 2 * world) % world;
+      const bool first = t == 0, last = t == world - 1;
+      for (int part = 0; part < splits_; ++part, ++chunk) {
+        hipStream_t on = lane.stream(chunk);
+        const long row0 = d * rows + part * part_rows;
+        const std::size_t offset = static_cast<std::size_t>(part) * part_elems;
+        bf16* c = last ? out + offset : first ? computed + row0 * n_ : slot(rank, d) + offset;
+        if (!first) {
+          wait_flag(on, my.at(rs_ring, left),
+                    base + static_cast<std::uint64_t>((t - 1) * splits_ + part + 1));
+          if (last)
+            CARAVAN_HIP_CHECK(hipMemcpyAsync(c, slot(rank, d) + offset, part_elems * sizeof(bf16), hipMemcpyDefault, on));
+        }
+        lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, c, n_, first ? 0.0f : 1.0f);
+        if (last) continue;
+        hipEvent_t done = s.chunk[static_cast<std::size_t>(pushed)];
+        CARAVAN_HIP_CHECK(hipEventRecord(done, on));
+        CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, done, 0));
+        if (pushed == 0) wait_flag(comm, my.at(rs_freed, right), e - 1);  // its slots are free
+        CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(right, d) + offset, c, part_elems * sizeof(bf16), hipMemcpyDefault, comm));
+        ++pushed;
+        write_flag(comm, flags(right).at(rs_ring, rank), base + static_cast<std::uint64_t>(pushed));
+      }
+    }
+    lane.finish();
+    ring_calls_[static_cast<std::size_t>(rank)] += 1;  // counted once its calls are enqueued
+    CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
+    // The slots were read by this rank's own GEMMs and pushes: freed once both are done.
+    CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, s.comm_done, 0));
+    for (int step = 1; step < world; ++step) write_flag(stream, flags((rank + step) % world).at(rs_freed, rank), e);
     return;
   }
   // A source's arrived flag counts its parts over the calls: call e's part j raises it to

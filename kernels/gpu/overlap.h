@@ -312,6 +312,13 @@ enum class GemmRsVariant {
   // 0 of every destination first, own rows last), stored straight into the destination's inbox,
   // then its done word set by a stream write; lanes alternate the GEMMs over two streams.
   blas_scatter,
+  // A ring: each destination's rows go around the ranks, each adding its product to the running
+  // sum inside its GEMM (the vendor GEMM with beta = 1, in place, on what its left neighbour
+  // pushed) and pushing it on by copy engine to its right neighbour; a rank computes its own rows
+  // last, onto the sum of every other rank's, into out. No reduction kernel, so nothing follows
+  // the last GEMM; splits parts per destination keep a part's push ahead of the neighbour's GEMM.
+  // The running sum is rounded to bf16 at each of the world - 1 hops (the others sum in fp32).
+  ce_ring,
 };
 std::string_view to_string(GemmRsVariant v);
 
@@ -389,6 +396,8 @@ class GemmReduceScatter {
   SymmetricRegion scatter_inboxes_, scatter_done_;
   std::vector<int*> scatter_orders_;
   std::vector<std::uint64_t> scatter_calls_;
+  // ce_ring: per rank, its ce_ring calls so far (a neighbour's ring word counts parts over them).
+  std::vector<std::uint64_t> ring_calls_;
   std::vector<std::unique_ptr<RankSync>> sync_;
   std::unique_ptr<FlagReport> flag_report_;
   // run() and reduce_scatter(): `in` null runs the variant's GEMM into the partial, otherwise

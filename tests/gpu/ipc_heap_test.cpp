@@ -323,7 +323,9 @@ TEST_F(OverlapAcrossProcesses, GemmReduceScatterEveryVariantMatchesTheReference)
       {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::tile_push, 1},
       {GemmRsVariant::ce_push, 2},      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1},
       {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ce_push, 1},      {GemmRsVariant::tile_scatter, 1},
-      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::blas_scatter, 1}, {GemmRsVariant::tile_scatter, 1}};
+      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::blas_scatter, 1}, {GemmRsVariant::tile_scatter, 1},
+      {GemmRsVariant::ce_ring, 1},      {GemmRsVariant::ce_ring, 2},      {GemmRsVariant::ce_push, 1},
+      {GemmRsVariant::ce_ring, 2}};
   for (std::size_t call = 0; call < runs.size(); ++call) {
     const std::uint64_t sa = seed + 100 * call, sb = seed + 100 * call + 50;
     fill_random(a, m, k, k, sa + static_cast<std::uint64_t>(r), 0, 0, 1.0f, stream_);

@@ -683,7 +683,8 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   // Every variant after every other, sm_pull and sm_push also twice in a row (both of their
   // buffers), and each after the other (they share the buffers); tile_push twice in a row and
   // after other variants (its done words count its own calls only); tile_scatter likewise, both
-  // inbox parities after each other and after other variants, its two ranges per rank (96 rows)
+  // inbox parities after each other and after other variants; ce_ring (the running sums in the
+  // slots ce_push lands in, a word of its own) after itself and others, with 1 and 2 lanes; its two ranges per rank (96 rows)
   // smaller than a row tile, so tiles add to two ranges and to two destinations; blas_scatter,
   // which shares tile_scatter's inboxes and words, after it, before it and after others. Rows per rank (192) are
   // 1.5 row tiles and parts (96 rows) 0.75: tile_push's tiles serve two destinations, and its
@@ -703,7 +704,11 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
       {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::tile_scatter, 1},
       {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::blas_scatter, 1},
       {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ce_push, 1},
-      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::blas_scatter, 1}};
+      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::blas_scatter, 1},
+      {GemmRsVariant::ce_ring, 1},      {GemmRsVariant::ce_ring, 2},      {GemmRsVariant::ce_push, 2},
+      {GemmRsVariant::ce_ring, 2},      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::ce_ring, 1},
+      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ce_ring, 1},      {GemmRsVariant::ce_bulk, 1},
+      {GemmRsVariant::ce_ring, 2}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, RankBarrier&) {
     const long rows = m / world, kk = k * world;
