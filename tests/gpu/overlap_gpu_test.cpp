@@ -1274,6 +1274,12 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
        .all_gather = AgGemmVariant::ce_push,
        .reduce_scatter = GemmRsVariant::blas_scatter,
        .reduce_scatter_lanes = 2,
+       .reduce_scatter_splits = 2},
+      {.name = "ce-push 2 lanes, ce-ring x2 parts 2 lanes",
+       .all_gather = AgGemmVariant::ce_push,
+       .all_gather_lanes = 2,
+       .reduce_scatter = GemmRsVariant::ce_ring,
+       .reduce_scatter_lanes = 2,
        .reduce_scatter_splits = 2}};
   for (const auto& variant : variants) {
     SCOPED_TRACE(variant.name);
