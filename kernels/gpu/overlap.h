@@ -357,7 +357,8 @@ class GemmReduceScatter {
   // words, zeroed by the caller) the exchange records its phases (kernels.h). Null: off.
   void set_probe(int rank, std::uint64_t* after_gemm, std::uint64_t* stamps);
   // Every rank's call count and copy-engine flag words (arrived: parts landed per source;
-  // freed; ready), for a hang report, as AllGatherGemm::describe_flags.
+  // freed; ready; ring: ce_ring parts landed from the left neighbour), for a hang report, as
+  // AllGatherGemm::describe_flags.
   std::string describe_flags() const;
 
  private:

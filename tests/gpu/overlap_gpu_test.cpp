@@ -558,15 +558,17 @@ TEST(Overlap, OperationsQueuedTogetherRunAheadAsALayerQueuesThem) {
   GpuTeam team(first_devices(world), 64 << 20);
   OperationMix mix(team);
   // The configuration the layer test named when it hung on 4 x H200 ("ce-pull 2 lanes, x2 parts
-  // 2 lanes"), then pushes, then the pulls again.
+  // 2 lanes"), then pushes, then the pulls again; the ReduceScatters as rings (ce_ring) in the
+  // last two rounds, queued back to back after ce_push calls and after each other.
   using Call = OperationMix::Call;
   std::vector<Call> calls;
   for (int round = 0; round < 4; ++round) {
     const AgGemmVariant ag = round == 2 ? AgGemmVariant::ce_push : AgGemmVariant::ce_pull;
+    const GemmRsVariant rs = round >= 2 ? GemmRsVariant::ce_ring : GemmRsVariant::ce_push;
     calls.push_back({0, ag, {}, 2});
-    calls.push_back({1, {}, GemmRsVariant::ce_push, 1});
+    calls.push_back({1, {}, rs, 1});
     calls.push_back({2, ag, {}, 2});
-    calls.push_back({3, {}, GemmRsVariant::ce_push, 2});
+    calls.push_back({3, {}, rs, 2});
   }
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
@@ -683,10 +685,11 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
   // Every variant after every other, sm_pull and sm_push also twice in a row (both of their
   // buffers), and each after the other (they share the buffers); tile_push twice in a row and
   // after other variants (its done words count its own calls only); tile_scatter likewise, both
-  // inbox parities after each other and after other variants; ce_ring (the running sums in the
-  // slots ce_push lands in, a word of its own) after itself and others, with 1 and 2 lanes; its two ranges per rank (96 rows)
+  // inbox parities after each other and after other variants, its two ranges per rank (96 rows)
   // smaller than a row tile, so tiles add to two ranges and to two destinations; blas_scatter,
-  // which shares tile_scatter's inboxes and words, after it, before it and after others. Rows per rank (192) are
+  // which shares tile_scatter's inboxes and words, after it, before it and after others; ce_ring
+  // (its running sums in the slots ce_push lands in, a word of its own) after itself and others,
+  // with 1 and 2 lanes. Rows per rank (192) are
   // 1.5 row tiles and parts (96 rows) 0.75: tile_push's tiles serve two destinations, and its
   // parts span two tiles.
   const std::vector<std::pair<GemmRsVariant, int>> runs = {
