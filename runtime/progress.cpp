@@ -47,7 +47,9 @@ void remove_progress_hook(ProgressHook* hook) noexcept {
   // A helper that read the slot before it was cleared marked it running first (both sequentially
   // consistent), so that mark is seen here until the helper is done with the hook. Other hooks'
   // work (completions that may run user callbacks) is not waited for.
-  if (t_helping) return;  // removed from inside a hook: that hook is this thread's own
+  // Removed from inside a hook (a completion that tears down another queue): this thread is the
+  // one helper (g_busy), so no other thread can be running any hook.
+  if (t_helping) return;
   while (g_running[slot].load()) std::this_thread::yield();
 }
 
