@@ -21,6 +21,11 @@ class Blas {
   // Row-major bf16 GEMM with leading dimensions (elements between rows); beta 0 or 1.
   void gemm(hipStream_t stream, long m, long n, long k, const bf16* a, long lda, const bf16* b, long ldb, bf16* c,
             long ldc, float beta = 0.0f);
+  // Row-major D[m x n] = A[m x k] * B[k x n] + C[m x n], with C and D distinct buffers (cuBLASLt:
+  // a sum lands in a new place without first being copied there). Each shape and set of pointer
+  // alignments is planned once (the algorithm cuBLASLt's heuristic puts first) and reused.
+  void gemm_add(hipStream_t stream, long m, long n, long k, const bf16* a, long lda, const bf16* b, long ldb,
+                const bf16* c, long ldc, bf16* d, long ldd);
   // Row-major strided-batched GEMM: for i < batch, C_i[m x n] = alpha A_i[m x k] op(B_i), where
   // X_i = x + i * stride_x (elements; a stride of 0 shares one matrix across the batch) and
   // op(B) = B[k x n], or with transpose_b, the transpose of B stored as [n x k]. bf16 inputs,

@@ -341,6 +341,7 @@ void Lanes::finish() {
 struct GemmShape {
   long m, n, k, ldc;
   float beta = 0.0f;  // 1: adds to C (the vendor BLAS may pick another kernel for it)
+  bool add_elsewhere = false;  // Blas::gemm_add: D = A B + C, C and D distinct (cuBLASLt)
 };
 void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t reduce_elements = 0) {
   long a_elems = 1, b_elems = 1, c_elems = 1;
@@ -357,15 +358,20 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
     void *a = nullptr, *b = nullptr, *c = nullptr;
     CARAVAN_HIP_CHECK(hipMalloc(&a, static_cast<std::size_t>(a_elems) * sizeof(bf16)));
     CARAVAN_HIP_CHECK(hipMalloc(&b, static_cast<std::size_t>(b_elems) * sizeof(bf16)));
-    CARAVAN_HIP_CHECK(hipMalloc(&c, static_cast<std::size_t>(c_elems) * sizeof(bf16)));
+    // Twice the largest C: gemm_add reads the first half and writes the second.
+    CARAVAN_HIP_CHECK(hipMalloc(&c, 2 * static_cast<std::size_t>(c_elems) * sizeof(bf16)));
     try {
       hipStream_t streams[2] = {team.lane_stream(r), team.comm_stream(r)};
       CARAVAN_HIP_CHECK(hipMemsetAsync(a, 0, static_cast<std::size_t>(a_elems) * sizeof(bf16), streams[0]));
       CARAVAN_HIP_CHECK(hipMemsetAsync(b, 0, static_cast<std::size_t>(b_elems) * sizeof(bf16), streams[0]));
       for (int lane = 0; lane < 2; ++lane)
-        for (const auto& g : shapes)
-          team.blas(r, lane).gemm(streams[0], g.m, g.n, g.k, static_cast<bf16*>(a), g.k, static_cast<bf16*>(b), g.n,
-                                  static_cast<bf16*>(c), g.ldc, g.beta);
+        for (const auto& g : shapes) {
+          bf16 *in = static_cast<bf16*>(a), *w = static_cast<bf16*>(b), *acc = static_cast<bf16*>(c);
+          if (g.add_elsewhere)
+            team.blas(r, lane).gemm_add(streams[0], g.m, g.n, g.k, in, g.k, w, g.n, acc, g.ldc, acc + c_elems, g.ldc);
+          else
+            team.blas(r, lane).gemm(streams[0], g.m, g.n, g.k, in, g.k, w, g.n, acc, g.ldc, g.beta);
+        }
       if (reduce_elements > 0) {
         ReduceInputs in;
         in.count = 1;
@@ -953,8 +959,13 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
     flag_report_ =
         std::make_unique<FlagReport>(team, flags_, std::vector<std::string>{"arrived", "freed", "ready", "ring"}, world);
     std::vector<GemmShape> shapes;
-    // ce_ring adds each part's product to the running sum (beta = 1).
-    if (gemm) shapes = {{m, n, k, n}, {m / world, n, k, n}, {m / world / splits, n, k, n}, {m / world / splits, n, k, n, 1.0f}};
+    // ce_ring adds each part's product to the running sum (beta = 1), the last into out (gemm_add).
+    if (gemm)
+      shapes = {{m, n, k, n},
+                {m / world, n, k, n},
+                {m / world / splits, n, k, n},
+                {m / world / splits, n, k, n, 1.0f},
+                {m / world / splits, n, k, n, 1.0f, true}};
     warm_up(team, shapes, static_cast<std::size_t>(m / world) * n);
     team.construction_done();
   } catch (...) {
@@ -1215,8 +1226,9 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
     // rows of rank - t - 1, so it receives from its left neighbour and pushes to its right one
     // only, and its own rows come last. Step 0 computes the product into the local partial; each
     // later step waits for the neighbour's part in this rank's slot for d and adds its product to
-    // it in place (beta = 1); all but the last push the slot on. The last step first copies the
-    // sum of the others' products into out and adds its own there. The neighbour's word counts
+    // it in place (beta = 1); all but the last push the slot on. The last step writes out as its
+    // own product plus the others' sum in the slot, in one cuBLASLt call (C != D): no part-sized
+    // copy into out in front of the last GEMMs. The neighbour's word counts
     // parts over the ring calls: (calls x (world - 1) + t) x splits + part + 1.
     const int left = (rank + world - 1) % world, right = (rank + 1) % world;
     const std::uint64_t base = ring_calls_[static_cast<std::size_t>(rank)] * static_cast<std::uint64_t>(world - 1) *
@@ -1230,14 +1242,16 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
         hipStream_t on = lane.stream(chunk);
         const long row0 = d * rows + part * part_rows;
         const std::size_t offset = static_cast<std::size_t>(part) * part_elems;
-        bf16* c = last ? out + offset : first ? computed + row0 * n_ : slot(rank, d) + offset;
-        if (!first) {
-          wait_flag(on, my.at(rs_ring, left),
-                    base + static_cast<std::uint64_t>((t - 1) * splits_ + part + 1));
-          if (last)
-            CARAVAN_HIP_CHECK(hipMemcpyAsync(c, slot(rank, d) + offset, part_elems * sizeof(bf16), hipMemcpyDefault, on));
+        bf16* c = first ? computed + row0 * n_ : slot(rank, d) + offset;
+        if (!first)
+          wait_flag(on, my.at(rs_ring, left), base + static_cast<std::uint64_t>((t - 1) * splits_ + part + 1));
+        if (last && !first) {
+          // out = own product + the others' sum, read from the slot (no copy into out first).
+          lane.blas(chunk).gemm_add(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, c, n_, out + offset, n_);
+          continue;
         }
-        lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, c, n_, first ? 0.0f : 1.0f);
+        lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, last ? out + offset : c, n_,
+                              first ? 0.0f : 1.0f);
         if (last) continue;
         hipEvent_t done = s.chunk[static_cast<std::size_t>(pushed)];
         CARAVAN_HIP_CHECK(hipEventRecord(done, on));
