@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@ struct GemmBenchOptions {
   bool portable = false;
   bool persistent = false;
   bool check = true;
+  int ring_parts = 0;  // > 0: also time the GEMM+ReduceScatter ring's GEMMs in this many parts
 };
 GemmBenchOptions g_gemm;
 
@@ -66,6 +68,15 @@ void validate_options(const GemmBenchOptions& o) {
     if (t < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tokens {}: must be at least 1", t));
   for (int tp : o.tensor_parallel)
     if (tp < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tp {}: must be at least 1", tp));
+  if (o.ring_parts < 0 || o.ring_parts > 64)
+    throw Error(Errc::invalid_argument,
+                fmt::format("bench gemm: --ring-parts {}: must be 0 (off) to 64", o.ring_parts));
+  for (long t : o.tokens)
+    for (int tp : o.tensor_parallel)
+      if (o.ring_parts > 0 && t % (static_cast<long>(tp) * o.ring_parts) != 0)
+        throw Error(Errc::invalid_argument,
+                    fmt::format("bench gemm: --ring-parts {}: --tokens {} must split into TP {} x {} parts of whole rows",
+                                o.ring_parts, t, tp, o.ring_parts));
   for (const GemmShape& s : kShapes)
     for (int tp : o.tensor_parallel)
       if ((s.split_n ? s.n_full : s.k_full) % (8L * tp) != 0)
@@ -107,6 +118,18 @@ BenchReport run_on_gpu() {
   auto ref = make_buffer<float>(o.check ? count(check_rows, max_n) : 1);
   auto sums = make_buffer<gpu::ErrorSums>(1);
   gpu::Blas blas(stream);
+  // The ring's GEMMs (--ring-parts): its partial, its slots (one per destination's rows) and out,
+  // on two lanes, each a stream with a Blas of its own, as GemmReduceScatter's lanes are.
+  const bool ring = o.ring_parts > 0;
+  auto ring_partial = make_buffer<bf16>(ring ? count(max_m, max_n) : 1);
+  auto ring_slots = make_buffer<bf16>(ring ? count(max_m, max_n) : 1);
+  auto ring_out = make_buffer<bf16>(ring ? count(max_m, max_n) : 1);
+  hipStream_t second_lane = nullptr;
+  hipEvent_t fork = nullptr, join = nullptr;
+  CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&second_lane, hipStreamNonBlocking));
+  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&fork, hipEventDisableTiming));
+  CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&join, hipEventDisableTiming));
+  auto second_blas = std::make_unique<gpu::Blas>(second_lane);
   hipEvent_t start, stop;
   CARAVAN_HIP_CHECK(hipEventCreate(&start));
   CARAVAN_HIP_CHECK(hipEventCreate(&stop));
@@ -139,6 +162,10 @@ BenchReport run_on_gpu() {
                                       "tile / cuBLAS", "TFLOP/s", "check"};
   for (std::size_t i = 0; i < others.size(); ++i)
     columns.insert(columns.begin() + 6 + static_cast<long>(i), others[i].column);
+  if (ring)
+    for (const std::string& c : {fmt::format("ring x{} 1 lane", o.ring_parts), fmt::format("ring x{} 2 lanes", o.ring_parts),
+                                 std::string("ring / cuBLAS (1, 2 lanes)")})
+      columns.insert(columns.end() - 1, c);
   BenchTable table{"tile GEMM fed by flags (all raised) vs cuBLAS on GPU 0, ms per call (median, p10..p90)", columns};
   nlohmann::json results = nlohmann::json::array();
   std::string failures;
@@ -159,6 +186,43 @@ BenchReport run_on_gpu() {
                          kernel);
         };
         const auto vendor = [&] { blas.gemm(stream, m, n, k, a.get(), k, b.get(), n, c_blas.get(), n); };
+        // GemmReduceScatter's ce_ring on rank 0 without its pushes and flag waits: step t computes
+        // the rows of destination (-t - 1) mod TP in parts, step 0 into the partial (beta 0), the
+        // middle steps added in place into that destination's slot (beta 1), the last step (its own
+        // rows) written to out as product + slot (gemm_add); chunk c on lane c mod lanes.
+        const bool ring_shape = ring && !s.split_n && tp > 1;
+        const long ring_rows = m / tp, part_rows = ring_shape ? ring_rows / o.ring_parts : 0;
+        const auto ring_gemms = [&](int lanes) {
+          if (lanes == 2) {
+            CARAVAN_HIP_CHECK(hipEventRecord(fork, stream));
+            CARAVAN_HIP_CHECK(hipStreamWaitEvent(second_lane, fork, 0));
+          }
+          int chunk = 0;
+          for (int t = 0; t < tp; ++t) {
+            const long d = (2L * tp - t - 1) % tp;
+            for (int part = 0; part < o.ring_parts; ++part, ++chunk) {
+              const bool second = lanes == 2 && chunk % 2 == 1;
+              gpu::Blas& on_blas = second ? *second_blas : blas;
+              hipStream_t on = second ? second_lane : stream;
+              const long row0 = d * ring_rows + part * part_rows;
+              const bf16* a_rows = a.get() + row0 * k;
+              bf16* slot = ring_slots.get() + row0 * n;
+              if (t == 0)
+                on_blas.gemm(on, part_rows, n, k, a_rows, k, b.get(), n, ring_partial.get() + row0 * n, n);
+              else if (t < tp - 1)
+                on_blas.gemm(on, part_rows, n, k, a_rows, k, b.get(), n, slot, n, 1.0f);
+              else
+                on_blas.gemm_add(on, part_rows, n, k, a_rows, k, b.get(), n, slot, n,
+                                 ring_out.get() + part * part_rows * n, n);
+            }
+          }
+          if (lanes == 2) {
+            CARAVAN_HIP_CHECK(hipEventRecord(join, second_lane));
+            CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, join, 0));
+          }
+        };
+        if (ring_shape)  // values the middle steps add to stay finite
+          CARAVAN_HIP_CHECK(hipMemsetAsync(ring_slots.get(), 0, count(m, n) * sizeof(bf16), stream));
         double reference_error = -1;
         if (o.check) {  // the first rows against float32, before any other call writes c_tile
           tile();
@@ -169,14 +233,17 @@ BenchReport run_on_gpu() {
           gpu::compare(c_tile.get(), rows, n, n, ref.get(), n, sums.get(), stream);
           reference_error = fetch_error();
         }
-        std::vector<double> tile_s, vendor_s;
+        std::vector<double> tile_s, vendor_s, ring_s[2];
         std::vector<std::vector<double>> other_s(others.size());
         for (int rep = -1; rep < o.repetitions; ++rep) {  // rep -1: warm-up
           const double v = timed(vendor);
           const double t = timed(tile);
           std::vector<double> ts;
           for (const OtherKernel& x : others) ts.push_back(timed([&] { other(x.kernel); }));
+          double rs[2] = {0, 0};
+          for (int lanes = 1; ring_shape && lanes <= 2; ++lanes) rs[lanes - 1] = timed([&] { ring_gemms(lanes); });
           if (rep < 0) continue;
+          for (int i = 0; ring_shape && i < 2; ++i) ring_s[i].push_back(rs[i]);
           vendor_s.push_back(v);
           tile_s.push_back(t);
           for (std::size_t i = 0; i < others.size(); ++i) other_s[i].push_back(ts[i]);
@@ -194,11 +261,23 @@ BenchReport run_on_gpu() {
         tile();
         gpu::compare(c_tile.get(), m, n, n, c_blas_f.get(), n, sums.get(), stream);
         const double difference = fetch_error();
+        std::string others_difference_note;
+        // The ring's out against cuBLAS's own rows, its slot for them zeroed first (no peers here)
+        // and out poisoned: the last step's sums land in the right rows.
+        double ring_difference = 0;
+        if (ring_shape) {
+          CARAVAN_HIP_CHECK(hipMemsetAsync(ring_slots.get(), 0, count(m, n) * sizeof(bf16), stream));
+          CARAVAN_HIP_CHECK(hipMemsetAsync(ring_out.get(), 0xff, count(ring_rows, n) * sizeof(bf16), stream));
+          ring_gemms(2);
+          gpu::compare(ring_out.get(), ring_rows, n, n, c_blas_f.get(), n, sums.get(), stream);
+          ring_difference = fetch_error();
+          others_difference_note = fmt::format(", ring {:.1e}", ring_difference);
+        }
         const Summary ts = summarize(tile_s), vs = summarize(vendor_s);
         const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-        const bool ok = difference < 1e-2 && reference_error < 1e-2 && worst_other < 1e-2;
-        worst_error = std::max({worst_error, difference, reference_error, worst_other});
-        std::string others_text;
+        const bool ok = difference < 1e-2 && reference_error < 1e-2 && worst_other < 1e-2 && ring_difference < 1e-2;
+        worst_error = std::max({worst_error, difference, reference_error, worst_other, ring_difference});
+        std::string others_text = others_difference_note;
         for (std::size_t i = 0; i < others.size(); ++i)
           others_text += fmt::format(", {} {:.1e}", others[i].key, other_difference[i]);
         worst_ratio = std::max(worst_ratio, ts.median / vs.median);
@@ -237,6 +316,20 @@ BenchReport run_on_gpu() {
           result[others[i].key + "_s"] = other_s[i];
           result[others[i].key + "_difference_vs_cublas"] = other_difference[i];
         }
+        if (ring) {
+          std::vector<std::string> cells = {"-", "-", "-"};
+          if (ring_shape) {
+            const Summary r1 = summarize(ring_s[0]), r2 = summarize(ring_s[1]);
+            cells = {fmt::format("{:.3f} ({:.3f}..{:.3f})", r1.median * 1e3, r1.p10 * 1e3, r1.p90 * 1e3),
+                     fmt::format("{:.3f} ({:.3f}..{:.3f})", r2.median * 1e3, r2.p10 * 1e3, r2.p90 * 1e3),
+                     fmt::format("{:.2f}x, {:.2f}x", r1.median / vs.median, r2.median / vs.median)};
+            result["ring_parts"] = o.ring_parts;
+            result["ring_1_lane_s"] = ring_s[0];
+            result["ring_2_lanes_s"] = ring_s[1];
+            result["ring_difference_vs_cublas"] = ring_difference;
+          }
+          row.insert(row.end() - 1, cells.begin(), cells.end());
+        }
         table.rows.push_back(std::move(row));
         results.push_back(std::move(result));
         fmt::print(stderr, "bench gemm: {} TP {} M {}: tile / cuBLAS {:.2f}x ({})\n", s.name, tp, m,
@@ -244,8 +337,19 @@ BenchReport run_on_gpu() {
       }
   CARAVAN_HIP_CHECK(hipEventDestroy(start));
   CARAVAN_HIP_CHECK(hipEventDestroy(stop));
+  second_blas.reset();  // before its stream
+  CARAVAN_HIP_CHECK(hipStreamDestroy(second_lane));
+  CARAVAN_HIP_CHECK(hipEventDestroy(fork));
+  CARAVAN_HIP_CHECK(hipEventDestroy(join));
   CARAVAN_HIP_CHECK(hipStreamDestroy(stream));
   out.tables.push_back(std::move(table));
+  if (ring)
+    out.notes.push_back(fmt::format(
+        "ring x{0}: GemmReduceScatter's ce_ring GEMMs on one GPU without its pushes: TP x {0} cuBLAS calls of "
+        "M / TP / {0} rows (the first step's beta 0, the middle steps' beta 1 in place, the last step's own rows "
+        "as product + slot through cuBLASLt), on 1 lane or alternating over 2; what chunking costs the GEMM "
+        "before any communication; checked: the last step's rows against cuBLAS's",
+        o.ring_parts));
   out.notes.push_back(
       fmt::format("{} timed calls of each after one warm-up, alternating; M = tokens; mlp-up and qkv "
                   "(AllGather + GEMM): N = the full width / TP; mlp-down and o-proj (GEMM + "
@@ -291,6 +395,10 @@ void add_bench_gemm(CLI::App& bench) {
   c.add_flag("--persistent", g_gemm.persistent,
              "Also time the persistent Hopper kernel (one block per SM, stores beside the next tile's products)");
   c.add_flag("!--no-check", g_gemm.check, "Skip the float32 reference check");
+  c.add_option("--ring-parts", g_gemm.ring_parts,
+               "Also time the GEMM+ReduceScatter ring's cuBLAS calls (ce_ring, no pushes) in this many parts per "
+               "destination, on 1 and 2 lanes, for mlp-down and o-proj (0: off)")
+      ->capture_default_str();
 }
 
 }  // namespace caravan::app
