@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +94,11 @@ ShapeInfo shape_of(const std::string& op, long tokens, long hidden, int world) {
 }
 
 void validate(const BenchOverlapArgs& args, const CpuOptions& cpu, int world) {
+  if (!args.shapes.empty()) {
+    (void)parse_overlap_shapes(args.shapes);  // a malformed value is named first
+    throw Error(Errc::invalid_argument,
+                fmt::format("--shape {}: GPU backend only (the CPU backend's GEMMs are --hidden square)", args.shapes[0]));
+  }
   for (const auto& op : args.operations) {
     if (op == "allgather" || op == "reduce_scatter" || op == "all_scatter")
       throw Error(Errc::invalid_argument,
@@ -118,6 +124,34 @@ void validate(const BenchOverlapArgs& args, const CpuOptions& cpu, int world) {
     throw Error(Errc::invalid_argument, fmt::format("--hidden {}: N / W and K / W must be multiples of 32 for --world {}",
                                                     cpu.hidden, world));
 }
+
+}  // namespace
+
+std::vector<OverlapShape> parse_overlap_shapes(const std::vector<std::string>& values) {
+  std::vector<OverlapShape> shapes;
+  for (const std::string& value : values) {
+    const auto first = value.find(':'), second = first == std::string::npos ? first : value.find(':', first + 1);
+    const auto bad = [&](const std::string& rule) {
+      return Error(Errc::invalid_argument, fmt::format("--shape {}: {}", value, rule));
+    };
+    if (first == 0 || second == std::string::npos || value.find(':', second + 1) != std::string::npos)
+      throw bad("expected NAME:K:N (a name, then the whole weight's K and N), e.g. my-down:14336:4096");
+    OverlapShape shape{value.substr(0, first), 0, 0};
+    const auto number = [&](const std::string& text, const char* what) {
+      long v = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc() || end != text.data() + text.size() || v < 8 || v % 8 != 0)
+        throw bad(fmt::format("{} '{}' must be a positive multiple of 8 (16-byte rows)", what, text));
+      return v;
+    };
+    shape.k = number(value.substr(first + 1, second - first - 1), "K");
+    shape.n = number(value.substr(second + 1), "N");
+    shapes.push_back(std::move(shape));
+  }
+  return shapes;
+}
+
+namespace {
 
 std::vector<std::string> operations_of(const BenchOverlapArgs& args) {
   return args.operations.empty() ? kOperations : args.operations;
@@ -431,6 +465,9 @@ BenchReport run_overlap_bench(const BenchOverlapArgs& args, const CpuOptions& cp
 }
 
 void add_options(CLI::App& sub, BenchOverlapArgs& args, CpuOptions& cpu) {
+  sub.add_option("--shape", args.shapes,
+                 "GPU backend: GEMMs NAME:K:N (the whole weight, K x N; split over the ranks as Llama's are) measured by "
+                 "ag_gemm, gemm_rs and gemm_as instead of the Llama shapes; repeatable");
   sub.add_option("--op", args.operations,
                  "Operations: ag_gemm, gemm_rs, gemm_as, ll_allgather, and on the GPU backend the collectives "
                  "alone against NCCL's: allgather, reduce_scatter, all_scatter (default: all)");

@@ -18,7 +18,20 @@ struct BenchOverlapArgs {
   int warmup = 5;
   bool check = true;                    // verify every variant against a float32 reference
   bool stamps = false;                  // GPU gemm_rs: also time the phases on the GPU clock (diagnostic)
+  std::vector<std::string> shapes;      // GPU: "NAME:K:N" GEMMs measured instead of Llama's (see OverlapShape)
 };
+
+// A GEMM shape of --shape, for the GPU backend's ag_gemm, gemm_rs and gemm_as in place of the Llama
+// shapes: K x N of the whole (unsplit) weight. Each operation splits it over the ranks as it does
+// Llama's: AllGather+GEMM and GEMM+All-Scatter give each rank N / world columns, GEMM+ReduceScatter
+// K / world rows of the inner dimension.
+struct OverlapShape {
+  std::string name;
+  long k = 0, n = 0;
+};
+// Parses --shape values ("NAME:K:N", K and N positive multiples of 8). Throws
+// Error(invalid_argument) naming the value and the rule.
+std::vector<OverlapShape> parse_overlap_shapes(const std::vector<std::string>& values);
 
 // Implemented in bench_overlap_gpu.cpp when CARAVAN_HAVE_OVERLAP_GPU; prints its report (as
 // --json asks: emit_report) and returns the process exit code.

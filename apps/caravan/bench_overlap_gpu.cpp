@@ -229,19 +229,28 @@ struct Shape {
   long m, k, n;
 };
 
-// The tensor-parallel shapes of the measured reference (per rank; M = tokens).
-std::vector<Shape> ag_shapes(long tokens, int world) {
+// The tensor-parallel shapes of the measured reference (per rank; M = tokens), or the --shape
+// values (the whole weights, split the same way).
+std::vector<Shape> custom_shapes(const std::vector<OverlapShape>& custom, long tokens, long k_div, long n_div) {
+  std::vector<Shape> out;
+  for (const auto& c : custom) out.push_back({c.name, tokens, c.k / k_div, c.n / n_div});
+  return out;
+}
+std::vector<Shape> ag_shapes(long tokens, int world, const std::vector<OverlapShape>& custom) {
+  if (!custom.empty()) return custom_shapes(custom, tokens, 1, world);
   return {{"llama3-70B mlp-up", tokens, 8192, 2L * 28672 / world},
           {"llama3-8B mlp-up", tokens, 4096, 2L * 14336 / world},
           {"llama3-70B qkv", tokens, 8192, (8192L + 2 * 1024) / world}};
 }
-std::vector<Shape> rs_shapes(long tokens, int world) {
+std::vector<Shape> rs_shapes(long tokens, int world, const std::vector<OverlapShape>& custom) {
+  if (!custom.empty()) return custom_shapes(custom, tokens, world, 1);
   return {{"llama3-70B mlp-down", tokens, 28672L / world, 8192},
           {"llama3-8B mlp-down", tokens, 14336L / world, 4096},
           {"llama3-70B o-proj", tokens, 8192L / world, 8192}};
 }
 // GEMM + All-Scatter: n is the full output width, each rank computes n / world columns.
-std::vector<Shape> as_shapes(long tokens, int) {
+std::vector<Shape> as_shapes(long tokens, int, const std::vector<OverlapShape>& custom) {
+  if (!custom.empty()) return custom_shapes(custom, tokens, 1, 1);
   return {{"llama3-70B qkv", tokens, 8192, 8192L + 2 * 1024}, {"llama3-8B mlp-up", tokens, 4096, 2L * 14336}};
 }
 
@@ -953,6 +962,17 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     if (t <= 0 || t % (8L * world) != 0)
       throw Error(Errc::invalid_argument,
                   fmt::format("bench overlap --tokens: each must be a positive multiple of 8 x world = {}, got {}", 8 * world, t));
+  // --shape: each operation splits a weight over the ranks into 16-byte rows.
+  const std::vector<OverlapShape> custom = parse_overlap_shapes(args.shapes);
+  for (const auto& c : custom)
+    for (const auto& op : ops) {
+      const bool splits_k = op == "gemm_rs", splits_n = op == "ag_gemm" || op == "gemm_as";
+      if ((splits_k && c.k % (8L * world) != 0) || (splits_n && c.n % (8L * world) != 0))
+        throw Error(Errc::invalid_argument,
+                    fmt::format("bench overlap --shape {}:{}:{}: {} splits {} over {} ranks: it must be a multiple of "
+                                "8 x world = {}",
+                                c.name, c.k, c.n, op, splits_k ? "K" : "N", world, 8 * world));
+    }
 
   OverlapBench bench(args, world);
   BenchReport report;
@@ -986,9 +1006,9 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
     }
     for (long t : tokens) {
       std::vector<Shape> shapes;
-      if (op == "ag_gemm") shapes = ag_shapes(t, world);
-      else if (op == "gemm_rs") shapes = rs_shapes(t, world);
-      else if (op == "gemm_as") shapes = as_shapes(t, world);
+      if (op == "ag_gemm") shapes = ag_shapes(t, world, custom);
+      else if (op == "gemm_rs") shapes = rs_shapes(t, world, custom);
+      else if (op == "gemm_as") shapes = as_shapes(t, world, custom);
       else
         throw Error(
             Errc::invalid_argument,
