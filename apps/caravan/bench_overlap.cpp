@@ -128,6 +128,8 @@ void validate(const BenchOverlapArgs& args, const CpuOptions& cpu, int world) {
 }  // namespace
 
 std::vector<OverlapShape> parse_overlap_shapes(const std::vector<std::string>& values) {
+  // Past this the GEMM's sides no longer fit the vendor BLAS's int dimensions with any M.
+  constexpr long kMaxShapeSide = 1L << 20;
   std::vector<OverlapShape> shapes;
   for (const std::string& value : values) {
     const auto first = value.find(':'), second = first == std::string::npos ? first : value.find(':', first + 1);
@@ -140,8 +142,9 @@ std::vector<OverlapShape> parse_overlap_shapes(const std::vector<std::string>& v
     const auto number = [&](const std::string& text, const char* what) {
       long v = 0;
       const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-      if (ec != std::errc() || end != text.data() + text.size() || v < 8 || v % 8 != 0)
-        throw bad(fmt::format("{} '{}' must be a positive multiple of 8 (16-byte rows)", what, text));
+      if (ec != std::errc() || end != text.data() + text.size() || v < 8 || v % 8 != 0 || v > kMaxShapeSide)
+        throw bad(fmt::format("{} '{}' must be a positive multiple of 8 (16-byte rows), at most {}", what, text,
+                              kMaxShapeSide));
       return v;
     };
     shape.k = number(value.substr(first + 1, second - first - 1), "K");

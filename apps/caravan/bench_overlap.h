@@ -29,7 +29,7 @@ struct OverlapShape {
   std::string name;
   long k = 0, n = 0;
 };
-// Parses --shape values ("NAME:K:N", K and N positive multiples of 8). Throws
+// Parses --shape values ("NAME:K:N", K and N positive multiples of 8, at most 2^20). Throws
 // Error(invalid_argument) naming the value and the rule.
 std::vector<OverlapShape> parse_overlap_shapes(const std::vector<std::string>& values);
 

@@ -964,6 +964,13 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
                   fmt::format("bench overlap --tokens: each must be a positive multiple of 8 x world = {}, got {}", 8 * world, t));
   // --shape: each operation splits a weight over the ranks into 16-byte rows.
   const std::vector<OverlapShape> custom = parse_overlap_shapes(args.shapes);
+  if (!custom.empty() && std::none_of(ops.begin(), ops.end(), [](const std::string& op) {
+        return op == "ag_gemm" || op == "gemm_rs" || op == "gemm_as";
+      }))
+    throw Error(Errc::invalid_argument,
+                fmt::format("bench overlap --shape {}: only ag_gemm, gemm_rs and gemm_as measure shapes; add one of "
+                            "them to --op",
+                            args.shapes.front()));
   for (const auto& c : custom)
     for (const auto& op : ops) {
       const bool splits_k = op == "gemm_rs", splits_n = op == "ag_gemm" || op == "gemm_as";

@@ -22,8 +22,10 @@ class Blas {
   void gemm(hipStream_t stream, long m, long n, long k, const bf16* a, long lda, const bf16* b, long ldb, bf16* c,
             long ldc, float beta = 0.0f);
   // Row-major D[m x n] = A[m x k] * B[k x n] + C[m x n], with C and D distinct buffers (cuBLASLt:
-  // a sum lands in a new place without first being copied there). Each shape and set of pointer
-  // alignments is planned once (the algorithm cuBLASLt's heuristic puts first) and reused.
+  // a sum lands in a new place without first being copied there). Each shape is planned once per
+  // set of pointer alignments (the algorithm cuBLASLt's heuristic puts first for them) and the
+  // plan reused, also for pointers aligned more strictly than it was planned for. Not
+  // thread-safe (the plans are this object's): one host thread per Blas, as for every call.
   void gemm_add(hipStream_t stream, long m, long n, long k, const bf16* a, long lda, const bf16* b, long ldb,
                 const bf16* c, long ldc, bf16* d, long ldd);
   // Row-major strided-batched GEMM: for i < batch, C_i[m x n] = alpha A_i[m x k] op(B_i), where

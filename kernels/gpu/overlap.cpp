@@ -344,33 +344,47 @@ struct GemmShape {
   bool add_elsewhere = false;  // Blas::gemm_add: D = A B + C, C and D distinct (cuBLASLt)
 };
 void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t reduce_elements = 0) {
-  long a_elems = 1, b_elems = 1, c_elems = 1;
+  // gemm_add plans per pointer alignment (blas.h): its shapes run twice, on buffers aligned as
+  // hipMalloc's and 16 bytes past that, the loosest alignment rows of a multiple of 8 bf16 can
+  // have, whose plan serves any pointers in an operation.
+  constexpr long kShift = 8;  // elements: 16 bytes
+  long a_elems = 1, b_elems = 1, c_elems = 1, d_elems = 1;
   for (const auto& g : shapes) {
     a_elems = std::max(a_elems, g.m * g.k);
     b_elems = std::max(b_elems, g.k * g.n);
     c_elems = std::max(c_elems, g.m * g.ldc);
+    if (g.add_elsewhere) d_elems = std::max(d_elems, g.m * g.ldc);
   }
   c_elems = std::max<long>(c_elems, static_cast<long>(reduce_elements));
+  const auto bytes = [](long elems) { return static_cast<std::size_t>(elems + kShift) * sizeof(bf16); };
   for (int r : team.driven_ranks()) {
     team.use(r);
     preload_kernels();
     preload_sm_copy();
-    void *a = nullptr, *b = nullptr, *c = nullptr;
-    CARAVAN_HIP_CHECK(hipMalloc(&a, static_cast<std::size_t>(a_elems) * sizeof(bf16)));
-    CARAVAN_HIP_CHECK(hipMalloc(&b, static_cast<std::size_t>(b_elems) * sizeof(bf16)));
-    // Twice the largest C: gemm_add reads the first half and writes the second.
-    CARAVAN_HIP_CHECK(hipMalloc(&c, 2 * static_cast<std::size_t>(c_elems) * sizeof(bf16)));
+    void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;
+    const auto free_all = [&] {
+      for (void* p : {a, b, c, d})
+        if (p) (void)hipFree(p);
+    };
     try {
+      CARAVAN_HIP_CHECK(hipMalloc(&a, bytes(a_elems)));
+      CARAVAN_HIP_CHECK(hipMalloc(&b, bytes(b_elems)));
+      CARAVAN_HIP_CHECK(hipMalloc(&c, bytes(c_elems)));
+      CARAVAN_HIP_CHECK(hipMalloc(&d, bytes(d_elems)));
       hipStream_t streams[2] = {team.lane_stream(r), team.comm_stream(r)};
-      CARAVAN_HIP_CHECK(hipMemsetAsync(a, 0, static_cast<std::size_t>(a_elems) * sizeof(bf16), streams[0]));
-      CARAVAN_HIP_CHECK(hipMemsetAsync(b, 0, static_cast<std::size_t>(b_elems) * sizeof(bf16), streams[0]));
+      CARAVAN_HIP_CHECK(hipMemsetAsync(a, 0, bytes(a_elems), streams[0]));
+      CARAVAN_HIP_CHECK(hipMemsetAsync(b, 0, bytes(b_elems), streams[0]));
       for (int lane = 0; lane < 2; ++lane)
         for (const auto& g : shapes) {
           bf16 *in = static_cast<bf16*>(a), *w = static_cast<bf16*>(b), *acc = static_cast<bf16*>(c);
-          if (g.add_elsewhere)
-            team.blas(r, lane).gemm_add(streams[0], g.m, g.n, g.k, in, g.k, w, g.n, acc, g.ldc, acc + c_elems, g.ldc);
-          else
+          if (!g.add_elsewhere) {
             team.blas(r, lane).gemm(streams[0], g.m, g.n, g.k, in, g.k, w, g.n, acc, g.ldc, g.beta);
+            continue;
+          }
+          bf16* sum = static_cast<bf16*>(d);
+          for (long shift : {0L, kShift})
+            team.blas(r, lane).gemm_add(streams[0], g.m, g.n, g.k, in + shift, g.k, w + shift, g.n, acc + shift, g.ldc,
+                                        sum + shift, g.ldc);
         }
       if (reduce_elements > 0) {
         ReduceInputs in;
@@ -380,12 +394,10 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
       }
       CARAVAN_HIP_CHECK(hipStreamSynchronize(streams[0]));
     } catch (...) {
-      (void)hipFree(a), (void)hipFree(b), (void)hipFree(c);
+      free_all();
       throw;
     }
-    CARAVAN_HIP_CHECK(hipFree(a));
-    CARAVAN_HIP_CHECK(hipFree(b));
-    CARAVAN_HIP_CHECK(hipFree(c));
+    for (void* p : {a, b, c, d}) CARAVAN_HIP_CHECK(hipFree(p));
   }
 }
 
