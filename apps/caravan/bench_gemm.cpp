@@ -12,6 +12,7 @@
 #include "apps/caravan/commands.h"
 
 #include <caravan/error.h>
+#include <caravan/kernels/bf16.h>
 #include <caravan/platform.h>
 
 #include <CLI/CLI.hpp>
@@ -26,7 +27,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -266,7 +266,6 @@ BenchReport run_on_gpu() {
         tile();
         gpu::compare(c_tile.get(), m, n, n, c_blas_f.get(), n, sums.get(), stream);
         const double difference = fetch_error();
-        std::string others_difference_note;
         // The ring's out (poisoned first) against cuBLAS's own rows plus what the slot for them
         // holds (random values, standing in for the peers' sum): the last step's sums land in the
         // right rows and add the slot.
@@ -282,12 +281,7 @@ BenchReport run_on_gpu() {
           CARAVAN_HIP_CHECK(hipMemcpyAsync(slot.data(), ring_slots.get(), own * 2, hipMemcpyDefault, stream));
           CARAVAN_HIP_CHECK(hipMemcpyAsync(product.data(), c_blas_f.get(), own * 4, hipMemcpyDefault, stream));
           CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
-          const auto to_float = [](std::uint16_t bits) {
-            const std::uint32_t word = static_cast<std::uint32_t>(bits) << 16;
-            float f;
-            std::memcpy(&f, &word, sizeof f);
-            return f;
-          };
+          const auto to_float = [](std::uint16_t bits) { return kernels::Bf16{bits}.to_float(); };
           double diff2 = 0, ref2 = 0;
           bool finite = true;
           for (std::size_t i = 0; i < own; ++i) {
@@ -297,13 +291,12 @@ BenchReport run_on_gpu() {
             ref2 += want * want;
           }
           ring_difference = !finite || ref2 == 0 ? 1.0 : std::sqrt(diff2 / ref2);
-          others_difference_note = fmt::format(", ring {:.1e}", ring_difference);
         }
         const Summary ts = summarize(tile_s), vs = summarize(vendor_s);
         const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
         const bool ok = difference < 1e-2 && reference_error < 1e-2 && worst_other < 1e-2 && ring_difference < 1e-2;
         worst_error = std::max({worst_error, difference, reference_error, worst_other, ring_difference});
-        std::string others_text = others_difference_note;
+        std::string others_text = ring_shape ? fmt::format(", ring {:.1e}", ring_difference) : std::string();
         for (std::size_t i = 0; i < others.size(); ++i)
           others_text += fmt::format(", {} {:.1e}", others[i].key, other_difference[i]);
         worst_ratio = std::max(worst_ratio, ts.median / vs.median);

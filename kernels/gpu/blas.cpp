@@ -67,7 +67,7 @@ struct Blas::Impl {
   hipStream_t home = nullptr;
   bool owns_home = false;
   hipEvent_t enter = nullptr, leave = nullptr;
-  cublasLtHandle_t lt = nullptr;  // gemm_add, created at its first call
+  cublasLtHandle_t lt = nullptr;  // gemm_add's
   std::vector<LtPlan> plans;
 
   template <class Call>

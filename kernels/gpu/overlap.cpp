@@ -1254,7 +1254,8 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
         hipStream_t on = lane.stream(chunk);
         const long row0 = d * rows + part * part_rows;
         const std::size_t offset = static_cast<std::size_t>(part) * part_elems;
-        bf16* c = first ? computed + row0 * n_ : slot(rank, d) + offset;
+        // Step 0 writes the partial (with one rank, that is out), the others add to the slot.
+        bf16* c = first ? (last ? out + offset : computed + row0 * n_) : slot(rank, d) + offset;
         if (!first)
           wait_flag(on, my.at(rs_ring, left), base + static_cast<std::uint64_t>((t - 1) * splits_ + part + 1));
         if (last && !first) {
@@ -1262,8 +1263,7 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
           lane.blas(chunk).gemm_add(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, c, n_, out + offset, n_);
           continue;
         }
-        lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, last ? out + offset : c, n_,
-                              first ? 0.0f : 1.0f);
+        lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, c, n_, first ? 0.0f : 1.0f);
         if (last) continue;
         hipEvent_t done = s.chunk[static_cast<std::size_t>(pushed)];
         CARAVAN_HIP_CHECK(hipEventRecord(done, on));

@@ -11,6 +11,7 @@
 #include "tests/gpu/require_gpus.h"
 
 #include <caravan/error.h>
+#include <caravan/kernels/bf16.h>
 #include <caravan/platform.h>
 
 #include <gtest/gtest.h>
@@ -20,7 +21,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <deque>
 #include <memory>
 #include <ostream>
@@ -368,12 +368,7 @@ TEST(BlasGemmAdd, SumsIntoADistinctOutputAtEveryPlacement) {
   };
   const Placement placements[] = {{0, 0, 0, 0}, {8, 8, 8, 8}, {8, 0, 4, 4}, {8, 0, 8, 0}, {0, 0, 0, 0}};
   constexpr long kMaxShift = 8;
-  const auto to_float = [](std::uint16_t bits) {
-    const std::uint32_t word = static_cast<std::uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &word, sizeof f);
-    return f;
-  };
+  const auto to_float = [](std::uint16_t bits) { return kernels::Bf16{bits}.to_float(); };
   std::uint64_t seed = seed0;
   for (const Case& cs : {Case{1024, 1024, 512, 0, 0}, Case{300, 264, 72, 8, 16}}) {
     SCOPED_TRACE(std::to_string(cs.m) + " x " + std::to_string(cs.n) + " x " + std::to_string(cs.k));
