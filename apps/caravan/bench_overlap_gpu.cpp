@@ -3,6 +3,8 @@
 // measures, in the same run and on the same buffers:
 //   - the baseline PyTorch+NCCL users run: NCCL collective and cuBLAS GEMM on one stream (bulk),
 //     and each alone (their max is the ideal an overlapped version can reach);
+//   - for AllGather+GEMM and GEMM+ReduceScatter, the GEMM beside the collective's bytes pushed by
+//     plain copies (RawPushes): what those bytes arriving cost the GEMM on this machine;
 //   - Caravan's variants (kernels/gpu/overlap.h), each first checked against a float32 cuBLAS
 //     reference on fresh random inputs with its output poisoned (NaN) before the run.
 // Times are per call, the slowest rank's, median and p10/p90 over the iterations.
@@ -254,6 +256,58 @@ std::vector<Shape> as_shapes(long tokens, int, const std::vector<OverlapShape>& 
   return {{"llama3-70B qkv", tokens, 8192, 8192L + 2 * 1024}, {"llama3-8B mlp-up", tokens, 4096, 2L * 14336}};
 }
 
+// The row "gemm beside raw pushes": the GEMM on the rank's stream while a stream of its own
+// pushes the collective's bytes to the peers with plain copy-engine copies (no flags, no
+// reduction, nothing waiting on anything), joined back before the call ends. Its time is what
+// the GEMM and those bytes take beside each other on this machine, which max(GEMM alone,
+// collective alone) leaves out: an overlapped variant slower than this row loses time to its
+// own schedule (waits, cut GEMMs), not to the traffic (docs/overlap.md, "What the bytes cost the
+// GEMM"). Each rank lands the peers' bytes in a buffer of its own (`landing`, shared by the rank
+// threads through `pointers`).
+class RawPushes {
+ public:
+  RawPushes(RankContext& ctx, CaseRunner& runner, std::vector<bf16*>& pointers, std::size_t landing_elems)
+      : landing_(make_buffer<bf16>(landing_elems)), pointers_(pointers), rank_(ctx.rank) {
+    CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&side_, hipStreamNonBlocking));
+    CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&fork_, hipEventDisableTiming));
+    CARAVAN_HIP_CHECK(hipEventCreateWithFlags(&join_, hipEventDisableTiming));
+    pointers_[static_cast<std::size_t>(rank_)] = landing_.get();
+    runner.barrier().arrive_and_wait();  // every rank's landing buffer known before any push
+  }
+  ~RawPushes() {
+    (void)hipStreamDestroy(side_);
+    (void)hipEventDestroy(fork_);
+    (void)hipEventDestroy(join_);
+  }
+  RawPushes(const RawPushes&) = delete;
+  RawPushes& operator=(const RawPushes&) = delete;
+
+  // Enqueues `gemm` on `stream` beside, for each step 1..world-1, a copy of `bytes` from
+  // source(peer) into peer's landing buffer at offset(peer) elements.
+  template <typename Gemm, typename Source, typename Offset>
+  void run(hipStream_t stream, int world, std::size_t bytes, const Gemm& gemm, const Source& source,
+           const Offset& offset) {
+    CARAVAN_HIP_CHECK(hipEventRecord(fork_, stream));
+    CARAVAN_HIP_CHECK(hipStreamWaitEvent(side_, fork_, 0));
+    gemm();
+    for (int step = 1; step < world; ++step) {
+      const int peer = (rank_ + step) % world;
+      CARAVAN_HIP_CHECK(hipMemcpyAsync(pointers_[static_cast<std::size_t>(peer)] + offset(peer), source(peer), bytes,
+                                       hipMemcpyDefault, side_));
+    }
+    CARAVAN_HIP_CHECK(hipEventRecord(join_, side_));
+    CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, join_, 0));
+  }
+
+ private:
+  DeviceBuffer<bf16> landing_;
+  std::vector<bf16*>& pointers_;
+  int rank_;
+  hipStream_t side_ = nullptr;
+  hipEvent_t fork_ = nullptr, join_ = nullptr;
+};
+constexpr const char* kBesideRawPushes = "gemm beside raw pushes";
+
 class OverlapBench {
  public:
   OverlapBench(const BenchOverlapArgs& args, int world) : args_(args), world_(world), barrier_(world) {
@@ -335,6 +389,7 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
   HeapScope heap_scope(bench.team().heap(), "bench overlap");
   gpu::AllGatherGemm pulled(bench.team(), s.m, s.k, s.n, 1);
   gpu::AllGatherGemm split(bench.team(), s.m, s.k, s.n, 2);
+  std::vector<bf16*> landing(static_cast<std::size_t>(world));
   return bench.run_case("AG+GEMM", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     const long shard_rows = s.m / world;
@@ -369,6 +424,13 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
     runner.measure(ctx, "nccl-bulk", [&] { nccl_gather(); gemm_full(); }, poison_c, check_c);
     runner.measure(ctx, "gemm-alone", gemm_full, {}, {});
     runner.measure(ctx, "nccl-allgather-alone", nccl_gather, {}, {});
+    // This rank's shard pushed into every peer's landing buffer at its rows, beside the GEMM.
+    RawPushes raw(ctx, runner, landing, static_cast<std::size_t>(s.m) * s.k);
+    const std::size_t shard_elems = static_cast<std::size_t>(shard_rows) * s.k;
+    runner.measure(ctx, kBesideRawPushes, [&] {
+      raw.run(ctx.stream, world, shard_elems * sizeof(bf16), gemm_full, [&](int) { return nccl_shard; },
+              [&](int) { return static_cast<std::size_t>(r) * shard_elems; });
+    }, {}, {});
     for (auto variant : {gpu::AgGemmVariant::ce_bulk, gpu::AgGemmVariant::ce_pull, gpu::AgGemmVariant::ce_push})
       runner.measure(ctx, std::string(gpu::to_string(variant)),
                      [&, variant] { pulled.run(r, b.get(), c.get(), variant, ctx.stream); }, poison_c, check_c);
@@ -484,6 +546,42 @@ std::vector<std::string> describe_stamps(const std::string& variant, const Stamp
   return out;
 }
 
+// `--stamps`: ce_ring calls traced by device events (GemmReduceScatter::set_ring_trace), in
+// microseconds after each call's start on its rank's GPU: per rank and call, for each chunk c
+// ready[c], gemm_done[c] and pushed[c] (negative: not pushed, the last step's), then the end.
+struct RingTimeline {
+  std::string variant;
+  int splits = 1;
+  std::vector<std::vector<std::vector<double>>> per_rank;  // [rank][call][3 x chunks + 1]
+};
+
+// One line per rank and chunk, medians over the calls: when its lane got past the wait for the
+// left neighbour's part, when its GEMM finished and when its push landed; and the call's end. A
+// chunk whose `ready` is well after the previous chunk's `gemm done` on its lane waited for data.
+std::vector<std::string> describe_ring(const RingTimeline& t) {
+  std::vector<std::string> lines;
+  const std::size_t world = t.per_rank.size();
+  const std::size_t chunks = world * static_cast<std::size_t>(t.splits);
+  auto med = [&](std::size_t r, std::size_t index) {
+    std::vector<double> v;
+    for (const auto& call : t.per_rank[r]) v.push_back(call[index]);
+    return summarize(v).median;
+  };
+  for (std::size_t r = 0; r < world; ++r) {
+    if (t.per_rank[r].empty()) continue;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t step = c / static_cast<std::size_t>(t.splits), part = c % static_cast<std::size_t>(t.splits);
+      const double pushed = med(r, 2 * chunks + c);
+      lines.push_back(fmt::format("{} timeline, rank {} step {} (rows of rank {}) part {}: ready {:.1f}, GEMM done {:.1f}{} us",
+                                  t.variant, r, step, (r + 2 * world - step - 1) % world, part, med(r, c),
+                                  med(r, chunks + c), pushed < 0 ? "" : fmt::format(", pushed {:.1f}", pushed)));
+    }
+    lines.push_back(fmt::format("{} timeline, rank {}: call done {:.1f} us after its start (median of {} calls)", t.variant, r,
+                                med(r, 3 * chunks), t.per_rank[r].size()));
+  }
+  return lines;
+}
+
 CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
   const int world = bench.world();
   const std::uint64_t seed_a = bench.seed() ^ 0xC33C, seed_b = bench.seed() ^ 0xD44D;
@@ -502,6 +600,7 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
   }
   // Diagnostic of tile-scatter's GEMM: the same tile GEMM storing each destination's rows into
   // that destination's memory (a region of its own), against the same GEMM storing locally.
+  std::vector<bf16*> landing(static_cast<std::size_t>(world));
   SymmetricRegion diag_scatter;
   const std::uint64_t scatter_bytes = static_cast<std::uint64_t>(s.m) * s.n * sizeof(bf16);
   if (op.scatter() && world <= gpu::FlagGemmParts::kMaxParts &&
@@ -509,6 +608,8 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     diag_scatter = bench.team().heap().allocate(scatter_bytes);
   StampedCalls stamped_nccl, stamped_push, stamped_pull;
   for (StampedCalls* c : {&stamped_nccl, &stamped_push, &stamped_pull}) c->per_rank.resize(static_cast<std::size_t>(world));
+  RingTimeline ring_x2{"ce-ring x2 parts 2 lanes", 2, {}}, ring_x4{"ce-ring x4 parts 2 lanes", 4, {}};
+  for (RingTimeline* t : {&ring_x2, &ring_x4}) t->per_rank.resize(static_cast<std::size_t>(world));
   CaseRecord record = bench.run_case("GEMM+RS", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     const long rows = s.m / world;
@@ -543,6 +644,14 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     runner.measure(ctx, "nccl-bulk", [&] { gemm_full(); nccl_rs(); }, poison_out, check_out);
     runner.measure(ctx, "gemm-alone", gemm_full, {}, {});
     runner.measure(ctx, "nccl-reducescatter-alone", nccl_rs, {}, {});
+    // Each peer's rows of the partial pushed into that peer's landing buffer (slot r), beside
+    // the GEMM writing them (the bytes are not used: only their traffic is timed).
+    RawPushes raw(ctx, runner, landing, static_cast<std::size_t>(s.m) * s.n);
+    runner.measure(ctx, kBesideRawPushes, [&] {
+      raw.run(ctx.stream, world, out_count * sizeof(bf16), gemm_full,
+              [&](int peer) { return partial.get() + static_cast<std::size_t>(peer) * out_count; },
+              [&](int) { return static_cast<std::size_t>(r) * out_count; });
+    }, {}, {});
     for (auto variant : {gpu::GemmRsVariant::ce_bulk, gpu::GemmRsVariant::ce_push})
       runner.measure(ctx, std::string(gpu::to_string(variant)),
                      [&, variant] { op.run(r, a.get(), b.get(), out.get(), variant, ctx.stream); }, poison_out, check_out);
@@ -670,6 +779,50 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
       stamped(stamped_pull, [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_pull, ctx.stream); });
       op.set_probe(r, nullptr, nullptr);
     }
+    if (bench.args().stamps) {
+      // The rings' calls traced by events, in the same order on every rank, outside the timed rounds.
+      for (const auto& [timeline, ring_op] :
+           {std::pair{&ring_x2, &split}, std::pair{&ring_x4, split4.get()}}) {
+        if (ring_op == nullptr) continue;
+        const std::size_t chunks = static_cast<std::size_t>(world) * static_cast<std::size_t>(timeline->splits);
+        gpu::GemmReduceScatter::RingTrace trace;
+        std::vector<hipEvent_t*> all{&trace.start};
+        trace.ready.resize(chunks), trace.gemm_done.resize(chunks), trace.pushed.resize(chunks);
+        for (auto* events : {&trace.ready, &trace.gemm_done, &trace.pushed})
+          for (hipEvent_t& e : *events) all.push_back(&e);
+        struct Events {
+          std::vector<hipEvent_t*>& all;
+          ~Events() {
+            for (hipEvent_t* e : all)
+              if (*e) (void)hipEventDestroy(*e);
+          }
+        } owned{all};
+        for (hipEvent_t* e : all) CARAVAN_HIP_CHECK(hipEventCreate(e));
+        ring_op->set_ring_trace(r, &trace);
+        auto& mine = timeline->per_rank[static_cast<std::size_t>(r)];
+        for (int i = 0; i < bench.args().warmup + bench.args().iterations; ++i) {
+          runner.barrier().arrive_and_wait();
+          ring_op->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_ring, ctx.stream, 2);
+          CARAVAN_HIP_CHECK(hipEventRecord(ctx.end, ctx.stream));
+          wait_event(ctx.end, fmt::format("rank {}: traced {}", r, timeline->variant));
+          if (i < bench.args().warmup) continue;
+          auto since_start = [&](hipEvent_t e) {
+            float ms = 0;
+            CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, trace.start, e));
+            return static_cast<double>(ms) * 1e3;
+          };
+          std::vector<double> call(3 * chunks + 1, -1.0);
+          for (std::size_t c = 0; c < chunks; ++c) {
+            call[c] = since_start(trace.ready[c]);
+            call[chunks + c] = since_start(trace.gemm_done[c]);
+            if (c < chunks - static_cast<std::size_t>(timeline->splits)) call[2 * chunks + c] = since_start(trace.pushed[c]);
+          }
+          call[3 * chunks] = since_start(ctx.end);
+          mine.push_back(std::move(call));
+        }
+        ring_op->set_ring_trace(r, nullptr);
+      }
+    }
     if (op.pull()) {
       runner.measure(ctx, "sm-pull", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_pull, ctx.stream); },
                      poison_out, check_out);
@@ -690,6 +843,9 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     for (auto [name, calls] : {std::pair{"nccl-bulk", &stamped_nccl}, {"sm-push", &stamped_push}, {"sm-pull", &stamped_pull}})
       for (std::string& line : describe_stamps(name, *calls)) record.notes.push_back(std::move(line));
   }
+  if (bench.args().stamps)
+    for (const RingTimeline* t : {&ring_x2, &ring_x4})
+      for (std::string& line : describe_ring(*t)) record.notes.push_back(std::move(line));
   return record;
 }
 
@@ -1101,6 +1257,11 @@ int run_bench_overlap_gpu(const BenchOverlapArgs& args) {
                                                "collective) {} ms, best/ideal {:.2f}",
                                                rec.op, rec.name, rec.m, best, fmt_ms(t), base / t, fmt_ms(base), fmt_ms(alone),
                                                t / alone));
+        if (const auto raw = summary.find(kBesideRawPushes); raw != summary.end()) {
+          jcase["beside_raw_pushes_ms"] = raw->second.median;
+          report.headlines.back() += fmt::format("; GEMM beside the bytes pushed raw {} ms, best/that {:.2f}",
+                                                 fmt_ms(raw->second.median), t / raw->second.median);
+        }
       }
     }
     for (const std::string& line : rec.notes) report.notes.push_back(fmt::format("{} {} M={}: {}", rec.op, rec.name, rec.m, line));

@@ -922,6 +922,7 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
   if (partial_bytes <= pull_limit_ && team.heap().capacity() - team.heap().used() >= 2 * partial_bytes + (1u << 20))
     pull_partials_ = team.heap().allocate(2 * partial_bytes);
   probes_.assign(static_cast<std::size_t>(world), Probe{});
+  ring_traces_.assign(static_cast<std::size_t>(world), nullptr);
   // As many blocks as give each of at least 128 threads a 16-byte vector (push_reduce_scatter_
   // threads then sizes the blocks), so that a small exchange's stores leave from many SMs, up to
   // kPushMaxBlocks. A function of the shape alone: every rank, in every process, must run the same
@@ -1064,6 +1065,19 @@ GemmReduceScatter::~GemmReduceScatter() { free_partials(); }
 void GemmReduceScatter::set_probe(int rank, std::uint64_t* after_gemm, std::uint64_t* stamps) {
   require_driven(team_, rank);
   probes_[static_cast<std::size_t>(rank)] = Probe{after_gemm, stamps};
+}
+
+void GemmReduceScatter::set_ring_trace(int rank, RingTrace* trace) {
+  require_driven(team_, rank);
+  const auto chunks = static_cast<std::size_t>(team_.world()) * static_cast<std::size_t>(splits_);
+  require(trace == nullptr || (trace->start != nullptr && trace->ready.size() == chunks &&
+                               trace->gemm_done.size() == chunks && trace->pushed.size() == chunks),
+          [&] {
+            return fmt::format("GemmReduceScatter::set_ring_trace: a trace needs a start event and world x splits ({}) "
+                               "events in each of ready, gemm_done and pushed",
+                               chunks);
+          });
+  ring_traces_[static_cast<std::size_t>(rank)] = trace;
 }
 
 void GemmReduceScatter::run(int rank, const bf16* a, const bf16* b, bf16* out, GemmRsVariant variant,
@@ -1245,6 +1259,8 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
     const int left = (rank + world - 1) % world, right = (rank + 1) % world;
     const std::uint64_t base = ring_calls_[static_cast<std::size_t>(rank)] * static_cast<std::uint64_t>(world - 1) *
                                static_cast<std::uint64_t>(splits_);
+    RingTrace* trace = ring_traces_[static_cast<std::size_t>(rank)];
+    if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->start, stream));
     Lanes lane(team_, rank, s, stream, lanes);
     int chunk = 0, pushed = 0;
     for (int t = 0; t < world; ++t) {
@@ -1258,18 +1274,23 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
         bf16* c = first ? (last ? out + offset : computed + row0 * n_) : slot(rank, d) + offset;
         if (!first)
           wait_flag(on, my.at(rs_ring, left), base + static_cast<std::uint64_t>((t - 1) * splits_ + part + 1));
+        const auto c_index = static_cast<std::size_t>(chunk);
+        if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->ready[c_index], on));
         if (last && !first) {
           // out = own product + the others' sum, read from the slot (no copy into out first).
           lane.blas(chunk).gemm_add(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, c, n_, out + offset, n_);
+          if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->gemm_done[c_index], on));
           continue;
         }
         lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, c, n_, first ? 0.0f : 1.0f);
+        if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->gemm_done[c_index], on));
         if (last) continue;
         hipEvent_t done = s.chunk[static_cast<std::size_t>(pushed)];
         CARAVAN_HIP_CHECK(hipEventRecord(done, on));
         CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, done, 0));
         if (pushed == 0) wait_flag(comm, my.at(rs_freed, right), e - 1);  // its slots are free
         CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(right, d) + offset, c, part_elems * sizeof(bf16), hipMemcpyDefault, comm));
+        if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->pushed[c_index], comm));
         ++pushed;
         write_flag(comm, flags(right).at(rs_ring, rank), base + static_cast<std::uint64_t>(pushed));
       }

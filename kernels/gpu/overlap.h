@@ -356,6 +356,18 @@ class GemmReduceScatter {
   // its own, which also stops the exchange's early launch), and with `stamps` (stamp_word::count
   // words, zeroed by the caller) the exchange records its phases (kernels.h). Null: off.
   void set_probe(int rank, std::uint64_t* after_gemm, std::uint64_t* stamps);
+  // Diagnostics of ce_ring: device events (made by the caller, with timing) that rank's next
+  // ce_ring calls record. Chunk c is step t's part p (c = t x splits + p; step 0 is the
+  // destination rank - 1, the last this rank's own rows). Null: off.
+  struct RingTrace {
+    hipEvent_t start = nullptr;  // on the caller's stream, as the call begins
+    // Per chunk (world x splits each): `ready` once its lane has passed its wait for the left
+    // neighbour's part (step 0: once the lane gets to it), `gemm_done` after its GEMM, and
+    // `pushed` on the communication stream once its copy to the right neighbour has finished
+    // (chunks of the last step are not pushed).
+    std::vector<hipEvent_t> ready, gemm_done, pushed;
+  };
+  void set_ring_trace(int rank, RingTrace* trace);
   // Every rank's call count and copy-engine flag words (arrived: parts landed per source;
   // freed; ready; ring: ce_ring parts landed from the left neighbour), for a hang report, as
   // AllGatherGemm::describe_flags.
@@ -370,6 +382,7 @@ class GemmReduceScatter {
     std::uint64_t* stamps = nullptr;
   };
   std::vector<Probe> probes_;  // per rank
+  std::vector<RingTrace*> ring_traces_;  // per rank
 
   long m_, k_, n_;
   int splits_;

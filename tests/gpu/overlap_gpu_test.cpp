@@ -828,6 +828,75 @@ void gemm_reduce_scatter_one_kernel_calls_run_ahead(long rows_per_rank, int expe
   });
 }
 
+// The ring's trace (GemmReduceScatter::set_ring_trace, `bench overlap --stamps`): every event of
+// a traced call recorded, each chunk's wait, GEMM and push in that order on the GPU's clock, the
+// traced call's output still right, and a trace of the wrong size refused with the rule.
+TEST(Overlap, GemmReduceScatterRingTraceTimesEveryChunkInOrder) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  const int world = team_size();
+  constexpr int kSplits = 2;
+  GpuTeam team(first_devices(world), 64 << 20);
+  const long m = 128L * world, k = 160, n = 256, rows = m / world, kk = k * world;
+  GemmReduceScatter op(team, m, k, n, kSplits);
+  const auto chunks = static_cast<std::size_t>(world * kSplits);
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
+    GemmReduceScatter::RingTrace short_trace;
+    short_trace.start = reinterpret_cast<hipEvent_t>(1);  // never recorded: refused before any use
+    short_trace.ready.resize(chunks - 1), short_trace.gemm_done.resize(chunks), short_trace.pushed.resize(chunks);
+    try {
+      op.set_ring_trace(r, &short_trace);
+      ADD_FAILURE() << "a ring trace with too few ready events was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("world x splits"), std::string::npos) << e.what();
+    }
+    GemmReduceScatter::RingTrace trace;
+    trace.ready.resize(chunks), trace.gemm_done.resize(chunks), trace.pushed.resize(chunks);
+    std::vector<hipEvent_t*> events{&trace.start};
+    for (auto* list : {&trace.ready, &trace.gemm_done, &trace.pushed})
+      for (hipEvent_t& e : *list) events.push_back(&e);
+    for (hipEvent_t* e : events) CARAVAN_HIP_CHECK(hipEventCreate(e));
+    bf16* a = device_alloc<bf16>(static_cast<std::size_t>(m) * k);
+    bf16* b = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
+    bf16* out = device_alloc<bf16>(static_cast<std::size_t>(rows) * n);
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(rows) * kk),
+          *b32 = device_alloc<float>(static_cast<std::size_t>(kk) * n), *ref = device_alloc<float>(static_cast<std::size_t>(rows) * n);
+    for (int q = 0; q < world; ++q) {
+      fill_random(a32 + q * k, rows, k, kk, seed + q, r * rows, 0, 1.0f, stream);
+      fill_random(b32 + q * k * n, k, n, n, seed + 50 + q, 0, 0, 1.0f, stream);
+    }
+    team.blas(r).gemm_reference(stream, rows, n, kk, a32, kk, b32, n, ref, n);
+    fill_random(a, m, k, k, seed + r, 0, 0, 1.0f, stream);
+    fill_random(b, k, n, n, seed + 50 + r, 0, 0, 1.0f, stream);
+    barrier.arrive_and_wait();
+    op.run(r, a, b, out, GemmRsVariant::ce_ring, stream, 2);  // untraced first: the trace is per call
+    op.set_ring_trace(r, &trace);
+    poison(out, static_cast<std::size_t>(rows) * n, stream);
+    op.run(r, a, b, out, GemmRsVariant::ce_ring, stream, 2);
+    op.set_ring_trace(r, nullptr);
+    const double err = relative_error(out, rows, n, ref, stream);  // waits for the call
+    EXPECT_LT(err, 1e-2) << "rank " << r << ": the traced ring call";
+    auto at = [&](hipEvent_t e) {
+      float ms = -1;
+      CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, trace.start, e));
+      return ms;
+    };
+    for (std::size_t c = 0; c < chunks; ++c) {
+      SCOPED_TRACE("rank " + std::to_string(r) + " chunk " + std::to_string(c));
+      EXPECT_GE(at(trace.ready[c]), 0.0f);
+      EXPECT_GE(at(trace.gemm_done[c]), at(trace.ready[c]));
+      if (c < chunks - kSplits) EXPECT_GE(at(trace.pushed[c]), at(trace.gemm_done[c]));
+      // Chunks kSplits (2) apart share a lane (chunks alternate over the 2 lanes): in stream order.
+      if (c >= static_cast<std::size_t>(kSplits)) EXPECT_GT(at(trace.gemm_done[c]), at(trace.gemm_done[c - kSplits]));
+    }
+    barrier.arrive_and_wait();
+    for (hipEvent_t* e : events) (void)hipEventDestroy(*e);
+    for (bf16* p : {a, b, out}) (void)hipFree(p);
+    for (float* p : {a32, b32, ref}) (void)hipFree(p);
+  });
+}
+
 TEST(Overlap, GemmAllScatterMatchesReferenceCallAfterCall) {
   CARAVAN_REQUIRE_GPU_COUNT(2);
   const int world = team_size();
