@@ -480,8 +480,9 @@ void add_options(CLI::App& sub, BenchOverlapArgs& args, CpuOptions& cpu) {
   sub.add_flag("--no-check", [&args](std::int64_t) { args.check = false; }, "Skip the float32 reference check");
   sub.add_flag("--stamps", args.stamps,
                "GPU backend, gemm_rs: also time nccl-bulk, sm-pull and sm-push phase by phase on the GPU clock "
-               "(%globaltimer; a diagnostic: its marks add kernels of their own), and print the ce-ring variants' "
-               "timelines (device events: when each part's wait, GEMM and push ended)");
+               "(%globaltimer; a diagnostic: its marks add kernels of their own); gemm_rs and ag_gemm: print the "
+               "timelines of the ce-ring variants and of AllGather+GEMM ce-push 2 lanes (device events: when each "
+               "chunk's wait, GEMM and push ended)");
   sub.add_option("--hidden", cpu.hidden, "CPU backend: K = N of the GEMMs (and the LL row width)")->capture_default_str();
 }
 

@@ -17,7 +17,7 @@ struct BenchOverlapArgs {
   int iterations = 20;
   int warmup = 5;
   bool check = true;                    // verify every variant against a float32 reference
-  bool stamps = false;                  // GPU gemm_rs: also time the phases on the GPU clock, trace the rings (diagnostic)
+  bool stamps = false;                  // GPU: gemm_rs phases on the GPU clock; ring and ce-push timelines (diagnostic)
   std::vector<std::string> shapes;      // GPU: "NAME:K:N" GEMMs measured instead of Llama's (see OverlapShape)
 };
 

@@ -382,6 +382,99 @@ class OverlapBench {
   std::uint64_t seed_ = 0;
 };
 
+// `--stamps`: calls traced by device events (gpu::ChunkTrace: GemmReduceScatter::set_ring_trace,
+// AllGatherGemm::set_trace), in microseconds after each call's start on its rank's GPU: per rank
+// and call, for each chunk c ready[c], gemm_done[c] and pushed[c] (negative: no such copy), then
+// the call's end.
+struct ChunkTimeline {
+  std::string variant;
+  int splits = 1;
+  bool ring = false;  // chunks of a ring (steps round the ranks), else AllGatherGemm's chunk GEMMs
+  std::vector<std::vector<std::vector<double>>> per_rank;  // [rank][call][3 x chunks + 1]
+};
+
+// Runs `call` warm-up + iterations times on this rank, each between barriers and waited for,
+// with a trace set through set(&trace) (and unset after), and keeps the times of the timed calls.
+template <typename Set, typename Call>
+void trace_calls(RankContext& ctx, CaseRunner& runner, const BenchOverlapArgs& args, ChunkTimeline& timeline,
+                 const Set& set, const Call& call) {
+  const std::size_t chunks = static_cast<std::size_t>(ctx.world) * static_cast<std::size_t>(timeline.splits);
+  const std::size_t copies = chunks - static_cast<std::size_t>(timeline.splits);  // either way, world - 1 x splits
+  gpu::ChunkTrace trace;
+  trace.ready.resize(chunks), trace.gemm_done.resize(chunks), trace.pushed.resize(chunks);
+  std::vector<hipEvent_t*> all{&trace.start};
+  for (auto* events : {&trace.ready, &trace.gemm_done, &trace.pushed})
+    for (hipEvent_t& e : *events) all.push_back(&e);
+  struct Owned {
+    std::vector<hipEvent_t*>& all;
+    ~Owned() {
+      for (hipEvent_t* e : all)
+        if (*e) (void)hipEventDestroy(*e);
+    }
+  } owned{all};
+  for (hipEvent_t* e : all) CARAVAN_HIP_CHECK(hipEventCreate(e));
+  set(&trace);
+  auto& mine = timeline.per_rank[static_cast<std::size_t>(ctx.rank)];
+  auto since_start = [&](hipEvent_t e) {
+    float ms = 0;
+    CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, trace.start, e));
+    return static_cast<double>(ms) * 1e3;
+  };
+  for (int i = 0; i < args.warmup + args.iterations; ++i) {
+    runner.barrier().arrive_and_wait();
+    call();
+    CARAVAN_HIP_CHECK(hipEventRecord(ctx.end, ctx.stream));
+    wait_event(ctx.end, fmt::format("rank {}: traced {}", ctx.rank, timeline.variant));
+    if (i < args.warmup) continue;
+    std::vector<double> times(3 * chunks + 1, -1.0);
+    for (std::size_t c = 0; c < chunks; ++c) {
+      times[c] = since_start(trace.ready[c]);
+      times[chunks + c] = since_start(trace.gemm_done[c]);
+      if (c < copies) times[2 * chunks + c] = since_start(trace.pushed[c]);
+    }
+    times[3 * chunks] = since_start(ctx.end);
+    mine.push_back(std::move(times));
+  }
+  set(nullptr);
+}
+
+// One line per rank and chunk, medians over the calls: when its lane got past the wait for its
+// data, when its GEMM finished, and (a ring) when its push landed; an AllGather's copies on a
+// line of their own; and the call's end. A chunk whose `ready` is well after the previous
+// chunk's `GEMM done` on its lane (chunks alternate over 2 lanes) waited for data.
+std::vector<std::string> describe_timeline(const ChunkTimeline& t) {
+  std::vector<std::string> lines;
+  const std::size_t world = t.per_rank.size(), splits = static_cast<std::size_t>(t.splits);
+  const std::size_t chunks = world * splits;
+  auto med = [&](std::size_t r, std::size_t index) {
+    std::vector<double> v;
+    for (const auto& call : t.per_rank[r]) v.push_back(call[index]);
+    return summarize(v).median;
+  };
+  for (std::size_t r = 0; r < world; ++r) {
+    if (t.per_rank[r].empty()) continue;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t step = c / splits, part = c % splits;
+      // A ring's step t works on the rows of rank r - t - 1; AllGatherGemm's pushed shards reach
+      // this rank from rank - 1 first (step 0 is its own).
+      const std::size_t rows_of = t.ring ? (r + 2 * world - step - 1) % world : (r + world - step) % world;
+      const double pushed = t.ring ? med(r, 2 * chunks + c) : -1;
+      lines.push_back(fmt::format("{} timeline, rank {} {} {} (rows of rank {}) part {}: ready {:.1f}, GEMM done {:.1f}{} us",
+                                  t.variant, r, t.ring ? "step" : "chunk", t.ring ? step : c, rows_of, part, med(r, c),
+                                  med(r, chunks + c), pushed < 0 ? "" : fmt::format(", pushed {:.1f}", pushed)));
+    }
+    if (!t.ring && med(r, 2 * chunks) >= 0) {
+      std::string copies;
+      for (std::size_t j = 0; j < chunks - splits; ++j)
+        copies += fmt::format("{}{:.1f}", j ? ", " : "", med(r, 2 * chunks + j));
+      lines.push_back(fmt::format("{} timeline, rank {}: its copies to rank+1, rank+2, ... done at {} us", t.variant, r, copies));
+    }
+    lines.push_back(fmt::format("{} timeline, rank {}: call done {:.1f} us after its start (median of {} calls)", t.variant, r,
+                                med(r, 3 * chunks), t.per_rank[r].size()));
+  }
+  return lines;
+}
+
 // ---- AllGather + GEMM -------------------------------------------------------------------------
 CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
   const int world = bench.world();
@@ -390,7 +483,9 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
   gpu::AllGatherGemm pulled(bench.team(), s.m, s.k, s.n, 1);
   gpu::AllGatherGemm split(bench.team(), s.m, s.k, s.n, 2);
   std::vector<bf16*> landing(static_cast<std::size_t>(world));
-  return bench.run_case("AG+GEMM", s, [&](RankContext& ctx, CaseRunner& runner) {
+  ChunkTimeline traced{"ce-push 2 lanes", 1, false, {}};
+  traced.per_rank.resize(static_cast<std::size_t>(world));
+  CaseRecord record = bench.run_case("AG+GEMM", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     const long shard_rows = s.m / world;
     gpu::Blas& blas = bench.team().blas(r);
@@ -468,8 +563,14 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
         blas.gemm(ctx.stream, shard_rows, s.n, s.k, a_full.get() + q * shard_rows * s.k, s.k, b.get(), s.n,
                   c.get() + q * shard_rows * s.n, s.n);
     }, {}, {});
+    if (bench.args().stamps)  // outside the timed rounds, in the same order on every rank
+      trace_calls(ctx, runner, bench.args(), traced, [&](gpu::ChunkTrace* t) { pulled.set_trace(r, t); },
+                  [&] { pulled.run(r, b.get(), c.get(), gpu::AgGemmVariant::ce_push, ctx.stream, 2); });
     runner.run_rounds(ctx);
   });
+  if (bench.args().stamps)
+    for (std::string& line : describe_timeline(traced)) record.notes.push_back(std::move(line));
+  return record;
 }
 
 // ---- GEMM + ReduceScatter ---------------------------------------------------------------------
@@ -546,42 +647,6 @@ std::vector<std::string> describe_stamps(const std::string& variant, const Stamp
   return out;
 }
 
-// `--stamps`: ce_ring calls traced by device events (GemmReduceScatter::set_ring_trace), in
-// microseconds after each call's start on its rank's GPU: per rank and call, for each chunk c
-// ready[c], gemm_done[c] and pushed[c] (negative: not pushed, the last step's), then the end.
-struct RingTimeline {
-  std::string variant;
-  int splits = 1;
-  std::vector<std::vector<std::vector<double>>> per_rank;  // [rank][call][3 x chunks + 1]
-};
-
-// One line per rank and chunk, medians over the calls: when its lane got past the wait for the
-// left neighbour's part, when its GEMM finished and when its push landed; and the call's end. A
-// chunk whose `ready` is well after the previous chunk's `gemm done` on its lane waited for data.
-std::vector<std::string> describe_ring(const RingTimeline& t) {
-  std::vector<std::string> lines;
-  const std::size_t world = t.per_rank.size();
-  const std::size_t chunks = world * static_cast<std::size_t>(t.splits);
-  auto med = [&](std::size_t r, std::size_t index) {
-    std::vector<double> v;
-    for (const auto& call : t.per_rank[r]) v.push_back(call[index]);
-    return summarize(v).median;
-  };
-  for (std::size_t r = 0; r < world; ++r) {
-    if (t.per_rank[r].empty()) continue;
-    for (std::size_t c = 0; c < chunks; ++c) {
-      const std::size_t step = c / static_cast<std::size_t>(t.splits), part = c % static_cast<std::size_t>(t.splits);
-      const double pushed = med(r, 2 * chunks + c);
-      lines.push_back(fmt::format("{} timeline, rank {} step {} (rows of rank {}) part {}: ready {:.1f}, GEMM done {:.1f}{} us",
-                                  t.variant, r, step, (r + 2 * world - step - 1) % world, part, med(r, c),
-                                  med(r, chunks + c), pushed < 0 ? "" : fmt::format(", pushed {:.1f}", pushed)));
-    }
-    lines.push_back(fmt::format("{} timeline, rank {}: call done {:.1f} us after its start (median of {} calls)", t.variant, r,
-                                med(r, 3 * chunks), t.per_rank[r].size()));
-  }
-  return lines;
-}
-
 CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
   const int world = bench.world();
   const std::uint64_t seed_a = bench.seed() ^ 0xC33C, seed_b = bench.seed() ^ 0xD44D;
@@ -608,8 +673,8 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     diag_scatter = bench.team().heap().allocate(scatter_bytes);
   StampedCalls stamped_nccl, stamped_push, stamped_pull;
   for (StampedCalls* c : {&stamped_nccl, &stamped_push, &stamped_pull}) c->per_rank.resize(static_cast<std::size_t>(world));
-  RingTimeline ring_x2{"ce-ring x2 parts 2 lanes", 2, {}}, ring_x4{"ce-ring x4 parts 2 lanes", 4, {}};
-  for (RingTimeline* t : {&ring_x2, &ring_x4}) t->per_rank.resize(static_cast<std::size_t>(world));
+  ChunkTimeline ring_x2{"ce-ring x2 parts 2 lanes", 2, true, {}}, ring_x4{"ce-ring x4 parts 2 lanes", 4, true, {}};
+  for (ChunkTimeline* t : {&ring_x2, &ring_x4}) t->per_rank.resize(static_cast<std::size_t>(world));
   CaseRecord record = bench.run_case("GEMM+RS", s, [&](RankContext& ctx, CaseRunner& runner) {
     const int r = ctx.rank;
     const long rows = s.m / world;
@@ -782,46 +847,11 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     if (bench.args().stamps) {
       // The rings' calls traced by events, in the same order on every rank, outside the timed rounds.
       for (const auto& [timeline, ring_op] :
-           {std::pair{&ring_x2, &split}, std::pair{&ring_x4, split4.get()}}) {
-        if (ring_op == nullptr) continue;
-        const std::size_t chunks = static_cast<std::size_t>(world) * static_cast<std::size_t>(timeline->splits);
-        gpu::GemmReduceScatter::RingTrace trace;
-        std::vector<hipEvent_t*> all{&trace.start};
-        trace.ready.resize(chunks), trace.gemm_done.resize(chunks), trace.pushed.resize(chunks);
-        for (auto* events : {&trace.ready, &trace.gemm_done, &trace.pushed})
-          for (hipEvent_t& e : *events) all.push_back(&e);
-        struct Events {
-          std::vector<hipEvent_t*>& all;
-          ~Events() {
-            for (hipEvent_t* e : all)
-              if (*e) (void)hipEventDestroy(*e);
-          }
-        } owned{all};
-        for (hipEvent_t* e : all) CARAVAN_HIP_CHECK(hipEventCreate(e));
-        ring_op->set_ring_trace(r, &trace);
-        auto& mine = timeline->per_rank[static_cast<std::size_t>(r)];
-        for (int i = 0; i < bench.args().warmup + bench.args().iterations; ++i) {
-          runner.barrier().arrive_and_wait();
-          ring_op->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_ring, ctx.stream, 2);
-          CARAVAN_HIP_CHECK(hipEventRecord(ctx.end, ctx.stream));
-          wait_event(ctx.end, fmt::format("rank {}: traced {}", r, timeline->variant));
-          if (i < bench.args().warmup) continue;
-          auto since_start = [&](hipEvent_t e) {
-            float ms = 0;
-            CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, trace.start, e));
-            return static_cast<double>(ms) * 1e3;
-          };
-          std::vector<double> call(3 * chunks + 1, -1.0);
-          for (std::size_t c = 0; c < chunks; ++c) {
-            call[c] = since_start(trace.ready[c]);
-            call[chunks + c] = since_start(trace.gemm_done[c]);
-            if (c < chunks - static_cast<std::size_t>(timeline->splits)) call[2 * chunks + c] = since_start(trace.pushed[c]);
-          }
-          call[3 * chunks] = since_start(ctx.end);
-          mine.push_back(std::move(call));
-        }
-        ring_op->set_ring_trace(r, nullptr);
-      }
+           {std::pair{&ring_x2, &split}, std::pair{&ring_x4, split4.get()}})
+        if (ring_op != nullptr)
+          trace_calls(ctx, runner, bench.args(), *timeline,
+                      [&, ring_op](gpu::ChunkTrace* t) { ring_op->set_ring_trace(r, t); },
+                      [&, ring_op] { ring_op->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_ring, ctx.stream, 2); });
     }
     if (op.pull()) {
       runner.measure(ctx, "sm-pull", [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::sm_pull, ctx.stream); },
@@ -844,8 +874,8 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
       for (std::string& line : describe_stamps(name, *calls)) record.notes.push_back(std::move(line));
   }
   if (bench.args().stamps)
-    for (const RingTimeline* t : {&ring_x2, &ring_x4})
-      for (std::string& line : describe_ring(*t)) record.notes.push_back(std::move(line));
+    for (const ChunkTimeline* t : {&ring_x2, &ring_x4})
+      for (std::string& line : describe_timeline(*t)) record.notes.push_back(std::move(line));
   return record;
 }
 

@@ -331,6 +331,19 @@ void Lanes::finish() {
   }
 }
 
+// The checks of set_trace and set_ring_trace: null, or a start event and world x splits events
+// in each list.
+void require_trace(const char* where, const ChunkTrace* trace, int world, int splits) {
+  const auto chunks = static_cast<std::size_t>(world) * static_cast<std::size_t>(splits);
+  require(trace == nullptr || (trace->start != nullptr && trace->ready.size() == chunks &&
+                               trace->gemm_done.size() == chunks && trace->pushed.size() == chunks),
+          [&] {
+            return fmt::format("{}: a trace needs a start event and world x splits ({}) events in each of ready, "
+                               "gemm_done and pushed",
+                               where, chunks);
+          });
+}
+
 // Runs every GEMM shape an operation will use once on every rank, with nothing else in flight,
 // and waits. Why: the CUDA runtime loads a kernel's module on its first launch (lazy loading,
 // the default), and loading waits for the whole device to go idle. Inside an operation a device
@@ -520,6 +533,7 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
     : team_(team), m_(m), k_(k), n_(n), splits_(splits) {
   const int world = team.world();
   require_shape("AllGatherGemm", m, k, n, world, splits, /*n_optional=*/true);
+  traces_.assign(static_cast<std::size_t>(world), nullptr);
   gathered_ = team.heap().allocate(static_cast<std::uint64_t>(m) * k * sizeof(bf16));
   flags_ = team.heap().allocate(ag_groups * static_cast<std::uint64_t>(world) * splits * kFlagBytes);
   const std::size_t shard_bytes = static_cast<std::size_t>(m / world) * k * sizeof(bf16);
@@ -654,6 +668,8 @@ void AllGatherGemm::enqueue_exchange(int rank, bool push, bool sm, std::uint64_t
         const long offset = static_cast<long>(sp) * chunk_rows * k_;
         CARAVAN_HIP_CHECK(hipMemcpyAsync(rows_of(rank, theirs) + offset, rows_of(rank, mine) + offset, chunk_bytes,
                                          hipMemcpyDefault, comm));
+        if (ChunkTrace* trace = traces_[static_cast<std::size_t>(rank)])
+          CARAVAN_HIP_CHECK(hipEventRecord(trace->pushed[static_cast<std::size_t>((step - 1) * splits_ + sp)], comm));
         write_flag(comm, flags(peer).at(ag_landed, static_cast<long>(rank) * splits_ + sp), e);
       }
     }
@@ -675,6 +691,12 @@ void AllGatherGemm::enqueue_exchange(int rank, bool push, bool sm, std::uint64_t
     }
   }
   CARAVAN_HIP_CHECK(hipEventRecord(s.comm_done, comm));
+}
+
+void AllGatherGemm::set_trace(int rank, ChunkTrace* trace) {
+  require_driven(team_, rank);
+  require_trace("AllGatherGemm::set_trace", trace, team_.world(), splits_);
+  traces_[static_cast<std::size_t>(rank)] = trace;
 }
 
 void AllGatherGemm::run(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes) {
@@ -722,6 +744,7 @@ void AllGatherGemm::enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant vari
   auto rows_of = [&](int r, bf16* base) { return base + static_cast<long>(r) * shard_rows * k_; };
   bf16* mine = team_.heap().at<bf16>(gathered_, rank);
   const FlagArrays my = flags(rank);
+  if (ChunkTrace* trace = traces_[static_cast<std::size_t>(rank)]) CARAVAN_HIP_CHECK(hipEventRecord(trace->start, stream));
 
   if (variant == AgGemmVariant::sm_bulk) {
     // One kernel on the caller's stream does it all: it announces the entry (freed: the caller's
@@ -806,6 +829,7 @@ void AllGatherGemm::enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant vari
   } else {
     // Own shard first; then peers in the order they arrive: pulls go rank+1, rank+2, ...;
     // pushes reach this rank from rank-1 first, then rank-2, ...
+    ChunkTrace* trace = traces_[static_cast<std::size_t>(rank)];
     int chunk = 0;
     for (int step = 0; step < world; ++step) {
       const int src = push ? (rank - step + world) % world : (rank + step) % world;
@@ -813,7 +837,9 @@ void AllGatherGemm::enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant vari
         const long row0 = static_cast<long>(src) * shard_rows + static_cast<long>(sp) * chunk_rows;
         hipStream_t on = lane.stream(chunk);
         if (src != rank) wait_flag(on, my.at(ag_landed, static_cast<long>(src) * splits_ + sp), e);
+        if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->ready[static_cast<std::size_t>(chunk)], on));
         lane.blas(chunk).gemm(on, chunk_rows, n_, k_, mine + row0 * k_, k_, b, n_, c + row0 * n_, n_);
+        if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->gemm_done[static_cast<std::size_t>(chunk)], on));
       }
     }
   }
@@ -1069,14 +1095,7 @@ void GemmReduceScatter::set_probe(int rank, std::uint64_t* after_gemm, std::uint
 
 void GemmReduceScatter::set_ring_trace(int rank, RingTrace* trace) {
   require_driven(team_, rank);
-  const auto chunks = static_cast<std::size_t>(team_.world()) * static_cast<std::size_t>(splits_);
-  require(trace == nullptr || (trace->start != nullptr && trace->ready.size() == chunks &&
-                               trace->gemm_done.size() == chunks && trace->pushed.size() == chunks),
-          [&] {
-            return fmt::format("GemmReduceScatter::set_ring_trace: a trace needs a start event and world x splits ({}) "
-                               "events in each of ready, gemm_done and pushed",
-                               chunks);
-          });
+  require_trace("GemmReduceScatter::set_ring_trace", trace, team_.world(), splits_);
   ring_traces_[static_cast<std::size_t>(rank)] = trace;
 }
 

@@ -174,6 +174,15 @@ class FlagReport {
   std::uint64_t* words_ = nullptr;  // world x groups x per_group, pinned
 };
 
+// Diagnostics: device events, made by the caller with timing, that an operation's next calls
+// on one rank record while a trace is set (AllGatherGemm::set_trace,
+// GemmReduceScatter::set_ring_trace; `caravan bench overlap --stamps` prints them). Each vector
+// has world x splits events; the operations say what a chunk is.
+struct ChunkTrace {
+  hipEvent_t start = nullptr;  // on the caller's stream, as the call begins
+  std::vector<hipEvent_t> ready, gemm_done, pushed;
+};
+
 enum class AgGemmVariant {
   ce_pull,       // each rank pulls peers' shards with its copy engine; GEMM per shard as it lands
   ce_push,       // each rank pushes its shard to every peer; GEMM per shard as it lands
@@ -226,11 +235,18 @@ class AllGatherGemm {
   // into pinned memory allocated at construction, each copy given up after 2 s (a copy stuck
   // behind a blocked queue is reported as such instead of hanging the report).
   std::string describe_flags() const;
+  // Diagnostics of the chunked copy-engine variants (ce_push, ce_pull; ChunkTrace): chunk c is
+  // the c-th chunk GEMM in the order they are enqueued (this rank's own shard first, then the
+  // peers' in arrival order); `ready` once its lane has passed its wait for the chunk's flag,
+  // `gemm_done` after its GEMM; with ce_push, `pushed[j]` once this rank's j-th copy to a peer
+  // has finished (peer rank+1 first; (world - 1) x splits of them). Null: off.
+  void set_trace(int rank, ChunkTrace* trace);
 
  private:
   GpuTeam& team_;
   long m_, k_, n_;
   int splits_;
+  std::vector<ChunkTrace*> traces_;  // per rank
   SymmetricRegion gathered_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when a shard fits the low-latency protocol
   LlFormat ll_format_ = LlFormat::pairs;
@@ -356,17 +372,11 @@ class GemmReduceScatter {
   // its own, which also stops the exchange's early launch), and with `stamps` (stamp_word::count
   // words, zeroed by the caller) the exchange records its phases (kernels.h). Null: off.
   void set_probe(int rank, std::uint64_t* after_gemm, std::uint64_t* stamps);
-  // Diagnostics of ce_ring: device events (made by the caller, with timing) that rank's next
-  // ce_ring calls record. Chunk c is step t's part p (c = t x splits + p; step 0 is the
-  // destination rank - 1, the last this rank's own rows). Null: off.
-  struct RingTrace {
-    hipEvent_t start = nullptr;  // on the caller's stream, as the call begins
-    // Per chunk (world x splits each): `ready` once its lane has passed its wait for the left
-    // neighbour's part (step 0: once the lane gets to it), `gemm_done` after its GEMM, and
-    // `pushed` on the communication stream once its copy to the right neighbour has finished
-    // (chunks of the last step are not pushed).
-    std::vector<hipEvent_t> ready, gemm_done, pushed;
-  };
+  // Diagnostics of ce_ring (ChunkTrace): chunk c is step t's part p (c = t x splits + p; step 0
+  // is the destination rank - 1, the last this rank's own rows); `ready` once its lane has passed
+  // its wait for the left neighbour's part (step 0: once the lane gets to it); `pushed[c]` once
+  // its copy to the right neighbour has finished (chunks of the last step are not pushed).
+  using RingTrace = ChunkTrace;
   void set_ring_trace(int rank, RingTrace* trace);
   // Every rank's call count and copy-engine flag words (arrived: parts landed per source;
   // freed; ready; ring: ce_ring parts landed from the left neighbour), for a hang report, as
@@ -382,7 +392,7 @@ class GemmReduceScatter {
     std::uint64_t* stamps = nullptr;
   };
   std::vector<Probe> probes_;  // per rank
-  std::vector<RingTrace*> ring_traces_;  // per rank
+  std::vector<ChunkTrace*> ring_traces_;  // per rank
 
   long m_, k_, n_;
   int splits_;

@@ -828,6 +828,44 @@ void gemm_reduce_scatter_one_kernel_calls_run_ahead(long rows_per_rank, int expe
   });
 }
 
+// A ChunkTrace whose events this object makes (with timing) and destroys; `wrong` is one of the
+// wrong sizes the operations must refuse.
+struct TraceEvents {
+  ChunkTrace trace, wrong;
+  std::vector<hipEvent_t*> all;
+  explicit TraceEvents(std::size_t chunks) {
+    trace.ready.resize(chunks), trace.gemm_done.resize(chunks), trace.pushed.resize(chunks);
+    all.push_back(&trace.start);
+    for (auto* list : {&trace.ready, &trace.gemm_done, &trace.pushed})
+      for (hipEvent_t& e : *list) all.push_back(&e);
+    for (hipEvent_t* e : all) CARAVAN_HIP_CHECK(hipEventCreate(e));
+    wrong = trace;
+    wrong.ready.pop_back();
+  }
+  ~TraceEvents() {
+    for (hipEvent_t* e : all) (void)hipEventDestroy(*e);
+  }
+  TraceEvents(const TraceEvents&) = delete;
+  TraceEvents& operator=(const TraceEvents&) = delete;
+  float at(hipEvent_t e) const {  // ms after start
+    float ms = -1;
+    CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, trace.start, e));
+    return ms;
+  }
+};
+
+// `set(&wrong)` must throw invalid_argument naming the rule.
+template <typename Set>
+void expect_trace_refused(const Set& set, ChunkTrace& wrong) {
+  try {
+    set(&wrong);
+    ADD_FAILURE() << "a trace with too few ready events was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("world x splits"), std::string::npos) << e.what();
+  }
+}
+
 // The ring's trace (GemmReduceScatter::set_ring_trace, `bench overlap --stamps`): every event of
 // a traced call recorded, each chunk's wait, GEMM and push in that order on the GPU's clock, the
 // traced call's output still right, and a trace of the wrong size refused with the rule.
@@ -841,22 +879,8 @@ TEST(Overlap, GemmReduceScatterRingTraceTimesEveryChunkInOrder) {
   const auto chunks = static_cast<std::size_t>(world * kSplits);
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
-    GemmReduceScatter::RingTrace short_trace;
-    short_trace.start = reinterpret_cast<hipEvent_t>(1);  // never recorded: refused before any use
-    short_trace.ready.resize(chunks - 1), short_trace.gemm_done.resize(chunks), short_trace.pushed.resize(chunks);
-    try {
-      op.set_ring_trace(r, &short_trace);
-      ADD_FAILURE() << "a ring trace with too few ready events was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), Errc::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find("world x splits"), std::string::npos) << e.what();
-    }
-    GemmReduceScatter::RingTrace trace;
-    trace.ready.resize(chunks), trace.gemm_done.resize(chunks), trace.pushed.resize(chunks);
-    std::vector<hipEvent_t*> events{&trace.start};
-    for (auto* list : {&trace.ready, &trace.gemm_done, &trace.pushed})
-      for (hipEvent_t& e : *list) events.push_back(&e);
-    for (hipEvent_t* e : events) CARAVAN_HIP_CHECK(hipEventCreate(e));
+    TraceEvents events(chunks);
+    expect_trace_refused([&](ChunkTrace* t) { op.set_ring_trace(r, t); }, events.wrong);
     bf16* a = device_alloc<bf16>(static_cast<std::size_t>(m) * k);
     bf16* b = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
     bf16* out = device_alloc<bf16>(static_cast<std::size_t>(rows) * n);
@@ -871,28 +895,78 @@ TEST(Overlap, GemmReduceScatterRingTraceTimesEveryChunkInOrder) {
     fill_random(b, k, n, n, seed + 50 + r, 0, 0, 1.0f, stream);
     barrier.arrive_and_wait();
     op.run(r, a, b, out, GemmRsVariant::ce_ring, stream, 2);  // untraced first: the trace is per call
-    op.set_ring_trace(r, &trace);
+    op.set_ring_trace(r, &events.trace);
     poison(out, static_cast<std::size_t>(rows) * n, stream);
     op.run(r, a, b, out, GemmRsVariant::ce_ring, stream, 2);
     op.set_ring_trace(r, nullptr);
     const double err = relative_error(out, rows, n, ref, stream);  // waits for the call
     EXPECT_LT(err, 1e-2) << "rank " << r << ": the traced ring call";
-    auto at = [&](hipEvent_t e) {
-      float ms = -1;
-      CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, trace.start, e));
-      return ms;
-    };
+    const ChunkTrace& t = events.trace;
     for (std::size_t c = 0; c < chunks; ++c) {
       SCOPED_TRACE("rank " + std::to_string(r) + " chunk " + std::to_string(c));
-      EXPECT_GE(at(trace.ready[c]), 0.0f);
-      EXPECT_GE(at(trace.gemm_done[c]), at(trace.ready[c]));
-      if (c < chunks - kSplits) EXPECT_GE(at(trace.pushed[c]), at(trace.gemm_done[c]));
+      EXPECT_GE(events.at(t.ready[c]), 0.0f);
+      EXPECT_GE(events.at(t.gemm_done[c]), events.at(t.ready[c]));
+      if (c < chunks - kSplits) {
+        EXPECT_GE(events.at(t.pushed[c]), events.at(t.gemm_done[c]));
+      }
       // Chunks kSplits (2) apart share a lane (chunks alternate over the 2 lanes): in stream order.
-      if (c >= static_cast<std::size_t>(kSplits)) EXPECT_GT(at(trace.gemm_done[c]), at(trace.gemm_done[c - kSplits]));
+      if (c >= static_cast<std::size_t>(kSplits)) {
+        EXPECT_GT(events.at(t.gemm_done[c]), events.at(t.gemm_done[c - kSplits]));
+      }
     }
     barrier.arrive_and_wait();
-    for (hipEvent_t* e : events) (void)hipEventDestroy(*e);
     for (bf16* p : {a, b, out}) (void)hipFree(p);
+    for (float* p : {a32, b32, ref}) (void)hipFree(p);
+  });
+}
+
+// AllGatherGemm's trace (set_trace) on ce_push with 2 lanes: every chunk's wait and GEMM, and
+// every copy this rank pushes, recorded in order; the traced call still right; a trace of the
+// wrong size refused with the rule.
+TEST(Overlap, AllGatherGemmTraceTimesEveryChunkInOrder) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  const int world = team_size();
+  GpuTeam team(first_devices(world), 64 << 20);
+  const long m = 96L * world, k = 160, n = 256, rows = m / world;
+  AllGatherGemm op(team, m, k, n);
+  const auto chunks = static_cast<std::size_t>(world);
+  const std::uint64_t seed = fresh_seed();
+  run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
+    TraceEvents events(chunks);
+    expect_trace_refused([&](ChunkTrace* t) { op.set_trace(r, t); }, events.wrong);
+    bf16* b = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
+    bf16* c = device_alloc<bf16>(static_cast<std::size_t>(m) * n);
+    float *a32 = device_alloc<float>(static_cast<std::size_t>(m) * k), *b32 = device_alloc<float>(static_cast<std::size_t>(k) * n),
+          *ref = device_alloc<float>(static_cast<std::size_t>(m) * n);
+    fill_random(a32, m, k, k, seed, 0, 0, 1.0f, stream);
+    fill_random(b32, k, n, n, seed + 50 + r, 0, 0, 1.0f, stream);
+    team.blas(r).gemm_reference(stream, m, n, k, a32, k, b32, n, ref, n);
+    fill_random(op.shard(r), rows, k, k, seed, r * rows, 0, 1.0f, stream);
+    fill_random(b, k, n, n, seed + 50 + r, 0, 0, 1.0f, stream);
+    poison(c, static_cast<std::size_t>(m) * n, stream);
+    barrier.arrive_and_wait();
+    op.set_trace(r, &events.trace);
+    op.run(r, b, c, AgGemmVariant::ce_push, stream, 2);
+    op.set_trace(r, nullptr);
+    const double err = relative_error(c, m, n, ref, stream);  // waits for the call
+    EXPECT_LT(err, 1e-2) << "rank " << r << ": the traced call";
+    const ChunkTrace& t = events.trace;
+    for (std::size_t ch = 0; ch < chunks; ++ch) {
+      SCOPED_TRACE("rank " + std::to_string(r) + " chunk " + std::to_string(ch));
+      EXPECT_GE(events.at(t.ready[ch]), 0.0f);
+      EXPECT_GE(events.at(t.gemm_done[ch]), events.at(t.ready[ch]));
+      if (ch >= 2) {
+        EXPECT_GT(events.at(t.gemm_done[ch]), events.at(t.gemm_done[ch - 2]));  // one lane
+      }
+    }
+    for (std::size_t j = 0; j + 1 < chunks; ++j) {  // the copies, one after another on the comm stream
+      EXPECT_GE(events.at(t.pushed[j]), 0.0f) << "rank " << r << " copy " << j;
+      if (j > 0) {
+        EXPECT_GE(events.at(t.pushed[j]), events.at(t.pushed[j - 1])) << "rank " << r << " copy " << j;
+      }
+    }
+    barrier.arrive_and_wait();
+    for (bf16* p : {b, c}) (void)hipFree(p);
     for (float* p : {a32, b32, ref}) (void)hipFree(p);
   });
 }
