@@ -1093,7 +1093,7 @@ void GemmReduceScatter::set_probe(int rank, std::uint64_t* after_gemm, std::uint
   probes_[static_cast<std::size_t>(rank)] = Probe{after_gemm, stamps};
 }
 
-void GemmReduceScatter::set_ring_trace(int rank, RingTrace* trace) {
+void GemmReduceScatter::set_ring_trace(int rank, ChunkTrace* trace) {
   require_driven(team_, rank);
   require_trace("GemmReduceScatter::set_ring_trace", trace, team_.world(), splits_);
   ring_traces_[static_cast<std::size_t>(rank)] = trace;
@@ -1278,7 +1278,7 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
     const int left = (rank + world - 1) % world, right = (rank + 1) % world;
     const std::uint64_t base = ring_calls_[static_cast<std::size_t>(rank)] * static_cast<std::uint64_t>(world - 1) *
                                static_cast<std::uint64_t>(splits_);
-    RingTrace* trace = ring_traces_[static_cast<std::size_t>(rank)];
+    ChunkTrace* trace = ring_traces_[static_cast<std::size_t>(rank)];
     if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->start, stream));
     Lanes lane(team_, rank, s, stream, lanes);
     int chunk = 0, pushed = 0;

@@ -376,8 +376,7 @@ class GemmReduceScatter {
   // is the destination rank - 1, the last this rank's own rows); `ready` once its lane has passed
   // its wait for the left neighbour's part (step 0: once the lane gets to it); `pushed[c]` once
   // its copy to the right neighbour has finished (chunks of the last step are not pushed).
-  using RingTrace = ChunkTrace;
-  void set_ring_trace(int rank, RingTrace* trace);
+  void set_ring_trace(int rank, ChunkTrace* trace);
   // Every rank's call count and copy-engine flag words (arrived: parts landed per source;
   // freed; ready; ring: ce_ring parts landed from the left neighbour), for a hang report, as
   // AllGatherGemm::describe_flags.
