@@ -627,10 +627,10 @@ void AllGatherGemm::wait_shard_free(int rank, hipStream_t stream) {
 }
 
 // The exchange of the copy-engine and sm_push variants, on the rank's communication stream
-// (which starts after everything enqueued on `stream` so far): pushes (by copy engines, or by a
+// (which starts at s.start, recorded by enqueue on the caller's stream): pushes (by copy engines, or by a
 // few SM blocks with `sm`) or pulls, each chunk's landed flag raised as it lands. Records
 // comm_done when this rank's part is queued.
-void AllGatherGemm::enqueue_exchange(int rank, bool push, bool sm, std::uint64_t e, hipStream_t stream) {
+void AllGatherGemm::enqueue_exchange(int rank, bool push, bool sm, std::uint64_t e) {
   const int world = team_.world();
   const long count = static_cast<long>(world) * splits_;
   const long shard_rows = m_ / world, chunk_rows = shard_rows / splits_;
@@ -641,9 +641,8 @@ void AllGatherGemm::enqueue_exchange(int rank, bool push, bool sm, std::uint64_t
   auto rows_of = [&](int r, bf16* base) { return base + static_cast<long>(r) * shard_rows * k_; };
   bf16* mine = team_.heap().at<bf16>(gathered_, rank);
   const FlagArrays my = flags(rank);
-  // The communication stream starts after everything the caller enqueued so far: the shard is
-  // written, and this rank's earlier GEMMs no longer read the gathered buffer.
-  CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
+  // The communication stream starts at s.start (the caller recorded it): the shard is written,
+  // and this rank's earlier GEMMs no longer read the gathered buffer.
   CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, s.start, 0));
 
   if (sm) {
@@ -780,7 +779,13 @@ void AllGatherGemm::enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant vari
   const bool sm = variant == AgGemmVariant::sm_push;
   const bool push = variant == AgGemmVariant::ce_push || variant == AgGemmVariant::ce_push_runs ||
                     variant == AgGemmVariant::tile_push || sm;
-  enqueue_exchange(rank, push, sm, e, stream);
+  // Everything enqueued on `stream` so far: the exchange and lane 1 start here.
+  CARAVAN_HIP_CHECK(hipEventRecord(s.start, stream));
+  // The copy-engine GEMM schedules enqueue their own shard's GEMM before the exchange (below).
+  // sm_push does not: its kernel launched behind a GEMM would wait for SMs to free up.
+  const bool own_first = with_gemm && !sm && variant != AgGemmVariant::ce_bulk &&
+                         variant != AgGemmVariant::tile_pull && variant != AgGemmVariant::tile_push;
+  if (!own_first) enqueue_exchange(rank, push, sm, e);
   if (!with_gemm) {
     // The AllGather alone: the caller's stream goes on once every peer's chunks landed here
     // and this rank's own copies are done.
@@ -803,18 +808,36 @@ void AllGatherGemm::enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant vari
     return;
   }
   Lanes lane(team_, rank, s, stream, variant == AgGemmVariant::ce_bulk ? 1 : lanes);
+  ChunkTrace* trace = traces_[static_cast<std::size_t>(rank)];
+  // This rank's own shard needs no wait: one GEMM (the runs variants) or one per split (chunks
+  // 0 .. splits-1).
+  const auto own_shard_gemms = [&] {
+    const bool runs = variant == AgGemmVariant::ce_pull_runs || variant == AgGemmVariant::ce_push_runs;
+    for (int sp = 0; sp < (runs ? 1 : splits_); ++sp) {
+      const long rows = runs ? shard_rows : chunk_rows;
+      const long row0 = static_cast<long>(rank) * shard_rows + static_cast<long>(sp) * chunk_rows;
+      hipStream_t on = lane.stream(sp);
+      if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->ready[static_cast<std::size_t>(sp)], on));
+      lane.blas(sp).gemm(on, rows, n_, k_, mine + row0 * k_, k_, b, n_, c + row0 * n_, n_);
+      if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->gemm_done[static_cast<std::size_t>(sp)], on));
+    }
+  };
+  if (own_first) {
+    // Enqueued before the exchange: enqueueing the copies and flag operations takes the host
+    // tens of microseconds, which the GPU would otherwise spend idle.
+    own_shard_gemms();
+    enqueue_exchange(rank, push, sm, e);
+  }
   if (variant == AgGemmVariant::ce_bulk) {
     for (int step = 1; step < world; ++step)
       for (int sp = 0; sp < splits_; ++sp)
         wait_flag(stream, my.at(ag_landed, static_cast<long>((rank + step) % world) * splits_ + sp), e);
     blas.gemm(stream, m_, n_, k_, mine, k_, b, n_, c, n_);
   } else if (variant == AgGemmVariant::ce_pull_runs || variant == AgGemmVariant::ce_push_runs) {
-    // Own shard first; then the peers' shards as at most two GEMMs over contiguous rows (shards
-    // below this rank's, and above it), each once all of its shards landed: fewer, larger GEMMs
-    // lose less to partly filled last waves. Pushes land from rank-1 downwards first (the
-    // shards below), pulls from rank+1 upwards.
-    lane.blas(0).gemm(lane.stream(0), shard_rows, n_, k_, mine + rank * shard_rows * k_, k_, b, n_,
-                      c + rank * shard_rows * n_, n_);
+    // Own shard first (above); then the peers' shards as at most two GEMMs over contiguous rows
+    // (shards below this rank's, and above it), each once all of its shards landed: fewer,
+    // larger GEMMs lose less to partly filled last waves. Pushes land from rank-1 downwards
+    // first (the shards below), pulls from rank+1 upwards.
     const std::pair<int, int> below{0, rank}, above{rank + 1, world};
     int chunk = 1;
     for (const auto& [first, end] : push ? std::array{below, above} : std::array{above, below}) {
@@ -827,16 +850,16 @@ void AllGatherGemm::enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant vari
       ++chunk;
     }
   } else {
-    // Own shard first; then peers in the order they arrive: pulls go rank+1, rank+2, ...;
-    // pushes reach this rank from rank-1 first, then rank-2, ...
-    ChunkTrace* trace = traces_[static_cast<std::size_t>(rank)];
-    int chunk = 0;
-    for (int step = 0; step < world; ++step) {
+    // Own shard first (above); then peers in the order they arrive: pulls go rank+1, rank+2,
+    // ...; pushes reach this rank from rank-1 first, then rank-2, ...
+    if (!own_first) own_shard_gemms();
+    int chunk = splits_;
+    for (int step = 1; step < world; ++step) {
       const int src = push ? (rank - step + world) % world : (rank + step) % world;
       for (int sp = 0; sp < splits_; ++sp, ++chunk) {
         const long row0 = static_cast<long>(src) * shard_rows + static_cast<long>(sp) * chunk_rows;
         hipStream_t on = lane.stream(chunk);
-        if (src != rank) wait_flag(on, my.at(ag_landed, static_cast<long>(src) * splits_ + sp), e);
+        wait_flag(on, my.at(ag_landed, static_cast<long>(src) * splits_ + sp), e);
         if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->ready[static_cast<std::size_t>(chunk)], on));
         lane.blas(chunk).gemm(on, chunk_rows, n_, k_, mine + row0 * k_, k_, b, n_, c + row0 * n_, n_);
         if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->gemm_done[static_cast<std::size_t>(chunk)], on));

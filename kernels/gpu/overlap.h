@@ -260,7 +260,7 @@ class AllGatherGemm {
   void free_tile_orders() noexcept;
   std::unique_ptr<FlagReport> flag_report_;
   void enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant variant, hipStream_t stream, int lanes, bool with_gemm);
-  void enqueue_exchange(int rank, bool push, bool sm, std::uint64_t e, hipStream_t stream);
+  void enqueue_exchange(int rank, bool push, bool sm, std::uint64_t e);
 };
 
 enum class AllGatherVariant {
