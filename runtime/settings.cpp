@@ -174,6 +174,11 @@ const Definition kTable[] = {
    "GPU ReduceScatter sm and GEMM+ReduceScatter sm-push: bytes a rank sends each peer per round (at most 8 rounds); "
    "each block sums one round while the next round's stores are on the links. 0: one round (store everything, then "
    "sum). Read when the operation is constructed; every rank must see the same value", 0, kInf},
+  {"CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES", Kind::bytes, "0",
+   "GPU GEMM+ReduceScatter ce-ring: the least bytes one push to the next rank carries. A ring's GEMMs run in parts "
+   "(x2, x4 parts); its pushes take consecutive parts of a step together, the fewest that divide the step's parts "
+   "and reach this (at most the whole step). 0: a push per part. Ranks may differ. Read when the operation is "
+   "constructed", 0, kInf},
   {"CARAVAN_OVERLAP_GPU_EARLY_LAUNCH", Kind::boolean, "true",
    "GPU GEMM+ReduceScatter sm-pull, sm-push and ll-bulk, and the LL AllGather: launch the exchange kernel as a programmatic "
    "dependent of the kernel before it (Hopper and later), so that its launch overlaps that kernel's end; off: an ordinary launch "

@@ -948,7 +948,8 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
       k_(k),
       n_(n),
       splits_(splits),
-      early_launch_(settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH")) {
+      early_launch_(settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH")),
+      ring_push_bytes_(settings::get_bytes("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES")) {
   const int world = team.world();
   // k = 0: the ReduceScatter alone, which checks its shape in its own terms (ReduceScatter).
   const bool gemm = k != 0;
@@ -1303,8 +1304,17 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
                                static_cast<std::uint64_t>(splits_);
     ChunkTrace* trace = ring_traces_[static_cast<std::size_t>(rank)];
     if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->start, stream));
+    // A push carries `group` consecutive parts of a step (CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES):
+    // the fewest that divide the parts and reach the setting. Consecutive copies on one stream
+    // lose microseconds between them (each waits for the last to land and its flag to be
+    // written), so fewer, larger pushes move the bytes faster; the GEMMs keep their parts. The
+    // neighbour's word counts parts, so it reads a group's parts as soon as the group lands,
+    // whatever group the neighbour's ranks chose.
+    const std::size_t part_bytes = part_elems * sizeof(bf16);
+    int group = 1;
+    while (group < splits_ && (splits_ % group != 0 || group * part_bytes < ring_push_bytes_)) ++group;
     Lanes lane(team_, rank, s, stream, lanes);
-    int chunk = 0, pushed = 0;
+    int chunk = 0;
     for (int t = 0; t < world; ++t) {
       const int d = (rank - t - 1 + 2 * world) % world;
       const bool first = t == 0, last = t == world - 1;
@@ -1327,14 +1337,19 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
         lane.blas(chunk).gemm(on, part_rows, n_, k_, a + row0 * k_, k_, b, n_, c, n_, first ? 0.0f : 1.0f);
         if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->gemm_done[c_index], on));
         if (last) continue;
-        hipEvent_t done = s.chunk[static_cast<std::size_t>(pushed)];
+        hipEvent_t done = s.chunk[c_index];  // chunk counts the parts pushed before this one
         CARAVAN_HIP_CHECK(hipEventRecord(done, on));
         CARAVAN_HIP_CHECK(hipStreamWaitEvent(comm, done, 0));
-        if (pushed == 0) wait_flag(comm, my.at(rs_freed, right), e - 1);  // its slots are free
-        CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(right, d) + offset, c, part_elems * sizeof(bf16), hipMemcpyDefault, comm));
-        if (trace) CARAVAN_HIP_CHECK(hipEventRecord(trace->pushed[c_index], comm));
-        ++pushed;
-        write_flag(comm, flags(right).at(rs_ring, rank), base + static_cast<std::uint64_t>(pushed));
+        if ((part + 1) % group != 0) continue;  // pushed with the group's last part
+        const int first_part = part + 1 - group;
+        if (chunk + 1 == group) wait_flag(comm, my.at(rs_freed, right), e - 1);  // its slots are free
+        const std::size_t back = static_cast<std::size_t>(group - 1) * part_elems;
+        CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(right, d) + offset - back, c - back, group * part_bytes, hipMemcpyDefault,
+                                         comm));
+        if (trace)
+          for (int p = first_part; p <= part; ++p)
+            CARAVAN_HIP_CHECK(hipEventRecord(trace->pushed[c_index - static_cast<std::size_t>(part - p)], comm));
+        write_flag(comm, flags(right).at(rs_ring, rank), base + static_cast<std::uint64_t>(chunk + 1));
       }
     }
     lane.finish();

@@ -396,6 +396,7 @@ class GemmReduceScatter {
   long m_, k_, n_;
   int splits_;
   bool early_launch_;  // CARAVAN_OVERLAP_GPU_EARLY_LAUNCH, read at construction (not per call)
+  std::uint64_t ring_push_bytes_;  // CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES, likewise
   SymmetricRegion received_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when the output fits the low-latency protocol
   LlFormat ll_format_ = LlFormat::pairs;

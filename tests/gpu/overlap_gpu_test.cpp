@@ -920,6 +920,63 @@ TEST(Overlap, GemmReduceScatterRingTraceTimesEveryChunkInOrder) {
   });
 }
 
+// CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES: a ring of x4 parts pushes a part at a time, two parts
+// at a time, or a whole step at a time (3 parts' bytes round up to 4, the least group dividing
+// the parts; 1G is more than a step). Each setting: three calls with 1 and 2 lanes, each checked
+// against the float32 reference; a traced call shows every part of a group pushed only once the
+// group's last part's GEMM is done.
+TEST(Overlap, GemmReduceScatterRingPushesGroupsOfParts) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  const int world = team_size();
+  constexpr int kSplits = 4;
+  GpuTeam team(first_devices(world), 64 << 20);
+  const long m = 128L * world, k = 160, n = 256, rows = m / world, kk = k * world;
+  constexpr std::size_t kPartBytes = 128 / kSplits * 256 * sizeof(bf16);
+  const std::uint64_t seed = fresh_seed();
+  for (const auto& [push_bytes, group] : std::vector<std::pair<std::size_t, int>>{
+           {0, 1}, {kPartBytes, 1}, {2 * kPartBytes, 2}, {3 * kPartBytes, 4}, {std::size_t{1} << 30, 4}}) {
+    SCOPED_TRACE("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES=" + std::to_string(push_bytes));
+    settings::ScopedOverride setting("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES", std::to_string(push_bytes));
+    GemmReduceScatter op(team, m, k, n, kSplits);
+    const auto chunks = static_cast<std::size_t>(world * kSplits);
+    run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
+      TraceEvents events(chunks);
+      bf16* a = device_alloc<bf16>(static_cast<std::size_t>(m) * k);
+      bf16* b = device_alloc<bf16>(static_cast<std::size_t>(k) * n);
+      bf16* out = device_alloc<bf16>(static_cast<std::size_t>(rows) * n);
+      float *a32 = device_alloc<float>(static_cast<std::size_t>(rows) * kk),
+            *b32 = device_alloc<float>(static_cast<std::size_t>(kk) * n),
+            *ref = device_alloc<float>(static_cast<std::size_t>(rows) * n);
+      for (int call = 0; call < 3; ++call) {
+        const std::uint64_t sa = seed + 100 * call + push_bytes, sb = sa + 50;
+        for (int q = 0; q < world; ++q) {
+          fill_random(a32 + q * k, rows, k, kk, sa + q, r * rows, 0, 1.0f, stream);
+          fill_random(b32 + q * k * n, k, n, n, sb + q, 0, 0, 1.0f, stream);
+        }
+        team.blas(r).gemm_reference(stream, rows, n, kk, a32, kk, b32, n, ref, n);
+        fill_random(a, m, k, k, sa + r, 0, 0, 1.0f, stream);
+        fill_random(b, k, n, n, sb + r, 0, 0, 1.0f, stream);
+        poison(out, static_cast<std::size_t>(rows) * n, stream);
+        const int lanes = call == 1 ? 1 : 2;
+        if (call == 2) op.set_ring_trace(r, &events.trace);
+        op.run(r, a, b, out, GemmRsVariant::ce_ring, stream, lanes);
+        op.set_ring_trace(r, nullptr);
+        const double err = relative_error(out, rows, n, ref, stream);  // waits for the call
+        EXPECT_LT(err, 1e-2) << "rank " << r << " call " << call << " (" << lanes << " lanes)";
+      }
+      const ChunkTrace& t = events.trace;
+      for (std::size_t c = 0; c < chunks - kSplits; ++c) {  // the pushed parts: all steps but the last
+        const std::size_t group_last = c - c % group + static_cast<std::size_t>(group) - 1;
+        EXPECT_GE(events.at(t.pushed[c]), events.at(t.gemm_done[group_last]))
+            << "rank " << r << ": part " << c << " pushed before part " << group_last << "'s GEMM ended";
+      }
+      barrier.arrive_and_wait();
+      for (bf16* p : {a, b, out}) (void)hipFree(p);
+      for (float* p : {a32, b32, ref}) (void)hipFree(p);
+    });
+  }
+}
+
 // AllGatherGemm's trace (set_trace) on ce_push with 2 lanes: every chunk's wait and GEMM, and
 // every copy this rank pushes, recorded in order; the traced call still right; a trace of the
 // wrong size refused with the rule.
