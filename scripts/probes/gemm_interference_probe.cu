@@ -13,9 +13,10 @@
 // or without a persisting window over the weight: a process that sets aside L2 pays for it in
 // every GEMM beside NVLink traffic.
 // Build (CUDA toolkit only):
-//   nvcc -arch=sm_90 -O2 -std=c++20 -o gemm_interference_probe scripts/probes/gemm_interference_probe.cu -lcublas
-// Run: ./gemm_interference_probe [rounds, default 15] [traffic MiB, default 96] [l2]
+//   nvcc -arch=sm_90 -O2 -std=c++20 -o gemm_interference_probe scripts/probes/gemm_interference_probe.cu -lcublas -lcuda
+// Run: ./gemm_interference_probe [rounds, default 15] [traffic MiB, default 96] [l2|nol2] [shape name part]
 #include <cublas_v2.h>
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +29,15 @@
 #include "check.h"
 
 namespace {
+
+#define CU(x)                                                              \
+  do {                                                                     \
+    CUresult result_ = (x);                                                \
+    if (result_ != CUDA_SUCCESS) {                                         \
+      std::printf("%s:%d driver error %d\n", __FILE__, __LINE__, result_); \
+      std::exit(1);                                                        \
+    }                                                                      \
+  } while (0)
 
 #define CB(x)                                                         \
   do {                                                                \
@@ -49,6 +59,9 @@ struct Gpu {
   __nv_bfloat16 *a = nullptr, *b = nullptr, *c = nullptr;
   char *send = nullptr, *receive = nullptr, *local = nullptr;  // traffic buffers
   cudaEvent_t start = nullptr, gemm_done = nullptr, traffic_done = nullptr, traffic2_done = nullptr;
+  std::vector<cudaEvent_t> pieces;       // one per piece (After::event, flag_beside, ring)
+  std::uint64_t* flag = nullptr;         // the word the left neighbour's flags land in
+  std::uint64_t epoch = 0;
 };
 
 __global__ void fill(__nv_bfloat16* p, std::size_t count, std::uint32_t seed) {
@@ -65,12 +78,18 @@ __global__ void fill(__nv_bfloat16* p, std::size_t count, std::uint32_t seed) {
 // a spin kernel of that length on the copy stream between pieces (a crude pace); `l2`: the
 // GEMM's stream gets a persisting L2 window over B.
 enum class Traffic { none, push, pull, local, push_one_way, push_two_streams };
+// After each pushed piece, as a ring's push is followed: nothing, a flag written into the right
+// neighbour's memory (a stream memory operation), an event recorded, the event and the flag
+// written from a second stream that waits for it, or (ring) a wait for an event of another
+// stream before the piece and the flag after it.
+enum class After { nothing, flag, event, flag_beside, ring };
 struct Scenario {
   const char* name;
   Traffic traffic;
   double piece_mib;
   bool l2;
   int gap_us;
+  After after = After::nothing;
 };
 const Scenario kScenarioList[] = {
     {"alone", Traffic::none, 8, false, 0},        {"+push 8M", Traffic::push, 8, false, 0},
@@ -83,6 +102,12 @@ const Scenario kScenarioList[] = {
     {"+push whole", Traffic::push, 1 << 20, false, 0},
     {"+push 8M 2 str", Traffic::push_two_streams, 8, false, 0},
     {"+push 4M 2 str", Traffic::push_two_streams, 4, false, 0},
+    {"+push 8M flag", Traffic::push, 8, false, 0, After::flag},
+    {"+push 8M event", Traffic::push, 8, false, 0, After::event},
+    {"+push 8M flag2", Traffic::push, 8, false, 0, After::flag_beside},
+    {"+push 8M ring", Traffic::push, 8, false, 0, After::ring},
+    {"+push 16M ring", Traffic::push, 16, false, 0, After::ring},
+    {"+push 16M", Traffic::push, 16, false, 0},
 };
 constexpr int kScenarios = static_cast<int>(sizeof kScenarioList / sizeof kScenarioList[0]);
 
@@ -160,6 +185,10 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&g.gemm_done));
     CK(cudaEventCreate(&g.traffic_done));
     CK(cudaEventCreate(&g.traffic2_done));
+    g.pieces.resize(256);
+    for (cudaEvent_t& piece_event : g.pieces) CK(cudaEventCreateWithFlags(&piece_event, cudaEventDisableTiming));
+    CK(cudaMalloc(&g.flag, sizeof(std::uint64_t)));
+    CK(cudaMemset(g.flag, 0, sizeof(std::uint64_t)));
     CK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, d));
     CK(cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, d));
     CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, d));
@@ -168,7 +197,9 @@ int main(int argc, char** argv) {
   std::printf("%d GPUs; L2 %d MiB, persisting at most %d MiB, window at most %d MiB; traffic %zu MiB each way per GPU; %d rounds\n",
               count, l2 >> 20, max_persist >> 20, max_window >> 20, traffic >> 20, rounds);
   std::printf("%-18s %-14s %9s %17s %8s %12s\n", "shape", "scenario", "gemm ms", "p10..p90", "vs alone", "traffic ms");
+  const std::string only = argc > 4 ? argv[4] : "";
   for (const Shape& s : shapes) {
+    if (std::string(s.name).find(only) == std::string::npos) continue;
     for (int d = 0; d < count; ++d) {
       CK(cudaSetDevice(d));
       Gpu& g = gpus[static_cast<std::size_t>(d)];
@@ -216,6 +247,11 @@ int main(int argc, char** argv) {
           const auto piece = static_cast<std::size_t>(scenario.piece_mib * (1 << 20));
           for (std::size_t off = 0; off < traffic && moves; off += piece) {
             const std::size_t bytes = std::min(piece, traffic - off);
+            cudaEvent_t piece_event = g.pieces[(off / piece) % g.pieces.size()];
+            if (scenario.after == After::ring) {  // as the ring waits for a part's GEMM (done long ago)
+              CK(cudaEventRecord(piece_event, g.traffic2));
+              CK(cudaStreamWaitEvent(g.traffic, piece_event, 0));
+            }
             if (off > 0 && scenario.gap_us > 0) spin<<<1, 1, 0, g.traffic>>>(scenario.gap_us * 1000LL);
             if (scenario.traffic == Traffic::local)
               CK(cudaMemcpyAsync(g.local + off, g.send + off, bytes, cudaMemcpyDeviceToDevice, g.traffic));
@@ -226,6 +262,18 @@ int main(int argc, char** argv) {
                                      (off / piece) % 2 ? g.traffic2 : g.traffic));
             else
               CK(cudaMemcpyPeerAsync(right.receive + off, (d + 1) % count, g.send + off, d, bytes, g.traffic));
+            const auto flag = reinterpret_cast<CUdeviceptr>(right.flag);
+            switch (scenario.after) {
+              case After::nothing: break;
+              case After::flag:
+              case After::ring: CU(cuStreamWriteValue64(g.traffic, flag, ++g.epoch, 0)); break;
+              case After::event: CK(cudaEventRecord(piece_event, g.traffic)); break;
+              case After::flag_beside:
+                CK(cudaEventRecord(piece_event, g.traffic));
+                CK(cudaStreamWaitEvent(g.traffic2, piece_event, 0));
+                CU(cuStreamWriteValue64(g.traffic2, flag, ++g.epoch, 0));
+                break;
+            }
           }
           CK(cudaEventRecord(g.traffic2_done, g.traffic2));
           CK(cudaStreamWaitEvent(g.traffic, g.traffic2_done, 0));
