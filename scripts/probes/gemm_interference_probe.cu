@@ -12,6 +12,11 @@
 // set-aside at its maximum (37 of 60 MiB; argument "l2"), the same traffic cost them 3-27%, with
 // or without a persisting window over the weight: a process that sets aside L2 pays for it in
 // every GEMM beside NVLink traffic.
+// 33rd session (docs/results/ring-push-flags-h200x2-s33.txt): a flag written into the neighbour's
+// memory after each 8 MiB piece (as the ring's write_flag) costs the pushes about 4 us a piece
+// beside the o-proj GEMM (96 MiB: 314 us bare, 362 us flagged); an event after each piece costs
+// nothing, and the flag written from a second stream still about 3.6 us; 16 MiB pieces with flags
+// 318 us.
 // Build (CUDA toolkit only):
 //   nvcc -arch=sm_90 -O2 -std=c++20 -o gemm_interference_probe scripts/probes/gemm_interference_probe.cu -lcublas -lcuda
 // Run: ./gemm_interference_probe [rounds, default 15] [traffic MiB, default 96] [l2|nol2] [shape name part]
