@@ -1,0 +1,121 @@
+// Probe (not part of the build): the layer's RMSNorm, the two-pass kernel (before the 34th
+// session) against the row held in registers (kernels/gpu/layer_kernels.cu since), on one GPU,
+// at the Llama layers' rows x widths; L2 flushed before each call, 30 calls of each alternating,
+// medians; and whether the two write the same bits.
+// Build: nvcc -arch=sm_90 -O2 -std=c++20 -o rmsnorm_probe scripts/probes/rmsnorm_probe.cu
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <algorithm>
+#include <cmath>
+#define CK(x) do{cudaError_t e=(x); if(e!=cudaSuccess){printf("%s:%d %s\n",__FILE__,__LINE__,cudaGetErrorString(e));exit(1);}}while(0)
+typedef __nv_bfloat16 bf16;
+struct Vec8 { float v[8]; };
+__device__ inline Vec8 load8(const bf16* p) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  Vec8 out;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) { float2 f = __bfloat1622float2(h[k]); out.v[2*k]=f.x; out.v[2*k+1]=f.y; }
+  return out;
+}
+__device__ inline void store8(bf16* p, const Vec8& x) {
+  uint4 raw; auto* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(x.v[2*k], x.v[2*k+1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+__device__ inline float block_sum(float x, float* scratch) {
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < warps; ++w) total += scratch[w];
+  return total;
+}
+__global__ void old_kernel(const bf16* x, long cols, const float* weight, bf16* out) {
+  __shared__ float scratch[32];
+  const bf16* row = x + blockIdx.x * cols;
+  float sum = 0;
+  for (long c = threadIdx.x * 8L; c < cols; c += blockDim.x * 8L) {
+    const Vec8 v = load8(row + c);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum += v.v[k] * v.v[k];
+  }
+  const float inverse = rsqrtf(block_sum(sum, scratch) / static_cast<float>(cols) + 1e-6f);
+  for (long c = threadIdx.x * 8L; c < cols; c += blockDim.x * 8L) {
+    Vec8 v = load8(row + c);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v.v[k] = v.v[k] * inverse * weight[c + k];
+    store8(out + blockIdx.x * cols + c, v);
+  }
+}
+template <int kV>
+__global__ void new_kernel(const bf16* x, long cols, const float* weight, bf16* out) {
+  __shared__ float scratch[32];
+  const bf16* row = x + blockIdx.x * cols;
+  Vec8 v[kV];
+  float sum = 0;
+#pragma unroll
+  for (int i = 0; i < kV; ++i) {
+    const long c = (threadIdx.x + static_cast<long>(i) * blockDim.x) * 8;
+    if (c < cols) v[i] = load8(row + c);
+    else for (int k = 0; k < 8; ++k) v[i].v[k] = 0;
+  }
+#pragma unroll
+  for (int i = 0; i < kV; ++i)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum += v[i].v[k] * v[i].v[k];
+  const float inverse = rsqrtf(block_sum(sum, scratch) / static_cast<float>(cols) + 1e-6f);
+#pragma unroll
+  for (int i = 0; i < kV; ++i) {
+    const long c = (threadIdx.x + static_cast<long>(i) * blockDim.x) * 8;
+    if (c >= cols) continue;
+    const float4 w0 = *reinterpret_cast<const float4*>(weight + c), w1 = *reinterpret_cast<const float4*>(weight + c + 4);
+    const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[i].v[k] = v[i].v[k] * inverse * w[k];
+    store8(out + blockIdx.x * cols + c, v[i]);
+  }
+}
+__global__ void fill(bf16* p, size_t n, unsigned seed){ for(size_t i=blockIdx.x*(size_t)blockDim.x+threadIdx.x;i<n;i+=(size_t)gridDim.x*blockDim.x){unsigned x=(unsigned)i*2654435761u^seed; x^=x>>13; x*=0x5bd1e995u; x^=x>>15; p[i]=__float2bfloat16(((x&0xffff)/65536.0f-0.5f)*2);} }
+int main(){
+  long shapes[][2]={{2048,8192},{4096,8192},{1024,4096},{2048,4096},{8192,8192},{256,8192}};
+  bf16 *x,*o1,*o2; float* w;
+  CK(cudaMalloc(&x,8192L*8192*2)); CK(cudaMalloc(&o1,8192L*8192*2)); CK(cudaMalloc(&o2,8192L*8192*2)); CK(cudaMalloc(&w,8192*4));
+  std::vector<float> hw(8192); for(int i=0;i<8192;i++) hw[i]=0.8f+0.4f*((i*37)%100)/100.0f;
+  CK(cudaMemcpy(w,hw.data(),8192*4,cudaMemcpyHostToDevice));
+  fill<<<1024,256>>>(x,8192L*8192,3);
+  cudaEvent_t a,b; cudaEventCreate(&a); cudaEventCreate(&b);
+  // a big buffer to flush L2
+  char* flush; CK(cudaMalloc(&flush, 256<<20));
+  for(auto& s: shapes){ long rows=s[0], cols=s[1];
+    std::vector<float> t_old, t_new[3];
+    for(int rep=-2; rep<30; ++rep){
+      for(int which=0; which<4; ++which){
+        CK(cudaMemsetAsync(flush, rep&0xff, 256<<20));
+        cudaEventRecord(a);
+        if(which==0) old_kernel<<<rows,256>>>(x,cols,w,o1);
+        else if(which==1){ if(cols/8<=256*4) new_kernel<4><<<rows,256>>>(x,cols,w,o2); else new_kernel<8><<<rows,256>>>(x,cols,w,o2);} 
+        else if(which==2){ int th=cols/8/4; new_kernel<4><<<rows,th>>>(x,cols,w,o2);} 
+        else { int th=cols/8/8; if(th<32) th=32; new_kernel<8><<<rows,th>>>(x,cols,w,o2);} 
+        cudaEventRecord(b); CK(cudaEventSynchronize(b)); float ms; cudaEventElapsedTime(&ms,a,b);
+        if(rep>=0){ if(which==0) t_old.push_back(ms*1e3); else t_new[which-1].push_back(ms*1e3);} 
+      }
+    }
+    // compare outputs (last written by which=3; rerun which=1 for compare)
+    if(cols/8<=256*4) new_kernel<4><<<rows,256>>>(x,cols,w,o2); else new_kernel<8><<<rows,256>>>(x,cols,w,o2);
+    CK(cudaDeviceSynchronize());
+    std::vector<unsigned short> h1(rows*cols), h2(rows*cols);
+    CK(cudaMemcpy(h1.data(),o1,rows*cols*2,cudaMemcpyDeviceToHost)); CK(cudaMemcpy(h2.data(),o2,rows*cols*2,cudaMemcpyDeviceToHost));
+    long diff=0; for(long i=0;i<rows*cols;i++) if(h1[i]!=h2[i]) diff++;
+    auto med=[](std::vector<float> v){std::sort(v.begin(),v.end()); return v[v.size()/2];};
+    double bytes=2.0*rows*cols*2;
+    printf("%5ld x %5ld: old %.1f us (%.2f TB/s)  new256 %.1f (%.2f)  new-4per %.1f  new-8per %.1f   bits differ %ld\n", rows, cols,
+      med(t_old), bytes/med(t_old)/1e6, med(t_new[0]), bytes/med(t_new[0])/1e6, med(t_new[1]), med(t_new[2]), diff);
+  }
+}
