@@ -15,3 +15,13 @@
       std::exit(1);                                                                             \
     }                                                                                           \
   } while (0)
+
+// The same for a cuBLAS call (the probes that time cuBLAS include cublas_v2.h first).
+#define CB(x)                                                               \
+  do {                                                                      \
+    cublasStatus_t status_ = (x);                                           \
+    if (status_ != CUBLAS_STATUS_SUCCESS) {                                 \
+      std::printf("%s:%d cublas status %d\n", __FILE__, __LINE__, status_); \
+      std::exit(1);                                                         \
+    }                                                                       \
+  } while (0)

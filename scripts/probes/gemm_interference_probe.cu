@@ -44,15 +44,6 @@ namespace {
     }                                                                      \
   } while (0)
 
-#define CB(x)                                                         \
-  do {                                                                \
-    cublasStatus_t status_ = (x);                                           \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                               \
-      std::printf("%s:%d cublas status %d\n", __FILE__, __LINE__, status_); \
-      std::exit(1);                                                   \
-    }                                                                 \
-  } while (0)
-
 struct Shape {
   const char* name;
   long m, k, n;

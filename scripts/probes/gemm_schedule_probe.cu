@@ -27,15 +27,6 @@
 
 namespace {
 
-#define CB(x)                                                               \
-  do {                                                                      \
-    cublasStatus_t status_ = (x);                                           \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                 \
-      std::printf("%s:%d cublas status %d\n", __FILE__, __LINE__, status_); \
-      std::exit(1);                                                         \
-    }                                                                       \
-  } while (0)
-
 // An AllGather+GEMM shape at tensor-parallel degree tp: K the hidden size, N the weight's
 // columns over tp.
 struct Shape {
