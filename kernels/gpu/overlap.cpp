@@ -1142,6 +1142,14 @@ void GemmReduceScatter::reduce_scatter(int rank, const bf16* in, bf16* out, Gemm
   enqueue(rank, nullptr, nullptr, in, out, variant, stream, 1);
 }
 
+int GemmReduceScatter::ring_push_group() const {
+  const std::uint64_t part_bytes = static_cast<std::uint64_t>(m_ / team_.world() / splits_) *
+                                   static_cast<std::uint64_t>(n_) * sizeof(bf16);
+  int group = 1;
+  while (group < splits_ && (splits_ % group != 0 || group * part_bytes < ring_push_bytes_)) ++group;
+  return group;
+}
+
 void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf16* in, bf16* out,
                                 GemmRsVariant variant, hipStream_t stream, int lanes) {
   require(reinterpret_cast<std::uintptr_t>(out) % 16 == 0, "GemmReduceScatter::run: out must be 16-byte aligned");
@@ -1298,7 +1306,9 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
     // it in place (beta = 1); all but the last push the slot on. The last step writes out as its
     // own product plus the others' sum in the slot, in one cuBLASLt call (C != D): no part-sized
     // copy into out in front of the last GEMMs. The neighbour's word counts
-    // parts over the ring calls: (calls x (world - 1) + t) x splits + part + 1.
+    // parts over the ring calls: (calls x (world - 1) + t) x splits + part + 1, written once a
+    // push (a group of parts) has landed, with its last part's count (the values of the group's
+    // other parts are skipped: a wait is for at least its part's count).
     const int left = (rank + world - 1) % world, right = (rank + 1) % world;
     const std::uint64_t base = ring_calls_[static_cast<std::size_t>(rank)] * static_cast<std::uint64_t>(world - 1) *
                                static_cast<std::uint64_t>(splits_);
@@ -1310,9 +1320,7 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
     // written), so fewer, larger pushes move the bytes faster; the GEMMs keep their parts. The
     // neighbour's word counts parts, so it reads a group's parts as soon as the group lands,
     // whatever group the neighbour's ranks chose.
-    const std::size_t part_bytes = part_elems * sizeof(bf16);
-    int group = 1;
-    while (group < splits_ && (splits_ % group != 0 || group * part_bytes < ring_push_bytes_)) ++group;
+    const int group = ring_push_group();
     Lanes lane(team_, rank, s, stream, lanes);
     int chunk = 0;
     for (int t = 0; t < world; ++t) {
@@ -1344,7 +1352,8 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
         const int first_part = part + 1 - group;
         if (chunk + 1 == group) wait_flag(comm, my.at(rs_freed, right), e - 1);  // its slots are free
         const std::size_t back = static_cast<std::size_t>(group - 1) * part_elems;
-        CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(right, d) + offset - back, c - back, group * part_bytes, hipMemcpyDefault,
+        CARAVAN_HIP_CHECK(hipMemcpyAsync(slot(right, d) + offset - back, c - back,
+                                         static_cast<std::size_t>(group) * part_elems * sizeof(bf16), hipMemcpyDefault,
                                          comm));
         if (trace)
           for (int p = first_part; p <= part; ++p)

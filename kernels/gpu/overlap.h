@@ -377,6 +377,9 @@ class GemmReduceScatter {
   // its wait for the left neighbour's part (step 0: once the lane gets to it); `pushed[c]` once
   // its copy to the right neighbour has finished (chunks of the last step are not pushed).
   void set_ring_trace(int rank, ChunkTrace* trace);
+  // The parts of a step one ce_ring push carries: the fewest that divide `splits` and reach
+  // CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES as read at construction (1: a push per part).
+  int ring_push_group() const;
   // Every rank's call count and copy-engine flag words (arrived: parts landed per source;
   // freed; ready; ring: ce_ring parts landed from the left neighbour), for a hang report, as
   // AllGatherGemm::describe_flags.

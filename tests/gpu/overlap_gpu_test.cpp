@@ -938,6 +938,7 @@ TEST(Overlap, GemmReduceScatterRingPushesGroupsOfParts) {
     SCOPED_TRACE("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES=" + std::to_string(push_bytes));
     settings::ScopedOverride setting("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES", std::to_string(push_bytes));
     GemmReduceScatter op(team, m, k, n, kSplits);
+    EXPECT_EQ(op.ring_push_group(), group) << "parts a push carries";
     const auto chunks = static_cast<std::size_t>(world * kSplits);
     run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
       TraceEvents events(chunks);
