@@ -59,7 +59,7 @@ declare -A nvidia_only=(
   [scripts/probes/ll_format_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
   [scripts/probes/gemm_interference_probe.cu]="a standalone CUDA probe of the GPU machine (cuBLAS), not part of the build"
   [scripts/probes/gemm_schedule_probe.cu]="a standalone CUDA probe of the GPU machine (cuBLAS), not part of the build"
-  [scripts/probes/rmsnorm_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
+  [scripts/probes/layer_kernels_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
 )
 
 # Every GPU source must be in a list, so that a new one is not skipped unnoticed: every .cu file,

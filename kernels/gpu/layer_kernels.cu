@@ -70,7 +70,7 @@ __global__ void rmsnorm_kernel(const bf16* x, long cols, const float* weight, bf
 
 // Rows of at most kVectors x kThreads vectors: each thread loads all of its vectors at once and
 // keeps them in registers, so the row is read once and the loads overlap (1.3-1.5x the two-pass
-// kernel on an H200 at the Llama widths, the same bits: docs/results/rmsnorm-h200-s34.txt).
+// kernel on an H200 at the Llama widths, the same bits: docs/results/layer-kernels-h200-s34.txt).
 template <int kVectors>
 __global__ void rmsnorm_registers_kernel(const bf16* x, long cols, const float* weight, bf16* out) {
   __shared__ float scratch[32];
@@ -116,11 +116,13 @@ __global__ void add_kernel(const bf16* a, const bf16* b, bf16* out, std::size_t 
   }
 }
 
+// Block (x, y) takes 256 vectors of rows y, y + gridDim.y, ...: no division per vector (the
+// grid-stride loop over all vectors that this replaced divided by the row width for each one,
+// 7-9% slower on an H200, docs/results/layer-kernels-h200-s34.txt).
 __global__ void swiglu_kernel(const bf16* up_gate, long rows, long f, bf16* out) {
-  const long per_row = f / 8, total = rows * per_row;
-  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<long>(gridDim.x) * blockDim.x) {
-    const long r = i / per_row, c = (i % per_row) * 8;
+  const long c = (blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x) * 8;
+  if (c >= f) return;
+  for (long r = blockIdx.y; r < rows; r += gridDim.y) {
     Vec8 up = load8(up_gate + r * 2 * f + c);
     const Vec8 gate = load8(up_gate + r * 2 * f + f + c);
 #pragma unroll
@@ -231,7 +233,9 @@ void add(const bf16* a, const bf16* b, bf16* out, std::size_t count, hipStream_t
 void swiglu(const bf16* up_gate, long rows, long f, bf16* out, hipStream_t stream) {
   require_vectors("swiglu", f);
   if (rows <= 0) return;
-  swiglu_kernel<<<grid_for(rows * f / 8), kThreads, 0, stream>>>(up_gate, rows, f, out);
+  const dim3 grid(static_cast<unsigned>((f / 8 + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  swiglu_kernel<<<grid, kThreads, 0, stream>>>(up_gate, rows, f, out);
   CARAVAN_HIP_CHECK(hipGetLastError());
 }
 

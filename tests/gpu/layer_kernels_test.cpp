@@ -1,7 +1,8 @@
-// The layer's RMSNorm kernel (kernels/gpu/layer_kernels.cu) against a float32 reference on fresh
-// random inputs, output poisoned first, on one GPU: widths that take each of the kernel's paths
-// (a row held in registers, 1 to 8 vectors a thread; a row too wide for that; a weight not
-// 16-byte aligned). Skips without a GPU, saying why.
+// The layer's RMSNorm and SwiGLU kernels (kernels/gpu/layer_kernels.cu) against float32
+// references on fresh random inputs, outputs poisoned first, on one GPU: RMSNorm at widths that
+// take each of its paths (a row held in registers, 1 to 8 vectors a thread; a row too wide for
+// that; a weight not 16-byte aligned), SwiGLU at widths that fill blocks partly and at more rows
+// than one grid column covers. Skips without a GPU, saying why.
 #include "kernels/gpu/kernels.h"
 #include "tests/gpu/device_array.h"
 #include "tests/gpu/require_gpus.h"
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -102,6 +104,53 @@ INSTANTIATE_TEST_SUITE_P(Widths, RmsNorm,
                                            NormCase{4, 16392, false},   // one vector too wide: two passes
                                            NormCase{7, 8192, true}),    // misaligned weight: two passes
                          norm_case_name);
+
+// SwiGLU: rows x f outputs from rows of [up (f) | gate (f)]; rows past 65535 take the grid's
+// row loop.
+class SwiGlu : public ::testing::TestWithParam<std::pair<long, long>> {};
+
+TEST_P(SwiGlu, MatchesFloatReference) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  const auto [rows, f] = GetParam();
+  const auto in_elements = static_cast<std::size_t>(rows * 2 * f), out_elements = static_cast<std::size_t>(rows * f);
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  std::vector<std::uint16_t> in(in_elements);
+  for (auto& v : in) v = to_bf16_bits(value(rng));
+  CARAVAN_HIP_CHECK(hipSetDevice(0));
+  DeviceArray<std::uint16_t> in_d(in_elements), out_d(out_elements);
+  CARAVAN_HIP_CHECK(hipMemcpy(in_d.data, in.data(), in_elements * 2, hipMemcpyDefault));
+  CARAVAN_HIP_CHECK(hipMemset(out_d.data, 0xff, out_elements * 2));  // NaN
+  swiglu(reinterpret_cast<const bf16*>(in_d.data), rows, f, reinterpret_cast<bf16*>(out_d.data), nullptr);
+  CARAVAN_HIP_CHECK(hipDeviceSynchronize());
+  std::vector<std::uint16_t> out(out_elements);
+  CARAVAN_HIP_CHECK(hipMemcpy(out.data(), out_d.data, out_elements * 2, hipMemcpyDefault));
+  double diff2 = 0, ref2 = 0;
+  long nonfinite = 0;
+  for (long r = 0; r < rows; ++r)
+    for (long j = 0; j < f; ++j) {
+      const double up = from_bf16_bits(in[static_cast<std::size_t>(r * 2 * f + j)]);
+      const double gate = from_bf16_bits(in[static_cast<std::size_t>(r * 2 * f + f + j)]);
+      const double ref = up * gate / (1.0 + std::exp(-gate));
+      const double got = from_bf16_bits(out[static_cast<std::size_t>(r * f + j)]);
+      if (!std::isfinite(got)) ++nonfinite;
+      diff2 += (got - ref) * (got - ref);
+      ref2 += ref * ref;
+    }
+  EXPECT_EQ(nonfinite, 0) << "elements left poisoned or not finite";
+  EXPECT_LT(std::sqrt(diff2 / ref2), 1e-2) << "relative error against the float32 reference";
+}
+
+std::string swiglu_case_name(const ::testing::TestParamInfo<std::pair<long, long>>& param) {
+  return "rows" + std::to_string(param.param.first) + "_f" + std::to_string(param.param.second);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SwiGlu,
+                         ::testing::Values(std::pair<long, long>{3, 8},         // one vector a row
+                                           std::pair<long, long>{37, 2056},     // a block and one vector
+                                           std::pair<long, long>{64, 7168},     // 70B's width at TP 4
+                                           std::pair<long, long>{65537, 16}),   // past one grid column of rows
+                         swiglu_case_name);
 
 }  // namespace
 }  // namespace caravan::gpu
