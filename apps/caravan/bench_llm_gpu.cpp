@@ -72,6 +72,13 @@ std::vector<LayerCommunication> all_variants() {
            .reduce_scatter = GemmRsVariant::ce_ring,
            .reduce_scatter_lanes = 2,
            .reduce_scatter_splits = 2},
+          {.name = "ce-push 2 lanes, ce-ring x4/x2 2 lanes",  // o-proj in 4 parts, mlp-down in 2
+           .all_gather = AgGemmVariant::ce_push,
+           .all_gather_lanes = 2,
+           .reduce_scatter = GemmRsVariant::ce_ring,
+           .reduce_scatter_lanes = 2,
+           .reduce_scatter_splits = 2,
+           .out_proj_splits = 4},
           {.name = "ce-push 2 lanes, tile-scatter x4",
            .all_gather = AgGemmVariant::ce_push,
            .all_gather_lanes = 2,

@@ -104,8 +104,12 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
   const bool own_buffers = communication_.bulk || communication_.skip_communication;
   if (!own_buffers) {
     const int splits = communication_.reduce_scatter_splits;
+    require(communication_.out_proj_splits >= 0,
+            fmt::format("LayerCommunication::out_proj_splits = {}: must be 0 (as reduce_scatter_splits) or more",
+                        communication_.out_proj_splits));
+    const int out_splits = communication_.out_proj_splits > 0 ? communication_.out_proj_splits : splits;
     qkv_op_ = std::make_unique<AllGatherGemm>(team, m, h, qkv_cols_);
-    out_op_ = std::make_unique<GemmReduceScatter>(team, m, h_local_, h, splits);
+    out_op_ = std::make_unique<GemmReduceScatter>(team, m, h_local_, h, out_splits);
     up_gate_op_ = std::make_unique<AllGatherGemm>(team, m, h, 2 * f_local_);
     down_op_ = std::make_unique<GemmReduceScatter>(team, m, f_local_, h, splits);
   }

@@ -59,6 +59,10 @@ struct LayerCommunication {
   GemmRsVariant reduce_scatter = GemmRsVariant::ce_push;
   int reduce_scatter_lanes = 1;
   int reduce_scatter_splits = 1;
+  // The out projection's parts, when it wants other than the down projection's (0: the same).
+  // Its K is H / W against F / W for the down projection, so its parts' GEMMs are shorter than
+  // their pushes sooner (at TP 4 the ring wants x4 parts there and x2 for the down projection).
+  int out_proj_splits = 0;
 };
 
 class GpuTpLayer {

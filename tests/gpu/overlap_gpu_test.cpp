@@ -1479,12 +1479,13 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
        .reduce_scatter = GemmRsVariant::blas_scatter,
        .reduce_scatter_lanes = 2,
        .reduce_scatter_splits = 2},
-      {.name = "ce-push 2 lanes, ce-ring x2 parts 2 lanes",
+      {.name = "ce-push 2 lanes, ce-ring x4/x2 parts 2 lanes",  // the out projection in 4 parts
        .all_gather = AgGemmVariant::ce_push,
        .all_gather_lanes = 2,
        .reduce_scatter = GemmRsVariant::ce_ring,
        .reduce_scatter_lanes = 2,
-       .reduce_scatter_splits = 2}};
+       .reduce_scatter_splits = 2,
+       .out_proj_splits = 4}};
   for (const auto& variant : variants) {
     SCOPED_TRACE(variant.name);
     const std::uint64_t mark = team.heap().mark();
