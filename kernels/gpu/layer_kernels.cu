@@ -69,7 +69,7 @@ __global__ void rmsnorm_kernel(const bf16* x, long cols, const float* weight, bf
 }
 
 // Rows of at most kVectors x kThreads vectors: each thread loads all of its vectors at once and
-// keeps them in registers, so the row is read once and the loads overlap (1.3-1.5x the two-pass
+// keeps them in registers, so the row is read once and the loads overlap (1.2-1.6x the two-pass
 // kernel on an H200 at the Llama widths, the same bits: docs/results/layer-kernels-h200-s34.txt).
 template <int kVectors>
 __global__ void rmsnorm_registers_kernel(const bf16* x, long cols, const float* weight, bf16* out) {
