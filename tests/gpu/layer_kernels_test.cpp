@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <utility>
 #include <string>
@@ -39,6 +40,11 @@ struct NormCase {
   long rows, cols;
   bool misaligned_weight;  // the weight one float past a 16-byte boundary
 };
+
+// gtest prints a parameter with this (not as raw bytes).
+void PrintTo(const NormCase& c, std::ostream* os) {
+  *os << c.rows << " rows x " << c.cols << (c.misaligned_weight ? ", weight misaligned" : "");
+}
 
 std::string norm_case_name(const ::testing::TestParamInfo<NormCase>& param) {
   return "rows" + std::to_string(param.param.rows) + "_cols" + std::to_string(param.param.cols) +
