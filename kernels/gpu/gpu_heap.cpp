@@ -18,14 +18,17 @@
 
 namespace caravan::gpu {
 
-GpuSymmetricHeap::GpuSymmetricHeap(std::vector<int> devices, std::uint64_t bytes_per_rank)
+GpuSymmetricHeap::GpuSymmetricHeap(std::vector<int> devices, std::uint64_t bytes_per_rank, DeviceSharing sharing)
     : devices_(std::move(devices)), bytes_(bytes_per_rank) {
   if (devices_.empty() || devices_.size() > static_cast<std::size_t>(kMaxHeapRanks))
     throw Error(Errc::invalid_argument,
                 fmt::format("GpuSymmetricHeap: devices must list 1 to {} GPUs, got {}", kMaxHeapRanks, devices_.size()));
-  for (std::size_t i = 0; i < devices_.size(); ++i)
+  for (std::size_t i = 0; i < devices_.size() && sharing == DeviceSharing::refused; ++i)
     if (std::count(devices_.begin(), devices_.end(), devices_[i]) > 1)
-      throw Error(Errc::invalid_argument, fmt::format("GpuSymmetricHeap: device {} is listed twice", devices_[i]));
+      throw Error(Errc::invalid_argument,
+                  fmt::format("GpuSymmetricHeap: device {} is listed twice (one rank per GPU; DeviceSharing::allowed "
+                              "is for tests of the copy-engine schedules)",
+                              devices_[i]));
   try {
     for (int a : devices_) {
       CARAVAN_HIP_CHECK(hipSetDevice(a));

@@ -26,12 +26,22 @@ namespace caravan::gpu {
 // Remote atomics (atomic_add/exchange/cas and notify with add in symmetric.cuh) need native
 // peer atomics, which NVLink/xGMI links have and PCIe peer links do not; loads, stores,
 // notify(set) and stream flag operations work over either.
+// Whether ranks of an in-process heap may share a GPU. `refused` is the real case: one rank per
+// GPU. `allowed` is for testing the copy-engine schedules on a machine with fewer GPUs than
+// ranks (a rank's heap is then another allocation on the same GPU, and its "peer" copies are
+// copies within it). Only work that never spins on a peer's flag is safe there: copy engines,
+// stream flag operations and cuBLAS. A kernel that waits on SMs for a peer (sm-*, tile-*, ll
+// variants) can hold the SMs the peer's kernel needs and hang.
+enum class DeviceSharing { refused, allowed };
+
 class GpuSymmetricHeap {
  public:
   // Allocates `bytes_per_rank` on each of `devices` (one rank each, in that order) and enables
   // peer access between every pair. Throws Error(invalid_argument) for an empty or too long
-  // device list, a device listed twice, or a pair of GPUs that cannot reach each other.
-  GpuSymmetricHeap(std::vector<int> devices, std::uint64_t bytes_per_rank);
+  // device list, a device listed twice (unless `sharing` allows it), or a pair of GPUs that
+  // cannot reach each other.
+  GpuSymmetricHeap(std::vector<int> devices, std::uint64_t bytes_per_rank,
+                   DeviceSharing sharing = DeviceSharing::refused);
   // The cross-process form, collective over every rank of the running job (each calls it once,
   // in the same order as its other collectives): this process's rank becomes rank `local_rank`
   // of its node's team, whose world is the ranks of the node. Its heap is `bytes_per_rank` on

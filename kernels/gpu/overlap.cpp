@@ -107,8 +107,8 @@ struct GpuTeam::Rank {
   }
 };
 
-GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank)
-    : heap_(std::make_unique<GpuSymmetricHeap>(std::move(devices), heap_bytes_per_rank)) {
+GpuTeam::GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank, DeviceSharing sharing)
+    : heap_(std::make_unique<GpuSymmetricHeap>(std::move(devices), heap_bytes_per_rank, sharing)) {
   ranks_.resize(static_cast<std::size_t>(heap_->world()));
   for (int r = 0; r < heap_->world(); ++r) add_rank(r);
 }

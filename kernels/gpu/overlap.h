@@ -42,7 +42,9 @@ class PaceGroup;
 // Thread-compatible per rank.
 class GpuTeam {
  public:
-  GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank);
+  // `sharing`: whether ranks may share a GPU (GpuSymmetricHeap, DeviceSharing: for tests of the
+  // copy-engine schedules only).
+  GpuTeam(std::vector<int> devices, std::uint64_t heap_bytes_per_rank, DeviceSharing sharing = DeviceSharing::refused);
   explicit GpuTeam(std::unique_ptr<GpuSymmetricHeap> cross_process_heap);
   ~GpuTeam();
   GpuTeam(const GpuTeam&) = delete;

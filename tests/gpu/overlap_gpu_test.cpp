@@ -212,28 +212,18 @@ TEST(GpuFlags, MillionHandOffsNeitherLostNorDuplicated) {
   }
 }
 
-TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
-  CARAVAN_REQUIRE_GPU_COUNT(2);
-  const int world = team_size();
-  GpuTeam team(first_devices(world), 64 << 20);
+struct AgRun {
+  AgGemmVariant variant;
+  int lanes;
+};
+
+// `runs` in turn on every rank of `team`, each call on fresh inputs against the float32
+// reference, output poisoned first; a hang reported with the call that caused it.
+void check_all_gather_gemm_calls(GpuTeam& team, const std::vector<AgRun>& runs) {
+  const int world = team.world();
   const long m = 128L * world, k = 192, n = 320;
   AllGatherGemm op(team, m, k, n, 2);
   ASSERT_TRUE(op.low_latency()) << "the test's shard should fit the low-latency protocol";
-  struct Run {
-    AgGemmVariant variant;
-    int lanes;
-  };
-  const std::vector<Run> runs = {{AgGemmVariant::ce_pull, 1},      {AgGemmVariant::ce_push, 2},
-                                 {AgGemmVariant::ce_bulk, 1},      {AgGemmVariant::ce_push_runs, 1},
-                                 {AgGemmVariant::ce_push, 1},      {AgGemmVariant::ce_pull_runs, 2},
-                                 {AgGemmVariant::ce_pull, 2},      {AgGemmVariant::ll_bulk, 1},
-                                 {AgGemmVariant::ce_push, 2},      {AgGemmVariant::ll_bulk, 1},
-                                 {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::tile_push, 1},
-                                 {AgGemmVariant::tile_pull, 1},    {AgGemmVariant::ce_push, 1},
-                                 {AgGemmVariant::tile_push, 1},    {AgGemmVariant::sm_push, 1},
-                                 {AgGemmVariant::ce_pull, 1},      {AgGemmVariant::sm_bulk, 1},
-                                 {AgGemmVariant::sm_push, 2},      {AgGemmVariant::sm_push, 1},
-                                 {AgGemmVariant::ll_bulk, 1},      {AgGemmVariant::sm_bulk, 1}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, RankBarrier&) {
     trace(r, "alloc");
@@ -275,6 +265,20 @@ TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
                     static_cast<void*>(ref)})
       (void)hipFree(p);
   });
+}
+
+TEST(Overlap, AllGatherGemmEveryVariantMatchesReferenceCallAfterCall) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  GpuTeam team(first_devices(team_size()), 64 << 20);
+  check_all_gather_gemm_calls(
+      team, {{AgGemmVariant::ce_pull, 1},      {AgGemmVariant::ce_push, 2}, {AgGemmVariant::ce_bulk, 1},
+             {AgGemmVariant::ce_push_runs, 1}, {AgGemmVariant::ce_push, 1}, {AgGemmVariant::ce_pull_runs, 2},
+             {AgGemmVariant::ce_pull, 2},      {AgGemmVariant::ll_bulk, 1}, {AgGemmVariant::ce_push, 2},
+             {AgGemmVariant::ll_bulk, 1},      {AgGemmVariant::ce_pull, 1}, {AgGemmVariant::tile_push, 1},
+             {AgGemmVariant::tile_pull, 1},    {AgGemmVariant::ce_push, 1}, {AgGemmVariant::tile_push, 1},
+             {AgGemmVariant::sm_push, 1},      {AgGemmVariant::ce_pull, 1}, {AgGemmVariant::sm_bulk, 1},
+             {AgGemmVariant::sm_push, 2},      {AgGemmVariant::sm_push, 1}, {AgGemmVariant::ll_bulk, 1},
+             {AgGemmVariant::sm_bulk, 1}});
 }
 
 // CARAVAN_TEST_RUN_AHEAD_VARIANTS="ce-push:2, sm-bulk" (variant names as to_string(AgGemmVariant)
@@ -925,11 +929,9 @@ TEST(Overlap, GemmReduceScatterRingTraceTimesEveryChunkInOrder) {
 // the parts; 1G is more than a step). Each setting: three calls with 1 and 2 lanes, each checked
 // against the float32 reference; a traced call shows every part of a group pushed only once the
 // group's last part's GEMM is done.
-TEST(Overlap, GemmReduceScatterRingPushesGroupsOfParts) {
-  CARAVAN_REQUIRE_GPU_COUNT(2);
-  const int world = team_size();
+void check_ring_push_groups(GpuTeam& team) {
+  const int world = team.world();
   constexpr int kSplits = 4;
-  GpuTeam team(first_devices(world), 64 << 20);
   const long m = 128L * world, k = 160, n = 256, rows = m / world, kk = k * world;
   constexpr std::size_t kPartBytes = 128 / kSplits * 256 * sizeof(bf16);
   const std::uint64_t seed = fresh_seed();
@@ -976,6 +978,12 @@ TEST(Overlap, GemmReduceScatterRingPushesGroupsOfParts) {
       for (float* p : {a32, b32, ref}) (void)hipFree(p);
     });
   }
+}
+
+TEST(Overlap, GemmReduceScatterRingPushesGroupsOfParts) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  GpuTeam team(first_devices(team_size()), 64 << 20);
+  check_ring_push_groups(team);
 }
 
 // AllGatherGemm's trace (set_trace) on ce_push with 2 lanes: every chunk's wait and GEMM, and
@@ -1448,9 +1456,9 @@ TEST(Overlap, RejectsShapesThatDoNotDivide) {
 // query blocks, against the float32 reference layer of the CPU backend, for several
 // communication variants, twice in a row with fresh inputs (the second call runs on the epochs
 // and buffers the first left).
-TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
-  CARAVAN_REQUIRE_GPU_COUNT(2);
-  const int world = team_size();
+void check_layer_variants(const std::vector<int>& devices, DeviceSharing sharing,
+                          const std::vector<LayerCommunication>& variants) {
+  const int world = static_cast<int>(devices.size());
   const kernels::TpLayerShape shape{.tokens = 64L * world, .hidden = 256, .heads = 8, .ffn = 128L * world, .kv_heads = 4};
   const long rows = shape.tokens / world;
   const std::uint64_t seed = fresh_seed();
@@ -1464,28 +1472,7 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
     for (auto& v : inputs.back()) v = kernels::Bf16::from_float(dist(rng));
     refs.push_back(kernels::reference_layer(shape, weights, inputs.back(), world));
   }
-  GpuTeam team(first_devices(world), 2 * GpuTpLayer::heap_bytes(shape, world));
-  const std::vector<LayerCommunication> variants = {
-      {.name = "ce-push", .all_gather = AgGemmVariant::ce_push, .reduce_scatter = GemmRsVariant::ce_push},
-      {.name = "ce-pull 2 lanes, x2 parts 2 lanes",
-       .all_gather = AgGemmVariant::ce_pull,
-       .all_gather_lanes = 2,
-       .reduce_scatter = GemmRsVariant::ce_push,
-       .reduce_scatter_lanes = 2,
-       .reduce_scatter_splits = 2},
-      {.name = "ll-bulk, ce-bulk", .all_gather = AgGemmVariant::ll_bulk, .reduce_scatter = GemmRsVariant::ce_bulk},
-      {.name = "ce-push, blas-scatter x2 parts 2 lanes",
-       .all_gather = AgGemmVariant::ce_push,
-       .reduce_scatter = GemmRsVariant::blas_scatter,
-       .reduce_scatter_lanes = 2,
-       .reduce_scatter_splits = 2},
-      {.name = "ce-push 2 lanes, ce-ring x4/x2 parts 2 lanes",  // the out projection in 4 parts
-       .all_gather = AgGemmVariant::ce_push,
-       .all_gather_lanes = 2,
-       .reduce_scatter = GemmRsVariant::ce_ring,
-       .reduce_scatter_lanes = 2,
-       .reduce_scatter_splits = 2,
-       .out_proj_splits = 4}};
+  GpuTeam team(devices, 2 * GpuTpLayer::heap_bytes(shape, world), sharing);
   for (const auto& variant : variants) {
     SCOPED_TRACE(variant.name);
     const std::uint64_t mark = team.heap().mark();
@@ -1529,6 +1516,32 @@ TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
     }
     team.heap().release_to(mark);
   }
+}
+
+TEST(GpuTpLayer, MatchesTheFloat32ReferenceLayer) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  check_layer_variants(
+      first_devices(team_size()), DeviceSharing::refused,
+      {{.name = "ce-push", .all_gather = AgGemmVariant::ce_push, .reduce_scatter = GemmRsVariant::ce_push},
+       {.name = "ce-pull 2 lanes, x2 parts 2 lanes",
+        .all_gather = AgGemmVariant::ce_pull,
+        .all_gather_lanes = 2,
+        .reduce_scatter = GemmRsVariant::ce_push,
+        .reduce_scatter_lanes = 2,
+        .reduce_scatter_splits = 2},
+       {.name = "ll-bulk, ce-bulk", .all_gather = AgGemmVariant::ll_bulk, .reduce_scatter = GemmRsVariant::ce_bulk},
+       {.name = "ce-push, blas-scatter x2 parts 2 lanes",
+        .all_gather = AgGemmVariant::ce_push,
+        .reduce_scatter = GemmRsVariant::blas_scatter,
+        .reduce_scatter_lanes = 2,
+        .reduce_scatter_splits = 2},
+       {.name = "ce-push 2 lanes, ce-ring x4/x2 parts 2 lanes",  // the out projection in 4 parts
+        .all_gather = AgGemmVariant::ce_push,
+        .all_gather_lanes = 2,
+        .reduce_scatter = GemmRsVariant::ce_ring,
+        .reduce_scatter_lanes = 2,
+        .reduce_scatter_splits = 2,
+        .out_proj_splits = 4}});
 }
 
 // GpuTpLayer::heap_bytes is enough for one layer of any variant: the variants whose inboxes are
@@ -1584,6 +1597,72 @@ TEST(GpuTpLayer, RejectsShapesTheWorldDoesNotDivide) {
   EXPECT_THROW(GpuTpLayer(team, {.tokens = 127, .hidden = 256, .heads = 8, .ffn = 256}, comm), Error);
   EXPECT_THROW(GpuTpLayer(team, {.tokens = 128, .hidden = 256, .heads = 8, .ffn = 24}, comm), Error);
   EXPECT_THROW(GpuTpLayer(team, {.tokens = 128, .hidden = 256, .heads = 8, .ffn = 256}, comm, 0), Error);
+}
+
+// ---- Ranks sharing one GPU (DeviceSharing::allowed) ----
+// The copy-engine schedules' logic at four ranks on a machine with a single GPU: a rank's "peer"
+// copies are copies within the GPU, its flags and waits the same stream operations as between
+// GPUs. Only variants that never wait on SMs for a peer run here (see DeviceSharing): copy
+// engines, stream flag operations, cuBLAS and the layer's own kernels. Outputs are checked as
+// on separate GPUs; times mean nothing here. With four ranks the GEMM+ReduceScatter ring has
+// middle steps, whose pushes leave from the slot (two GPUs have none).
+std::vector<int> one_gpu_four_ranks() { return {0, 0, 0, 0}; }
+
+TEST(SharedGpu, HeapPutsSeveralRanksOnOneGpuOnlyWhenAllowed) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  try {
+    GpuSymmetricHeap refused({0, 0}, 1 << 20);
+    FAIL() << "a device listed twice was accepted by default";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("listed twice"), std::string::npos) << e.what();
+  }
+  GpuSymmetricHeap heap({0, 0, 0}, 1 << 20, DeviceSharing::allowed);
+  ASSERT_EQ(heap.world(), 3);
+  const SymmetricRegion a = heap.allocate(1000);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(heap.device(r), 0);
+  EXPECT_NE(heap.at(a, 0), heap.at(a, 1)) << "each rank has a heap of its own on the shared GPU";
+  EXPECT_NE(heap.at(a, 1), heap.at(a, 2));
+}
+
+TEST(SharedGpu, AllGatherGemmCopyEngineSchedulesAtFourRanks) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  GpuTeam team(one_gpu_four_ranks(), 64 << 20, DeviceSharing::allowed);
+  check_all_gather_gemm_calls(team, {{AgGemmVariant::ce_pull, 1},
+                                     {AgGemmVariant::ce_push, 2},
+                                     {AgGemmVariant::ce_bulk, 1},
+                                     {AgGemmVariant::ce_push_runs, 1},
+                                     {AgGemmVariant::ce_push, 1},
+                                     {AgGemmVariant::ce_pull_runs, 2},
+                                     {AgGemmVariant::ce_pull, 2},
+                                     {AgGemmVariant::ce_push_runs, 2},
+                                     {AgGemmVariant::ce_pull_runs, 1}});
+}
+
+TEST(SharedGpu, GemmReduceScatterRingPushesGroupsAtFourRanks) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  GpuTeam team(one_gpu_four_ranks(), 64 << 20, DeviceSharing::allowed);
+  check_ring_push_groups(team);
+}
+
+TEST(SharedGpu, LayerWithCopyEngineSchedulesAtFourRanks) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  check_layer_variants(
+      one_gpu_four_ranks(), DeviceSharing::allowed,
+      {{.name = "ce-push", .all_gather = AgGemmVariant::ce_push, .reduce_scatter = GemmRsVariant::ce_push},
+       {.name = "ce-pull 2 lanes, x2 parts 2 lanes",
+        .all_gather = AgGemmVariant::ce_pull,
+        .all_gather_lanes = 2,
+        .reduce_scatter = GemmRsVariant::ce_push,
+        .reduce_scatter_lanes = 2,
+        .reduce_scatter_splits = 2},
+       {.name = "ce-push 2 lanes, ce-ring x4/x2 parts 2 lanes",
+        .all_gather = AgGemmVariant::ce_push,
+        .all_gather_lanes = 2,
+        .reduce_scatter = GemmRsVariant::ce_ring,
+        .reduce_scatter_lanes = 2,
+        .reduce_scatter_splits = 2,
+        .out_proj_splits = 4}});
 }
 
 }  // namespace
