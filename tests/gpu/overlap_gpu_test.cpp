@@ -325,10 +325,13 @@ std::vector<std::pair<AgGemmVariant, int>> run_ahead_variants_from(std::string_v
 // call rejected: the epochs must stay in step, no peer may overwrite a buffer still in use, and
 // calls of one rank stay ordered across streams. Every call has its own inputs and output; all
 // are checked at the end.
+// `devices` empty: the machine's GPUs, one rank each.
 void run_ahead_through_mixed_variants(bool two_streams, bool low_latency,
-                                      std::vector<std::pair<AgGemmVariant, int>> only = {}) {
-  const int world = team_size();
-  GpuTeam team(first_devices(world), 64 << 20);
+                                      std::vector<std::pair<AgGemmVariant, int>> only = {},
+                                      std::vector<int> devices = {}, DeviceSharing sharing = DeviceSharing::refused) {
+  if (devices.empty()) devices = first_devices(team_size());
+  const int world = static_cast<int>(devices.size());
+  GpuTeam team(devices, 64 << 20, sharing);
   const long m = 64L * world, k = 128, n = 192, rows = m / world;
   AllGatherGemm op(team, m, k, n);
   ASSERT_TRUE(op.low_latency());
@@ -1637,6 +1640,21 @@ TEST(SharedGpu, AllGatherGemmCopyEngineSchedulesAtFourRanks) {
                                      {AgGemmVariant::ce_pull, 2},
                                      {AgGemmVariant::ce_push_runs, 2},
                                      {AgGemmVariant::ce_pull_runs, 1}});
+}
+
+// Four ranks queue sixteen calls each without waiting, mixing the copy-engine schedules on two
+// streams (the run-ahead test above, with the variants a shared GPU can run).
+TEST(SharedGpu, AllGatherGemmRanksRunAheadThroughCopyEngineSchedulesAtFourRanks) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  run_ahead_through_mixed_variants(/*two_streams=*/true, /*low_latency=*/false,
+                                   {{AgGemmVariant::ce_push, 1},
+                                    {AgGemmVariant::ce_pull, 2},
+                                    {AgGemmVariant::ce_push_runs, 2},
+                                    {AgGemmVariant::ce_bulk, 1},
+                                    {AgGemmVariant::ce_pull_runs, 1},
+                                    {AgGemmVariant::ce_push, 2},
+                                    {AgGemmVariant::ce_pull, 1}},
+                                   one_gpu_four_ranks(), DeviceSharing::allowed);
 }
 
 TEST(SharedGpu, GemmReduceScatterRingPushesGroupsAtFourRanks) {
