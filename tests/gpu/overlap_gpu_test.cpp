@@ -679,46 +679,16 @@ TEST(Overlap, TileVariantsHandlePartialTilesAndLateRows) {
   });
 }
 
-TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
-  CARAVAN_REQUIRE_GPU_COUNT(2);
-  const int world = team_size();
-  GpuTeam team(first_devices(world), 64 << 20);
+// `runs` in turn on every rank of `team`, each call on fresh inputs against the float32
+// reference, output poisoned first (the variants' shape checks asserted: every one applies).
+void check_gemm_reduce_scatter_calls(GpuTeam& team, const std::vector<std::pair<GemmRsVariant, int>>& runs) {
+  const int world = team.world();
   const long m = 192L * world, k = 160, n = 256;
   GemmReduceScatter op(team, m, k, n, 2);
   ASSERT_TRUE(op.low_latency());
   ASSERT_TRUE(op.pull());
   ASSERT_TRUE(op.push());
   ASSERT_TRUE(op.scatter());
-  // Every variant after every other, sm_pull and sm_push also twice in a row (both of their
-  // buffers), and each after the other (they share the buffers); tile_push twice in a row and
-  // after other variants (its done words count its own calls only); tile_scatter likewise, both
-  // inbox parities after each other and after other variants, its two ranges per rank (96 rows)
-  // smaller than a row tile, so tiles add to two ranges and to two destinations; blas_scatter,
-  // which shares tile_scatter's inboxes and words, after it, before it and after others; ce_ring
-  // (its running sums in the slots ce_push lands in, a word of its own) after itself and others,
-  // with 1 and 2 lanes. Rows per rank (192) are
-  // 1.5 row tiles and parts (96 rows) 0.75: tile_push's tiles serve two destinations, and its
-  // parts span two tiles.
-  const std::vector<std::pair<GemmRsVariant, int>> runs = {
-      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::ce_bulk, 1},
-      {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::ce_push, 2},
-      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_pull, 1},
-      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::ll_bulk, 1},
-      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::ce_bulk, 1},      {GemmRsVariant::sm_push, 1},
-      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::sm_push, 1},
-      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::ll_bulk, 1},
-      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_push, 1},
-      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::sm_pull, 1},
-      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::tile_scatter, 1},
-      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::sm_push, 1},
-      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::tile_scatter, 1},
-      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::blas_scatter, 1},
-      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ce_push, 1},
-      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::blas_scatter, 1},
-      {GemmRsVariant::ce_ring, 1},      {GemmRsVariant::ce_ring, 2},      {GemmRsVariant::ce_push, 2},
-      {GemmRsVariant::ce_ring, 2},      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::ce_ring, 1},
-      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ce_ring, 1},      {GemmRsVariant::ce_bulk, 1},
-      {GemmRsVariant::ce_ring, 2}};
   const std::uint64_t seed = fresh_seed();
   run_ranks(team, [&](int r, hipStream_t stream, RankBarrier&) {
     const long rows = m / world, kk = k * world;
@@ -763,6 +733,42 @@ TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
         "rank " + std::to_string(r) + ": " + std::to_string(runs.size()) + " calls; arrived [" + arrived + "]";
     EXPECT_NE(report.find(line), std::string::npos) << "expected '" << line << "' in\n" << report;
   }
+}
+
+TEST(Overlap, GemmReduceScatterMatchesReferenceCallAfterCall) {
+  CARAVAN_REQUIRE_GPU_COUNT(2);
+  GpuTeam team(first_devices(team_size()), 64 << 20);
+  // Every variant after every other, sm_pull and sm_push also twice in a row (both of their
+  // buffers), and each after the other (they share the buffers); tile_push twice in a row and
+  // after other variants (its done words count its own calls only); tile_scatter likewise, both
+  // inbox parities after each other and after other variants, its two ranges per rank (96 rows)
+  // smaller than a row tile, so tiles add to two ranges and to two destinations; blas_scatter,
+  // which shares tile_scatter's inboxes and words, after it, before it and after others; ce_ring
+  // (its running sums in the slots ce_push lands in, a word of its own) after itself and others,
+  // with 1 and 2 lanes. Rows per rank (192) are
+  // 1.5 row tiles and parts (96 rows) 0.75: tile_push's tiles serve two destinations, and its
+  // parts span two tiles.
+  const std::vector<std::pair<GemmRsVariant, int>> runs = {
+      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::ce_bulk, 1},
+      {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::ce_push, 2},
+      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_pull, 1},
+      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::ll_bulk, 1},
+      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::ce_bulk, 1},      {GemmRsVariant::sm_push, 1},
+      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::sm_push, 1},
+      {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::ll_bulk, 1},
+      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_push, 1},
+      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::sm_pull, 1},
+      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::tile_scatter, 1},
+      {GemmRsVariant::ce_push, 1},      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::sm_push, 1},
+      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ll_bulk, 1},      {GemmRsVariant::tile_scatter, 1},
+      {GemmRsVariant::tile_push, 1},    {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::blas_scatter, 1},
+      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ce_push, 1},
+      {GemmRsVariant::blas_scatter, 2}, {GemmRsVariant::sm_pull, 1},      {GemmRsVariant::blas_scatter, 1},
+      {GemmRsVariant::ce_ring, 1},      {GemmRsVariant::ce_ring, 2},      {GemmRsVariant::ce_push, 2},
+      {GemmRsVariant::ce_ring, 2},      {GemmRsVariant::sm_push, 1},      {GemmRsVariant::ce_ring, 1},
+      {GemmRsVariant::tile_scatter, 1}, {GemmRsVariant::ce_ring, 1},      {GemmRsVariant::ce_bulk, 1},
+      {GemmRsVariant::ce_ring, 2}};
+  check_gemm_reduce_scatter_calls(team, runs);
 }
 
 void gemm_reduce_scatter_one_kernel_calls_run_ahead(long rows_per_rank, int expected_rounds);
@@ -1655,6 +1661,20 @@ TEST(SharedGpu, AllGatherGemmRanksRunAheadThroughCopyEngineSchedulesAtFourRanks)
                                     {AgGemmVariant::ce_push, 2},
                                     {AgGemmVariant::ce_pull, 1}},
                                    one_gpu_four_ranks(), DeviceSharing::allowed);
+}
+
+TEST(SharedGpu, GemmReduceScatterCopyEngineVariantsAtFourRanks) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  GpuTeam team(one_gpu_four_ranks(), 64 << 20, DeviceSharing::allowed);
+  check_gemm_reduce_scatter_calls(team, {{GemmRsVariant::ce_push, 1},
+                                         {GemmRsVariant::ce_ring, 2},
+                                         {GemmRsVariant::ce_bulk, 1},
+                                         {GemmRsVariant::ce_push, 2},
+                                         {GemmRsVariant::ce_ring, 1},
+                                         {GemmRsVariant::ce_ring, 1},
+                                         {GemmRsVariant::ce_push, 1},
+                                         {GemmRsVariant::ce_ring, 2},
+                                         {GemmRsVariant::ce_bulk, 1}});
 }
 
 TEST(SharedGpu, GemmReduceScatterRingPushesGroupsAtFourRanks) {
