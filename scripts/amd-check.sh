@@ -34,7 +34,7 @@ host=(runtime/gpu/devices.cpp runtime/gpu/devices_none.cpp runtime/gpu/copy_queu
       channels/gpu_channel.cpp channels/sdma_channel.cpp channels/xgmi_channel.cpp channels/gpu_convert_channel.cpp
       kernels/gpu/gpu_heap.cpp kernels/gpu/overlap.cpp kernels/gpu/tp_layer.cpp
       apps/caravan/bench_gpu.cpp apps/caravan/bench_gpu_tasks.cpp apps/caravan/bench_ipc.cpp apps/caravan/bench_nic.cpp
-      tests/gpu/attention_test.cpp tests/gpu/layer_kernels_test.cpp tests/gpu/flag_gemm_test.cpp tests/gpu/gpu_copy_test.cpp tests/gpu/gpu_processor_test.cpp
+      tests/gpu/attention_test.cpp tests/gpu/layer_kernels_test.cpp tests/gpu/flag_gemm_test.cpp tests/gpu/blas_tuning_test.cpp tests/gpu/gpu_copy_test.cpp tests/gpu/gpu_processor_test.cpp
       tests/gpu/ipc_copy_test.cpp tests/gpu/ipc_heap_test.cpp tests/gpu/overlap_gpu_test.cpp
       tests/gpu/remote_gpu_copy_test.cpp tests/runtime/gpu_processor_test.cpp)
 # NVIDIA only, and why.
@@ -59,6 +59,7 @@ declare -A nvidia_only=(
   [scripts/probes/ll_format_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
   [scripts/probes/gemm_interference_probe.cu]="a standalone CUDA probe of the GPU machine (cuBLAS), not part of the build"
   [scripts/probes/gemm_schedule_probe.cu]="a standalone CUDA probe of the GPU machine (cuBLAS), not part of the build"
+  [scripts/probes/gemm_algo_probe.cu]="a standalone CUDA probe of the GPU machine (cuBLAS), not part of the build"
   [scripts/probes/layer_kernels_probe.cu]="a standalone CUDA probe of the GPU machine, not part of the build"
 )
 

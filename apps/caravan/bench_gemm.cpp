@@ -14,6 +14,7 @@
 #include <caravan/error.h>
 #include <caravan/kernels/bf16.h>
 #include <caravan/platform.h>
+#include <caravan/settings.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -115,11 +116,15 @@ BenchReport run_on_gpu() {
   auto c_tile = make_buffer<bf16>(count(max_m, max_n));
   auto c_blas = make_buffer<bf16>(count(max_m, max_n));
   auto c_blas_f = make_buffer<float>(count(max_m, max_n));
+  auto c_tuned = make_buffer<bf16>(count(max_m, max_n));
   auto a_f = make_buffer<float>(o.check ? count(check_rows, max_k) : 1);
   auto b_f = make_buffer<float>(o.check ? count(max_k, max_n) : 1);
   auto ref = make_buffer<float>(o.check ? count(check_rows, max_n) : 1);
   auto sums = make_buffer<gpu::ErrorSums>(1);
-  gpu::Blas blas(stream);
+  // "cuBLAS": cuBLAS's own choice of kernel, as PyTorch calls it; "cuBLAS tuned": the fastest of
+  // the candidates Blas::tune times (CARAVAN_GPU_GEMM_TUNE), which Caravan's operations run.
+  gpu::Blas blas(stream, gpu::GemmTuning::off);
+  gpu::Blas tuned_blas(stream);
   // The ring's GEMMs (--ring-parts): its partial, its slots (one per destination's rows) and out,
   // on two lanes, each a stream with a Blas of its own, as GemmReduceScatter's lanes are.
   const bool ring = o.ring_parts > 0;
@@ -163,10 +168,12 @@ BenchReport run_on_gpu() {
   std::vector<OtherKernel> others;
   if (o.portable) others.push_back({gpu::FlagGemmKernel::portable, "portable (wmma)", "portable"});
   if (o.persistent) others.push_back({gpu::FlagGemmKernel::persistent, "persistent", "persistent"});
-  std::vector<std::string> columns = {"shape",         "TP",      "M x K x N", "cuBLAS", "tile GEMM", "kernel",
-                                      "tile / cuBLAS", "TFLOP/s", "check"};
+  std::vector<std::string> columns = {"shape",         "TP",        "M x K x N", "cuBLAS",        "cuBLAS tuned",
+                                      "tuned speedup", "tile GEMM", "kernel",    "tile / cuBLAS", "TFLOP/s",
+                                      "check"};
+  constexpr long kOthersAt = 8;  // the other kernels' columns go before "kernel"
   for (std::size_t i = 0; i < others.size(); ++i)
-    columns.insert(columns.begin() + 6 + static_cast<long>(i), others[i].column);
+    columns.insert(columns.begin() + kOthersAt + static_cast<long>(i), others[i].column);
   if (ring)
     for (const std::string& c : {fmt::format("ring x{} 1 lane", o.ring_parts), fmt::format("ring x{} 2 lanes", o.ring_parts),
                                  std::string("ring / cuBLAS (1, 2 lanes)")})
@@ -174,7 +181,7 @@ BenchReport run_on_gpu() {
   BenchTable table{"tile GEMM fed by flags (all raised) vs cuBLAS on GPU 0, ms per call (median, p10..p90)", columns};
   nlohmann::json results = nlohmann::json::array();
   std::string failures;
-  double worst_error = 0, worst_ratio = 0;
+  double worst_error = 0, worst_ratio = 0, least_tuned = 1e30, most_tuned = 0;
   for (long m : o.tokens)
     for (int tp : o.tensor_parallel)
       for (const GemmShape& s : kShapes) {
@@ -191,6 +198,9 @@ BenchReport run_on_gpu() {
                          kernel);
         };
         const auto vendor = [&] { blas.gemm(stream, m, n, k, a.get(), k, b.get(), n, c_blas.get(), n); };
+        const int tuned_candidates = tuned_blas.tune(m, n, k, k, n, n);
+        const bool tuned_differs = tuned_blas.tuned(m, n, k, k, n, n);
+        const auto tuned = [&] { tuned_blas.gemm(stream, m, n, k, a.get(), k, b.get(), n, c_tuned.get(), n); };
         // GemmReduceScatter's ce_ring on rank 0 without its pushes and flag waits: step t computes
         // the rows of destination (-t - 1) mod TP in parts, step 0 into the partial (beta 0), the
         // middle steps added in place into that destination's slot (beta 1), the last step (its own
@@ -207,7 +217,7 @@ BenchReport run_on_gpu() {
             const long d = (2L * tp - t - 1) % tp;
             for (int part = 0; part < o.ring_parts; ++part, ++chunk) {
               const bool second = lanes == 2 && chunk % 2 == 1;
-              gpu::Blas& on_blas = second ? *second_blas : blas;
+              gpu::Blas& on_blas = second ? *second_blas : tuned_blas;
               hipStream_t on = second ? second_lane : stream;
               const long row0 = d * ring_rows + part * part_rows;
               const bf16* a_rows = a.get() + row0 * k;
@@ -226,8 +236,12 @@ BenchReport run_on_gpu() {
             CARAVAN_HIP_CHECK(hipStreamWaitEvent(stream, join, 0));
           }
         };
-        if (ring_shape)  // values the middle steps add to stay finite
+        if (ring_shape) {  // values the middle steps add to stay finite; the ring's shapes tuned as the operation's
           CARAVAN_HIP_CHECK(hipMemsetAsync(ring_slots.get(), 0, count(m, n) * sizeof(bf16), stream));
+          tuned_blas.tune(part_rows, n, k, k, n, n);
+          tuned_blas.tune(part_rows, n, k, k, n, n, 1.0f);
+          tuned_blas.tune(part_rows, n, k, k, n, n, 1.0f, true);
+        }
         double reference_error = -1;
         if (o.check) {  // the first rows against float32, before any other call writes c_tile
           tile();
@@ -238,10 +252,11 @@ BenchReport run_on_gpu() {
           gpu::compare(c_tile.get(), rows, n, n, ref.get(), n, sums.get(), stream);
           reference_error = fetch_error();
         }
-        std::vector<double> tile_s, vendor_s, ring_s[2];
+        std::vector<double> tile_s, vendor_s, tuned_s, ring_s[2];
         std::vector<std::vector<double>> other_s(others.size());
         for (int rep = -1; rep < o.repetitions; ++rep) {  // rep -1: warm-up
           const double v = timed(vendor);
+          const double u = timed(tuned);
           const double t = timed(tile);
           std::vector<double> ts;
           for (const OtherKernel& x : others) ts.push_back(timed([&] { other(x.kernel); }));
@@ -250,6 +265,7 @@ BenchReport run_on_gpu() {
           if (rep < 0) continue;
           for (int i = 0; ring_shape && i < 2; ++i) ring_s[i].push_back(rs[i]);
           vendor_s.push_back(v);
+          tuned_s.push_back(u);
           tile_s.push_back(t);
           for (std::size_t i = 0; i < others.size(); ++i) other_s[i].push_back(ts[i]);
         }
@@ -266,6 +282,10 @@ BenchReport run_on_gpu() {
         tile();
         gpu::compare(c_tile.get(), m, n, n, c_blas_f.get(), n, sums.get(), stream);
         const double difference = fetch_error();
+        CARAVAN_HIP_CHECK(hipMemsetAsync(c_tuned.get(), 0xff, count(m, n) * sizeof(bf16), stream));  // NaN
+        tuned();
+        gpu::compare(c_tuned.get(), m, n, n, c_blas_f.get(), n, sums.get(), stream);
+        const double tuned_difference = fetch_error();
         // The ring's out (poisoned first) against cuBLAS's own rows plus what the slot for them
         // holds (random values, standing in for the peers' sum): the last step's sums land in the
         // right rows and add the slot.
@@ -292,14 +312,19 @@ BenchReport run_on_gpu() {
           }
           ring_difference = !finite || ref2 == 0 ? 1.0 : std::sqrt(diff2 / ref2);
         }
-        const Summary ts = summarize(tile_s), vs = summarize(vendor_s);
+        const Summary ts = summarize(tile_s), vs = summarize(vendor_s), us = summarize(tuned_s);
         const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-        const bool ok = difference < 1e-2 && reference_error < 1e-2 && worst_other < 1e-2 && ring_difference < 1e-2;
-        worst_error = std::max({worst_error, difference, reference_error, worst_other, ring_difference});
-        std::string others_text = ring_shape ? fmt::format(", ring {:.1e}", ring_difference) : std::string();
+        const bool ok = difference < 1e-2 && reference_error < 1e-2 && worst_other < 1e-2 && ring_difference < 1e-2 &&
+                        tuned_difference < 1e-2;
+        worst_error =
+            std::max({worst_error, difference, reference_error, worst_other, ring_difference, tuned_difference});
+        std::string others_text = fmt::format(", tuned {:.1e}", tuned_difference);
+        if (ring_shape) others_text += fmt::format(", ring {:.1e}", ring_difference);
         for (std::size_t i = 0; i < others.size(); ++i)
           others_text += fmt::format(", {} {:.1e}", others[i].key, other_difference[i]);
         worst_ratio = std::max(worst_ratio, ts.median / vs.median);
+        least_tuned = std::min(least_tuned, vs.median / us.median);
+        most_tuned = std::max(most_tuned, vs.median / us.median);
         const std::string kernel = gpu::flag_gemm_kernel_name(m, n, n);
         if (!ok)
           failures += fmt::format("{}{} TP {} M {}: vs float32 {:.2e}, vs cuBLAS {:.2e}{}", failures.empty() ? "" : "; ",
@@ -309,6 +334,9 @@ BenchReport run_on_gpu() {
             std::to_string(tp),
             fmt::format("{}x{}x{}", m, k, n),
             fmt::format("{:.3f} ({:.3f}..{:.3f})", vs.median * 1e3, vs.p10 * 1e3, vs.p90 * 1e3),
+            fmt::format("{:.3f} ({:.3f}..{:.3f}){}", us.median * 1e3, us.p10 * 1e3, us.p90 * 1e3,
+                        tuned_differs ? "" : " (not tuned)"),
+            fmt::format("{:.3f}x", vs.median / us.median),
             fmt::format("{:.3f} ({:.3f}..{:.3f})", ts.median * 1e3, ts.p10 * 1e3, ts.p90 * 1e3),
             kernel,
             fmt::format("{:.2f}x", ts.median / vs.median),
@@ -323,6 +351,10 @@ BenchReport run_on_gpu() {
                                  {"n", n},
                                  {"kernel", kernel},
                                  {"cublas_s", vendor_s},
+                                 {"cublas_tuned_s", tuned_s},
+                                 {"tuned_speedup", vs.median / us.median},
+                                 {"tuned_candidates", tuned_candidates},
+                                 {"difference_tuned_vs_cublas", tuned_difference},
                                  {"tile_s", tile_s},
                                  {"tile_over_cublas", ts.median / vs.median},
                                  {"tile_tflops", flops / ts.median / 1e12},
@@ -330,7 +362,7 @@ BenchReport run_on_gpu() {
                                  {"difference_vs_cublas", difference}};
         for (std::size_t i = 0; i < others.size(); ++i) {
           const Summary ps = summarize(other_s[i]);
-          row.insert(row.begin() + 6 + static_cast<long>(i),
+          row.insert(row.begin() + kOthersAt + static_cast<long>(i),
                      fmt::format("{:.3f} ({:.3f}..{:.3f})", ps.median * 1e3, ps.p10 * 1e3, ps.p90 * 1e3));
           result[others[i].key + "_s"] = other_s[i];
           result[others[i].key + "_difference_vs_cublas"] = other_difference[i];
@@ -341,7 +373,7 @@ BenchReport run_on_gpu() {
             const Summary r1 = summarize(ring_s[0]), r2 = summarize(ring_s[1]);
             cells = {fmt::format("{:.3f} ({:.3f}..{:.3f})", r1.median * 1e3, r1.p10 * 1e3, r1.p90 * 1e3),
                      fmt::format("{:.3f} ({:.3f}..{:.3f})", r2.median * 1e3, r2.p10 * 1e3, r2.p90 * 1e3),
-                     fmt::format("{:.2f}x, {:.2f}x", r1.median / vs.median, r2.median / vs.median)};
+                     fmt::format("{:.2f}x, {:.2f}x", r1.median / us.median, r2.median / us.median)};
             result["ring_parts"] = o.ring_parts;
             result["ring_1_lane_s"] = ring_s[0];
             result["ring_2_lanes_s"] = ring_s[1];
@@ -368,15 +400,18 @@ BenchReport run_on_gpu() {
     out.notes.push_back(fmt::format(
         "ring x{0}: GemmReduceScatter's ce_ring GEMMs on one GPU without its pushes: TP x {0} cuBLAS calls of "
         "M / TP / {0} rows (the first step's beta 0, the middle steps' beta 1 in place, the last step's own rows "
-        "as product + slot through cuBLASLt), on 1 lane or alternating over 2; what chunking costs the GEMM "
-        "before any communication (TP 1 has no ring); checked: the last step's rows against cuBLAS's plus the "
-        "slot's (random) values",
+        "as product + slot through cuBLASLt), on 1 lane or alternating over 2, each shape tuned as the operation's; "
+        "what chunking costs the GEMM before any communication (ring / cuBLAS: against the tuned whole GEMM; TP 1 "
+        "has no ring); checked: the last step's rows against cuBLAS's plus the slot's (random) values",
         o.ring_parts));
   out.notes.push_back(
       fmt::format("{} timed calls of each after one warm-up, alternating; M = tokens; mlp-up and qkv "
                   "(AllGather + GEMM): N = the full width / TP; mlp-down and o-proj (GEMM + "
-                  "ReduceScatter): K = the full inner dimension / TP; tile / cuBLAS = median / median",
-                  o.repetitions));
+                  "ReduceScatter): K = the full inner dimension / TP; tile / cuBLAS = median / median; cuBLAS tuned: "
+                  "the fastest of cuBLAS's default and cuBLASLt's first CARAVAN_GPU_GEMM_TUNE = {} candidates, timed "
+                  "once per shape before these calls (not tuned: the default stayed), tuned speedup = cuBLAS / cuBLAS "
+                  "tuned, medians",
+                  o.repetitions, settings::get_int("CARAVAN_GPU_GEMM_TUNE")));
   out.notes.push_back(
       o.check ? fmt::format("check: the tile GEMM's first {} rows vs the float32 reference (fresh random inputs, "
                             "output poisoned first), and each kernel's whole output vs cuBLAS's; relative error "
@@ -384,8 +419,10 @@ BenchReport run_on_gpu() {
                             check_rows)
               : std::string("check: each kernel's whole output vs cuBLAS's, relative error below 1e-2 (--no-check: "
                             "no float32 reference)"));
-  out.headlines.push_back(
-      fmt::format("slowest tile GEMM {:.2f}x cuBLAS; worst relative error {:.1e}", worst_ratio, worst_error));
+  out.headlines.push_back(fmt::format(
+      "slowest tile GEMM {:.2f}x cuBLAS; tuned cuBLAS {:.3f}-{:.3f}x cuBLAS's default; worst relative error "
+      "{:.1e}",
+      worst_ratio, least_tuned, most_tuned, worst_error));
   out.figures = {{"results", results}};
   out.failure = failures;
   return out;

@@ -515,6 +515,8 @@ CaseRecord run_ag_gemm(OverlapBench& bench, const Shape& s) {
       CARAVAN_NCCL_CHECK(ncclAllGather(nccl_shard, a_full.get(), static_cast<std::size_t>(shard_rows) * s.k, ncclBfloat16,
                                        ctx.nccl, ctx.stream));
     };
+    blas.tune(s.m, s.n, s.k, s.k, s.n,
+              s.n);  // as the operation's warm-up did (a no-op then): baseline and variants alike
     auto gemm_full = [&] { blas.gemm(ctx.stream, s.m, s.n, s.k, a_full.get(), s.k, b.get(), s.n, c.get(), s.n); };
     runner.measure(ctx, "nccl-bulk", [&] { nccl_gather(); gemm_full(); }, poison_c, check_c);
     runner.measure(ctx, "gemm-alone", gemm_full, {}, {});
@@ -702,6 +704,8 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
     const std::size_t out_count = static_cast<std::size_t>(rows) * s.n;
     auto poison_out = [&] { poison(out.get(), out_count, ctx.stream); };
     auto check_out = [&] { return relative_error(ctx, out.get(), rows, s.n, s.n, ref.get(), s.n); };
+    blas.tune(s.m, s.n, s.k, s.k, s.n,
+              s.n);  // as the operation's warm-up did (a no-op then): baseline and variants alike
     auto gemm_full = [&] { blas.gemm(ctx.stream, s.m, s.n, s.k, a.get(), s.k, b.get(), s.n, partial.get(), s.n); };
     auto nccl_rs = [&] {
       CARAVAN_NCCL_CHECK(ncclReduceScatter(partial.get(), out.get(), out_count, ncclBfloat16, ncclSum, ctx.nccl, ctx.stream));
@@ -909,6 +913,7 @@ CaseRecord run_gemm_as(OverlapBench& bench, const Shape& s) {
     bf16* c = op.output(r);
     auto poison_c = [&] { poison(c, static_cast<std::size_t>(s.m) * s.n, ctx.stream); };
     auto check_c = [&] { return relative_error(ctx, c, s.m, s.n, s.n, ref.get(), s.n); };
+    blas.tune(s.m, block, s.k, s.k, block, block);  // the baseline's GEMM, tuned as the operation's are
     auto gemm_part = [&] { blas.gemm(ctx.stream, s.m, block, s.k, a.get(), s.k, b.get(), block, part.get(), block); };
     // NCCL's AllGather leaves C as world column blocks one after another (not row-major); the
     // bulk baseline is timed without the layout conversion a user would add, in its favour.

@@ -1,11 +1,16 @@
 #include "kernels/gpu/blas.h"
 
 #include <caravan/error.h>
+#include <caravan/settings.h>
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,14 +33,49 @@ std::uint32_t alignment_of(const void* p) {
   return align;
 }
 
+// What a GEMM does with C: gemm() with beta 0 (overwrite) or 1 (accumulate, D = C), or
+// gemm_add() (D = A B + C into another buffer). Tuned choices are kept per kind: the fastest
+// kernel for one need not be the fastest for another.
+enum class GemmKind { overwrite, accumulate, add_elsewhere };
+
+// A GEMM's column-major terms (as cuBLAS sees the row-major call: operands swapped) on a device.
+struct GemmKey {
+  int device = 0;
+  GemmKind kind = GemmKind::overwrite;
+  long m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0, ldd = 0;
+  bool operator==(const GemmKey&) const = default;
+};
+
+// What Blas::tune measured fastest for a key: cuBLAS's default choice (cublasGemmEx), or a
+// cuBLASLt algorithm. Shared by every Blas of the process (an algorithm is plain data, valid with
+// any handle on its device), so that each shape is timed once per device, not once per lane.
+struct TunedChoice {
+  GemmKey key;
+  bool vendor_default = false;
+  cublasLtMatmulAlgo_t algo{};
+};
+std::mutex g_tuned_mutex;
+std::vector<TunedChoice> g_tuned;  // under g_tuned_mutex
+
+std::optional<TunedChoice> find_tuned(const GemmKey& key) {
+  std::lock_guard lock(g_tuned_mutex);
+  for (const TunedChoice& t : g_tuned)
+    if (t.key == key) return t;
+  return std::nullopt;
+}
+
+constexpr std::uint32_t kTunedAlignment = 256;  // bytes: hipMalloc's, and what tune()'s buffers have
+
 // One planned cuBLASLt GEMM (D = A B + C, column-major terms): its shape, the alignments it was
-// planned for, its descriptors and the algorithm the heuristic put first.
+// planned for, its descriptors and its algorithm (the heuristic's first, or the tuned one).
 struct LtPlan {
   long m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0, ldd = 0;
   std::uint32_t align[4] = {};
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t layout[4] = {};
   cublasLtMatmulAlgo_t algo{};
+  GemmKind kind = GemmKind::add_elsewhere;
+  bool vendor_default = false;  // a tuned plan whose winner was cublasGemmEx's choice (no descriptors)
 
   bool same_gemm(long m_, long n_, long k_, long lda_, long ldb_, long ldc_, long ldd_) const {
     return m == m_ && n == n_ && k == k_ && lda == lda_ && ldb == ldb_ && ldc == ldc_ && ldd == ldd_;
@@ -52,6 +92,60 @@ struct LtPlan {
       if (l) (void)cublasLtMatrixLayoutDestroy(l), l = nullptr;
     if (op) (void)cublasLtMatmulDescDestroy(op), op = nullptr;
   }
+  // The operation and the four matrix layouts for these terms (bf16, fp32 accumulation).
+  void describe() {
+    check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const std::uint64_t rows[4] = {static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(k),
+                                   static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(m)},
+                        cols[4] = {static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(n),
+                                   static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(n)};
+    const long lds[4] = {lda, ldb, ldc, ldd};
+    for (int i = 0; i < 4; ++i)
+      check(cublasLtMatrixLayoutCreate(&layout[i], CUDA_R_16BF, rows[i], cols[i], lds[i]),
+            "cublasLtMatrixLayoutCreate");
+  }
+  // Up to `count` algorithms cuBLASLt's heuristic offers for these terms and alignments, best
+  // first (at least one, else Error(device)).
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates(cublasLtHandle_t lt, int count) const {
+    cublasLtMatmulPreference_t preference = nullptr;
+    std::vector<cublasLtMatmulHeuristicResult_t> found(static_cast<std::size_t>(count));
+    int returned = 0;
+    try {
+      check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+      const std::uint64_t workspace_bytes = kWorkspace;
+      check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                 sizeof workspace_bytes),
+            "cublasLtMatmulPreferenceSetAttribute(workspace)");
+      const cublasLtMatmulPreferenceAttributes_t align_attribute[4] = {
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+      for (int i = 0; i < 4; ++i)
+        check(cublasLtMatmulPreferenceSetAttribute(preference, align_attribute[i], &align[i], sizeof align[i]),
+              "cublasLtMatmulPreferenceSetAttribute(alignment)");
+      check(cublasLtMatmulAlgoGetHeuristic(lt, op, layout[0], layout[1], layout[2], layout[3], preference, count,
+                                           found.data(), &returned),
+            "cublasLtMatmulAlgoGetHeuristic");
+    } catch (...) {
+      if (preference) (void)cublasLtMatmulPreferenceDestroy(preference);
+      throw;
+    }
+    (void)cublasLtMatmulPreferenceDestroy(preference);
+    if (returned < 1)
+      throw Error(Errc::device, "cublasLtMatmulAlgoGetHeuristic found no algorithm for a bf16 GEMM of " +
+                                    std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k));
+    found.resize(static_cast<std::size_t>(returned));
+    return found;
+  }
+};
+
+// Device memory freed when it leaves scope (tune()'s buffers).
+struct DeviceScratch {
+  void* p = nullptr;
+  explicit DeviceScratch(std::size_t bytes) { CARAVAN_HIP_CHECK(hipMalloc(&p, std::max<std::size_t>(bytes, 256))); }
+  ~DeviceScratch() { (void)hipFree(p); }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  bf16* bf() const { return static_cast<bf16*>(p); }
 };
 
 }  // namespace
@@ -67,8 +161,11 @@ struct Blas::Impl {
   hipStream_t home = nullptr;
   bool owns_home = false;
   hipEvent_t enter = nullptr, leave = nullptr;
-  cublasLtHandle_t lt = nullptr;  // gemm_add's
-  std::vector<LtPlan> plans;
+  cublasLtHandle_t lt = nullptr;    // gemm_add's and the tuned GEMMs'
+  std::vector<LtPlan> plans;        // gemm_add's, from the heuristic
+  std::vector<LtPlan> tuned_plans;  // from the process's tuned choices, described at first use here
+  GemmTuning tuning = GemmTuning::use;
+  int device = 0;
 
   template <class Call>
   void on(hipStream_t stream, Call call) {
@@ -85,9 +182,14 @@ struct Blas::Impl {
   // The plan for this column-major D[m x n] = A[m x k] B[k x n] + C (made at first use).
   const LtPlan& plan(long m, long n, long k, const void* a, long lda, const void* b, long ldb, const void* c, long ldc,
                      const void* d, long ldd);
+  // The tuned plan for this GEMM (column-major terms) when tuning is on here, the four pointers
+  // are aligned as tune()'s buffers were, and the process has a tuned choice; else null.
+  const LtPlan* tuned_plan(const GemmKey& key, const void* a, const void* b, const void* c, const void* d);
   void release() {
     for (auto& p : plans) p.release();
     plans.clear();
+    for (auto& p : tuned_plans) p.release();
+    tuned_plans.clear();
     if (lt) (void)cublasLtDestroy(lt);
     if (handle) (void)cublasDestroy(handle);
     if (workspace) (void)hipFree(workspace);
@@ -97,9 +199,11 @@ struct Blas::Impl {
   }
 };
 
-Blas::Blas(hipStream_t home) : impl_(std::make_unique<Impl>()) {
+Blas::Blas(hipStream_t home, GemmTuning tuning) : impl_(std::make_unique<Impl>()) {
   Impl& i = *impl_;
+  i.tuning = tuning;
   try {
+    CARAVAN_HIP_CHECK(hipGetDevice(&i.device));
     if (home) {
       i.home = home;
     } else {
@@ -123,11 +227,160 @@ Blas::Blas(hipStream_t home) : impl_(std::make_unique<Impl>()) {
 
 Blas::~Blas() { impl_->release(); }
 
+const LtPlan* Blas::Impl::tuned_plan(const GemmKey& key, const void* a, const void* b, const void* c, const void* d) {
+  if (tuning == GemmTuning::off) return nullptr;
+  for (const void* p : {a, b, c, d})
+    if (alignment_of(p) < kTunedAlignment) return nullptr;
+  for (const LtPlan& p : tuned_plans)
+    if (p.kind == key.kind && p.same_gemm(key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.ldd)) return &p;
+  const std::optional<TunedChoice> choice = find_tuned(key);
+  if (!choice) return nullptr;
+  LtPlan p;
+  p.m = key.m, p.n = key.n, p.k = key.k, p.lda = key.lda, p.ldb = key.ldb, p.ldc = key.ldc, p.ldd = key.ldd;
+  std::fill(std::begin(p.align), std::end(p.align), kTunedAlignment);
+  p.kind = key.kind;
+  p.vendor_default = choice->vendor_default;
+  p.algo = choice->algo;
+  try {
+    if (!p.vendor_default) p.describe();
+  } catch (...) {
+    p.release();
+    throw;
+  }
+  tuned_plans.push_back(p);
+  return &tuned_plans.back();
+}
+
+namespace {
+GemmKey key_of(int device, long m, long n, long k, long lda, long ldb, long ldc, float beta, bool add_elsewhere) {
+  // Row-major D = A B (+ C) is column-major D^T = B^T A^T (+ C^T): operands swapped, m and n too.
+  return GemmKey{
+      device, add_elsewhere ? GemmKind::add_elsewhere : beta != 0.0f ? GemmKind::accumulate : GemmKind::overwrite,
+      n,      m,
+      k,      ldb,
+      lda,    ldc,
+      ldc};
+}
+}  // namespace
+
+int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta, bool add_elsewhere) {
+  Impl& i = *impl_;
+  if (m < 1 || n < 1 || k < 1 || lda < k || ldb < n || ldc < n)
+    throw Error(Errc::invalid_argument,
+                fmt::format("Blas::tune: m = {}, n = {}, k = {} must be at least 1, and lda = {} >= k, ldb = {} >= n, "
+                            "ldc = {} >= n",
+                            m, n, k, lda, ldb, ldc));
+  if (beta != 0.0f && beta != 1.0f)
+    throw Error(Errc::invalid_argument, fmt::format("Blas::tune: beta = {} must be 0 or 1", beta));
+  const auto count = static_cast<int>(settings::get_int("CARAVAN_GPU_GEMM_TUNE"));
+  if (i.tuning == GemmTuning::off || count == 0) return 0;
+  const GemmKey key = key_of(i.device, m, n, k, lda, ldb, ldc, beta, add_elsewhere);
+  if (find_tuned(key)) return 0;
+
+  // Random operands (on zeros the tensor cores draw less power and clock higher, which would
+  // time another GEMM than the layer's), in 256-byte aligned buffers of its own.
+  const auto elements = [](long rows, long ld) {
+    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(ld);
+  };
+  DeviceScratch a(elements(m, lda) * sizeof(bf16)), b(elements(k, ldb) * sizeof(bf16)),
+      c(elements(m, ldc) * sizeof(bf16)), d(add_elsewhere ? elements(m, ldc) * sizeof(bf16) : 0);
+  fill_random(a.bf(), m, k, lda, 0x7e57a, 0, 0, 1.0f, i.home);
+  fill_random(b.bf(), k, n, ldb, 0x7e57b, 0, 0, 1.0f, i.home);
+  fill_random(c.bf(), m, n, ldc, 0x7e57c, 0, 0, 1.0f, i.home);
+  bf16* out = add_elsewhere ? d.bf() : c.bf();
+
+  LtPlan p;
+  p.m = key.m, p.n = key.n, p.k = key.k, p.lda = key.lda, p.ldb = key.ldb, p.ldc = key.ldc, p.ldd = key.ldd;
+  std::fill(std::begin(p.align), std::end(p.align), kTunedAlignment);
+  hipEvent_t start = nullptr, stop = nullptr;
+  const auto release = [&] {
+    p.release();
+    if (start) (void)hipEventDestroy(start);
+    if (stop) (void)hipEventDestroy(stop);
+  };
+  TunedChoice winner{key, !add_elsewhere, {}};
+  int timed = 0;
+  try {
+    p.describe();
+    const std::vector<cublasLtMatmulHeuristicResult_t> found = p.candidates(i.lt, count);
+    // Candidate -1: cublasGemmEx with CUBLAS_GEMM_DEFAULT (gemm() without tuning); gemm_add has
+    // no such call, and its untuned plan is the heuristic's first (candidate 0).
+    const int first = add_elsewhere ? 0 : -1;
+    const float alpha = 1.0f;
+    const auto run = [&](int candidate) {
+      if (candidate < 0)
+        check(cublasGemmEx(i.handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                           static_cast<int>(k), &alpha, b.p, CUDA_R_16BF, static_cast<int>(ldb), a.p, CUDA_R_16BF,
+                           static_cast<int>(lda), &beta, c.p, CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT),
+              "cublasGemmEx(bf16, tuning)");
+      else
+        check(cublasLtMatmul(i.lt, p.op, &alpha, b.p, p.layout[0], a.p, p.layout[1], &beta, c.p, p.layout[2], out,
+                             p.layout[3], &found[static_cast<std::size_t>(candidate)].algo, i.workspace, kWorkspace,
+                             i.home),
+              "cublasLtMatmul(bf16, tuning)");
+    };
+    const int candidates = static_cast<int>(found.size()) - first;
+    CARAVAN_HIP_CHECK(hipEventCreate(&start));
+    CARAVAN_HIP_CHECK(hipEventCreate(&stop));
+    // Each candidate once (loads its kernel, and warms the clocks), then rounds in which they
+    // alternate, so that the GPU's clock and power drift hit them alike; each one's median.
+    for (int cand = first; cand < static_cast<int>(found.size()); ++cand) run(cand);
+    constexpr int kRounds = 5;
+    std::vector<std::vector<float>> times(static_cast<std::size_t>(candidates));
+    for (int round = 0; round < kRounds; ++round)
+      for (int cand = first; cand < static_cast<int>(found.size()); ++cand) {
+        CARAVAN_HIP_CHECK(hipEventRecord(start, i.home));
+        run(cand);
+        CARAVAN_HIP_CHECK(hipEventRecord(stop, i.home));
+        CARAVAN_HIP_CHECK(hipEventSynchronize(stop));
+        float ms = 0;
+        CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, start, stop));
+        times[static_cast<std::size_t>(cand - first)].push_back(ms);
+      }
+    std::vector<float> median(times.size());
+    for (std::size_t j = 0; j < times.size(); ++j) {
+      std::nth_element(times[j].begin(), times[j].begin() + kRounds / 2, times[j].end());
+      median[j] = times[j][kRounds / 2];
+    }
+    // The untuned choice keeps the shape unless another runs at least 1% faster: closer than
+    // that is noise in five rounds, and switching for it would only make runs differ.
+    std::size_t best = 0;
+    for (std::size_t j = 1; j < median.size(); ++j)
+      if (median[j] < median[best] && median[j] < 0.99f * median[0]) best = j;
+    const int chosen = static_cast<int>(best) + first;
+    winner.vendor_default = chosen < 0;
+    if (chosen >= 0) winner.algo = found[static_cast<std::size_t>(chosen)].algo;
+    timed = candidates;
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+  std::lock_guard lock(g_tuned_mutex);
+  if (std::none_of(g_tuned.begin(), g_tuned.end(), [&](const TunedChoice& t) { return t.key == key; }))
+    g_tuned.push_back(winner);
+  return timed;
+}
+
+bool Blas::tuned(long m, long n, long k, long lda, long ldb, long ldc, float beta, bool add_elsewhere) const {
+  return impl_->tuning == GemmTuning::use &&
+         find_tuned(key_of(impl_->device, m, n, k, lda, ldb, ldc, beta, add_elsewhere)).has_value();
+}
+
 // Row-major C = A B is column-major C^T = B^T A^T: swap the operands and the m/n roles.
 void Blas::gemm(hipStream_t stream, long m, long n, long k, const bf16* a, long lda, const bf16* b, long ldb, bf16* c,
                 long ldc, float beta) {
   const float alpha = 1.0f;
   impl_->on(stream, [&] {
+    const LtPlan* tuned = impl_->tuned_plan(key_of(impl_->device, m, n, k, lda, ldb, ldc, beta, false), a, b, c, c);
+    if (tuned && !tuned->vendor_default) {
+      check(cublasLtMatmul(impl_->lt, tuned->op, &alpha, b, tuned->layout[0], a, tuned->layout[1], &beta, c,
+                           tuned->layout[2], c, tuned->layout[3], &tuned->algo, impl_->workspace, kWorkspace,
+                           impl_->home),
+            "cublasLtMatmul(bf16, tuned)");
+      return;
+    }
     check(cublasGemmEx(impl_->handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                        static_cast<int>(k), &alpha, b, CUDA_R_16BF, static_cast<int>(ldb), a, CUDA_R_16BF,
                        static_cast<int>(lda), &beta, c, CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
@@ -152,41 +405,11 @@ const LtPlan& Blas::Impl::plan(long m, long n, long k, const void* a, long lda, 
   LtPlan p;
   p.m = m, p.n = n, p.k = k, p.lda = lda, p.ldb = ldb, p.ldc = ldc, p.ldd = ldd;
   for (int i = 0; i < 4; ++i) p.align[i] = align[i];
-  cublasLtMatmulPreference_t preference = nullptr;
   try {
-    check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    const std::uint64_t rows[4] = {static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(k),
-                                   static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(m)},
-                        cols[4] = {static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(n),
-                                   static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(n)};
-    const long lds[4] = {lda, ldb, ldc, ldd};
-    for (int i = 0; i < 4; ++i)
-      check(cublasLtMatrixLayoutCreate(&p.layout[i], CUDA_R_16BF, rows[i], cols[i], lds[i]), "cublasLtMatrixLayoutCreate");
-    check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
-    const std::uint64_t workspace_bytes = kWorkspace;
-    check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                               sizeof workspace_bytes),
-          "cublasLtMatmulPreferenceSetAttribute(workspace)");
-    const cublasLtMatmulPreferenceAttributes_t align_attribute[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; ++i)
-      check(cublasLtMatmulPreferenceSetAttribute(preference, align_attribute[i], &align[i], sizeof align[i]),
-            "cublasLtMatmulPreferenceSetAttribute(alignment)");
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.layout[0], p.layout[1], p.layout[2], p.layout[3], preference, 1,
-                                         &result, &found),
-          "cublasLtMatmulAlgoGetHeuristic");
-    if (found < 1)
-      throw Error(Errc::device, "cublasLtMatmulAlgoGetHeuristic found no algorithm for a bf16 GEMM of " +
-                                    std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k));
-    p.algo = result.algo;
-    (void)cublasLtMatmulPreferenceDestroy(preference);
-    preference = nullptr;
+    p.describe();
+    p.algo = p.candidates(lt, 1).front().algo;
     plans.push_back(p);
   } catch (...) {
-    if (preference) (void)cublasLtMatmulPreferenceDestroy(preference);
     p.release();
     throw;
   }
@@ -198,7 +421,9 @@ void Blas::gemm_add(hipStream_t stream, long m, long n, long k, const bf16* a, l
                     const bf16* c, long ldc, bf16* d, long ldd) {
   const float alpha = 1.0f, beta = 1.0f;
   impl_->on(stream, [&] {
-    const LtPlan& p = impl_->plan(n, m, k, b, ldb, a, lda, c, ldc, d, ldd);
+    const GemmKey key{impl_->device, GemmKind::add_elsewhere, n, m, k, ldb, lda, ldc, ldd};
+    const LtPlan* tuned = impl_->tuned_plan(key, b, a, c, d);
+    const LtPlan& p = tuned ? *tuned : impl_->plan(n, m, k, b, ldb, a, lda, c, ldc, d, ldd);
     check(cublasLtMatmul(impl_->lt, p.op, &alpha, b, p.layout[0], a, p.layout[1], &beta, c, p.layout[2], d, p.layout[3],
                          &p.algo, impl_->workspace, kWorkspace, impl_->home),
           "cublasLtMatmul(bf16, C != D)");

@@ -8,15 +8,33 @@
 
 namespace caravan::gpu {
 
+// Whether a Blas runs the algorithms Blas::tune measured fastest on its device (use), or always
+// cuBLAS's own first choice (off: what PyTorch calls; benchmarks time it beside the tuned one).
+enum class GemmTuning { use, off };
+
 class Blas {
  public:
   // A handle on the current device, bound for life to `home` (a stream of its own when null):
   // calls on other streams are ordered into it with events, never by rebinding the handle (see
   // blas.cpp). Throws Error(device) when the library cannot start.
-  explicit Blas(hipStream_t home = nullptr);
+  explicit Blas(hipStream_t home = nullptr, GemmTuning tuning = GemmTuning::use);
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
+
+  // Times cuBLAS's default choice and the first CARAVAN_GPU_GEMM_TUNE algorithms cuBLASLt's
+  // heuristic offers for this GEMM (gemm() with this beta, or gemm_add() when add_elsewhere, with
+  // ldd = ldc) on random data in buffers of its own, and keeps the fastest for every Blas of the
+  // process on the current device (cuBLAS's heuristic picks well for square shapes and up to 10%
+  // slower kernels for some of the layer's: bench gemm). The tuned algorithm serves calls whose
+  // four pointers are 256-byte aligned (as hipMalloc's); others take cuBLAS's choice. Allocates,
+  // launches and waits for the device: call it where nothing waits on a flag (an operation's
+  // warm-up), never inside an operation. Does nothing with CARAVAN_GPU_GEMM_TUNE=0 or when the
+  // shape was tuned on this device before. Returns the candidates timed (0 when it did nothing).
+  int tune(long m, long n, long k, long lda, long ldb, long ldc, float beta = 0.0f, bool add_elsewhere = false);
+  // Whether this Blas's calls of that GEMM (256-byte aligned) run a tuned algorithm (the
+  // default's included, when it won): false for GemmTuning::off or an untuned shape.
+  bool tuned(long m, long n, long k, long lda, long ldb, long ldc, float beta = 0.0f, bool add_elsewhere = false) const;
 
   // Row-major bf16 GEMM with leading dimensions (elements between rows); beta 0 or 1.
   void gemm(hipStream_t stream, long m, long n, long k, const bf16* a, long lda, const bf16* b, long ldb, bf16* c,

@@ -385,6 +385,9 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
       CARAVAN_HIP_CHECK(hipMalloc(&c, bytes(c_elems)));
       CARAVAN_HIP_CHECK(hipMalloc(&d, bytes(d_elems)));
       hipStream_t streams[2] = {team.lane_stream(r), team.comm_stream(r)};
+      // The fastest algorithm of each shape, timed once per GPU (CARAVAN_GPU_GEMM_TUNE): both
+      // lanes' Blas and the calls below then run it.
+      for (const auto& g : shapes) team.blas(r, 0).tune(g.m, g.n, g.k, g.k, g.n, g.ldc, g.beta, g.add_elsewhere);
       CARAVAN_HIP_CHECK(hipMemsetAsync(a, 0, bytes(a_elems), streams[0]));
       CARAVAN_HIP_CHECK(hipMemsetAsync(b, 0, bytes(b_elems), streams[0]));
       for (int lane = 0; lane < 2; ++lane)

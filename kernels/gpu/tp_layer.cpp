@@ -152,6 +152,11 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
     attention(rank, stream);
     Blas& blas = team.blas(rank);
     if (own_buffers) {
+      // The bulk GEMMs' shapes are the overlapped operations' whole ones, tuned alike (blas.h).
+      blas.tune(m, qkv_cols_, h, h, qkv_cols_, qkv_cols_);
+      blas.tune(m, h, h_local_, h_local_, h, h);
+      blas.tune(m, 2 * f_local_, h, h, 2 * f_local_, 2 * f_local_);
+      blas.tune(m, h, f_local_, f_local_, h, h);
       blas.gemm(stream, m, qkv_cols_, h, r.gathered, h, r.w_qkv, qkv_cols_, r.qkv, qkv_cols_);
       blas.gemm(stream, m, h, h_local_, r.attn, h_local_, r.w_out, h, r.partial, h);
       blas.gemm(stream, m, 2 * f_local_, h, r.gathered, h, r.w_up_gate, 2 * f_local_, r.up_gate, 2 * f_local_);
