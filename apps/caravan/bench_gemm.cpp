@@ -14,7 +14,6 @@
 #include <caravan/error.h>
 #include <caravan/kernels/bf16.h>
 #include <caravan/platform.h>
-#include <caravan/settings.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -44,6 +43,7 @@ struct GemmBenchOptions {
   bool persistent = false;
   bool check = true;
   int ring_parts = 0;  // > 0: also time the GEMM+ReduceScatter ring's GEMMs in this many parts
+  int tune_candidates = 8;  // cuBLASLt candidates Blas::tune times for the "cuBLAS tuned" column
 };
 GemmBenchOptions g_gemm;
 
@@ -71,6 +71,9 @@ void validate_options(const GemmBenchOptions& o) {
     if (t < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tokens {}: must be at least 1", t));
   for (int tp : o.tensor_parallel)
     if (tp < 1) throw Error(Errc::invalid_argument, fmt::format("bench gemm: --tp {}: must be at least 1", tp));
+  if (o.tune_candidates < 0 || o.tune_candidates > 64)
+    throw Error(Errc::invalid_argument,
+                fmt::format("bench gemm: --tune {}: must be 0 (no tuned column's tuning) to 64", o.tune_candidates));
   if (o.ring_parts < 0 || o.ring_parts > 64)
     throw Error(Errc::invalid_argument,
                 fmt::format("bench gemm: --ring-parts {}: must be 0 (off) to 64", o.ring_parts));
@@ -122,7 +125,8 @@ BenchReport run_on_gpu() {
   auto ref = make_buffer<float>(o.check ? count(check_rows, max_n) : 1);
   auto sums = make_buffer<gpu::ErrorSums>(1);
   // "cuBLAS": cuBLAS's own choice of kernel, as PyTorch calls it; "cuBLAS tuned": the fastest of
-  // the candidates Blas::tune times (CARAVAN_GPU_GEMM_TUNE), which Caravan's operations run.
+  // the candidates Blas::tune times (--tune of them), which Caravan's operations run when
+  // CARAVAN_GPU_GEMM_TUNE asks them to.
   gpu::Blas blas(stream, gpu::GemmTuning::off);
   gpu::Blas tuned_blas(stream);
   // The ring's GEMMs (--ring-parts): its partial, its slots (one per destination's rows) and out,
@@ -198,7 +202,7 @@ BenchReport run_on_gpu() {
                          kernel);
         };
         const auto vendor = [&] { blas.gemm(stream, m, n, k, a.get(), k, b.get(), n, c_blas.get(), n); };
-        const int tuned_candidates = tuned_blas.tune(m, n, k, k, n, n);
+        const int tuned_candidates = tuned_blas.tune(m, n, k, k, n, n, 0.0f, false, o.tune_candidates);
         const bool tuned_differs = tuned_blas.tuned(m, n, k, k, n, n);
         const auto tuned = [&] { tuned_blas.gemm(stream, m, n, k, a.get(), k, b.get(), n, c_tuned.get(), n); };
         // GemmReduceScatter's ce_ring on rank 0 without its pushes and flag waits: step t computes
@@ -238,9 +242,9 @@ BenchReport run_on_gpu() {
         };
         if (ring_shape) {  // values the middle steps add to stay finite; the ring's shapes tuned as the operation's
           CARAVAN_HIP_CHECK(hipMemsetAsync(ring_slots.get(), 0, count(m, n) * sizeof(bf16), stream));
-          tuned_blas.tune(part_rows, n, k, k, n, n);
-          tuned_blas.tune(part_rows, n, k, k, n, n, 1.0f);
-          tuned_blas.tune(part_rows, n, k, k, n, n, 1.0f, true);
+          tuned_blas.tune(part_rows, n, k, k, n, n, 0.0f, false, o.tune_candidates);
+          tuned_blas.tune(part_rows, n, k, k, n, n, 1.0f, false, o.tune_candidates);
+          tuned_blas.tune(part_rows, n, k, k, n, n, 1.0f, true, o.tune_candidates);
         }
         double reference_error = -1;
         if (o.check) {  // the first rows against float32, before any other call writes c_tile
@@ -408,10 +412,10 @@ BenchReport run_on_gpu() {
       fmt::format("{} timed calls of each after one warm-up, alternating; M = tokens; mlp-up and qkv "
                   "(AllGather + GEMM): N = the full width / TP; mlp-down and o-proj (GEMM + "
                   "ReduceScatter): K = the full inner dimension / TP; tile / cuBLAS = median / median; cuBLAS tuned: "
-                  "the fastest of cuBLAS's default and cuBLASLt's first CARAVAN_GPU_GEMM_TUNE = {} candidates, timed "
+                  "the fastest of cuBLAS's default and cuBLASLt's first --tune = {} candidates, timed "
                   "once per shape before these calls (not tuned: the default stayed), tuned speedup = cuBLAS / cuBLAS "
                   "tuned, medians",
-                  o.repetitions, settings::get_int("CARAVAN_GPU_GEMM_TUNE")));
+                  o.repetitions, o.tune_candidates));
   out.notes.push_back(
       o.check ? fmt::format("check: the tile GEMM's first {} rows vs the float32 reference (fresh random inputs, "
                             "output poisoned first), and each kernel's whole output vs cuBLAS's; relative error "
@@ -454,6 +458,10 @@ void add_bench_gemm(CLI::App& bench) {
   c.add_flag("--persistent", g_gemm.persistent,
              "Also time the persistent Hopper kernel (one block per SM, stores beside the next tile's products)");
   c.add_flag("!--no-check", g_gemm.check, "Skip the float32 reference check");
+  c.add_option("--tune", g_gemm.tune_candidates,
+               "cuBLASLt candidates timed per shape for the 'cuBLAS tuned' column (Blas::tune; the operations tune "
+               "with CARAVAN_GPU_GEMM_TUNE); 0: none, the column repeats cuBLAS's default")
+      ->capture_default_str();
   c.add_option("--ring-parts", g_gemm.ring_parts,
                "Also time the GEMM+ReduceScatter ring's cuBLAS calls (ce_ring, no pushes) in this many parts per "
                "destination, on 1 and 2 lanes, for mlp-down and o-proj (0: off)")

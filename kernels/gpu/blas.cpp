@@ -263,7 +263,7 @@ GemmKey key_of(int device, long m, long n, long k, long lda, long ldb, long ldc,
 }
 }  // namespace
 
-int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta, bool add_elsewhere) {
+int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta, bool add_elsewhere, int candidates) {
   Impl& i = *impl_;
   if (m < 1 || n < 1 || k < 1 || lda < k || ldb < n || ldc < n)
     throw Error(Errc::invalid_argument,
@@ -272,7 +272,11 @@ int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta,
                             m, n, k, lda, ldb, ldc));
   if (beta != 0.0f && beta != 1.0f)
     throw Error(Errc::invalid_argument, fmt::format("Blas::tune: beta = {} must be 0 or 1", beta));
-  const auto count = static_cast<int>(settings::get_int("CARAVAN_GPU_GEMM_TUNE"));
+  if (candidates != kFromSetting && (candidates < 0 || candidates > 64))
+    throw Error(Errc::invalid_argument,
+                fmt::format("Blas::tune: candidates = {} must be 0 to 64, or kFromSetting", candidates));
+  const int count =
+      candidates == kFromSetting ? static_cast<int>(settings::get_int("CARAVAN_GPU_GEMM_TUNE")) : candidates;
   if (i.tuning == GemmTuning::off || count == 0) return 0;
   const GemmKey key = key_of(i.device, m, n, k, lda, ldb, ldc, beta, add_elsewhere);
   if (find_tuned(key)) return 0;
@@ -302,7 +306,26 @@ int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta,
   int timed = 0;
   try {
     p.describe();
-    const std::vector<cublasLtMatmulHeuristicResult_t> found = p.candidates(i.lt, count);
+    std::vector<cublasLtMatmulHeuristicResult_t> found = p.candidates(i.lt, count);
+    // Only algorithms whose blocks never wait for one another: one K split, no reduction between
+    // blocks. Why: a thirty-first-session experiment with tuned algorithms hung once beside
+    // kernels that hold SMs while they spin on a peer's flag (cause unconfirmed; docs/overlap.md).
+    std::erase_if(found, [](const cublasLtMatmulHeuristicResult_t& r) {
+      std::int32_t split_k = 1;
+      std::uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+      std::size_t written = 0;
+      check(cublasLtMatmulAlgoConfigGetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k,
+                                                 &written),
+            "cublasLtMatmulAlgoConfigGetAttribute(split-k)");
+      check(cublasLtMatmulAlgoConfigGetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                                 sizeof reduction, &written),
+            "cublasLtMatmulAlgoConfigGetAttribute(reduction)");
+      return split_k != 1 || reduction != CUBLASLT_REDUCTION_SCHEME_NONE;
+    });
+    if (found.empty()) {  // nothing safe to try: cuBLAS's default stays (nothing recorded)
+      release();
+      return 0;
+    }
     // Candidate -1: cublasGemmEx with CUBLAS_GEMM_DEFAULT (gemm() without tuning); gemm_add has
     // no such call, and its untuned plan is the heuristic's first (candidate 0).
     const int first = add_elsewhere ? 0 : -1;
@@ -320,14 +343,14 @@ int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta,
                              i.home),
               "cublasLtMatmul(bf16, tuning)");
     };
-    const int candidates = static_cast<int>(found.size()) - first;
+    const int timed_count = static_cast<int>(found.size()) - first;
     CARAVAN_HIP_CHECK(hipEventCreate(&start));
     CARAVAN_HIP_CHECK(hipEventCreate(&stop));
     // Each candidate once (loads its kernel, and warms the clocks), then rounds in which they
     // alternate, so that the GPU's clock and power drift hit them alike; each one's median.
     for (int cand = first; cand < static_cast<int>(found.size()); ++cand) run(cand);
     constexpr int kRounds = 5;
-    std::vector<std::vector<float>> times(static_cast<std::size_t>(candidates));
+    std::vector<std::vector<float>> times(static_cast<std::size_t>(timed_count));
     for (int round = 0; round < kRounds; ++round)
       for (int cand = first; cand < static_cast<int>(found.size()); ++cand) {
         CARAVAN_HIP_CHECK(hipEventRecord(start, i.home));
@@ -351,7 +374,7 @@ int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta,
     const int chosen = static_cast<int>(best) + first;
     winner.vendor_default = chosen < 0;
     if (chosen >= 0) winner.algo = found[static_cast<std::size_t>(chosen)].algo;
-    timed = candidates;
+    timed = timed_count;
   } catch (...) {
     release();
     throw;

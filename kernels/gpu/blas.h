@@ -22,16 +22,21 @@ class Blas {
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
 
-  // Times cuBLAS's default choice and the first CARAVAN_GPU_GEMM_TUNE algorithms cuBLASLt's
-  // heuristic offers for this GEMM (gemm() with this beta, or gemm_add() when add_elsewhere, with
-  // ldd = ldc) on random data in buffers of its own, and keeps the fastest for every Blas of the
-  // process on the current device (cuBLAS's heuristic picks well for square shapes and up to 10%
-  // slower kernels for some of the layer's: bench gemm). The tuned algorithm serves calls whose
-  // four pointers are 256-byte aligned (as hipMalloc's); others take cuBLAS's choice. Allocates,
-  // launches and waits for the device: call it where nothing waits on a flag (an operation's
-  // warm-up), never inside an operation. Does nothing with CARAVAN_GPU_GEMM_TUNE=0 or when the
-  // shape was tuned on this device before. Returns the candidates timed (0 when it did nothing).
-  int tune(long m, long n, long k, long lda, long ldb, long ldc, float beta = 0.0f, bool add_elsewhere = false);
+  // Times cuBLAS's default choice and the first `candidates` algorithms cuBLASLt's heuristic
+  // offers (kFromSetting: CARAVAN_GPU_GEMM_TUNE, 0 by default) for this GEMM (gemm() with this
+  // beta, or gemm_add() when add_elsewhere, with ldd = ldc) on random data in buffers of its own,
+  // and keeps the fastest for every Blas of the process on the current device (cuBLAS's default
+  // ran some of the layer's shapes up to 9% slower than the best candidate: bench gemm). The
+  // tuned algorithm serves calls whose four pointers are 256-byte aligned (as hipMalloc's);
+  // others take cuBLAS's choice. Allocates, launches and waits for the device: call it where
+  // nothing waits on a flag (an operation's warm-up), never inside an operation. Does nothing
+  // with 0 candidates, for GemmTuning::off, or when the shape was tuned on this device before.
+  // Returns the candidates timed (0 when it did nothing). Keeps only algorithms with one K split
+  // and no reduction between blocks (on an H200 cuBLAS offered no others for the layer's shapes:
+  // scripts/probes/gemm_algo_probe.cu).
+  static constexpr int kFromSetting = -1;
+  int tune(long m, long n, long k, long lda, long ldb, long ldc, float beta = 0.0f, bool add_elsewhere = false,
+           int candidates = kFromSetting);
   // Whether this Blas's calls of that GEMM (256-byte aligned) run a tuned algorithm (the
   // default's included, when it won): false for GemmTuning::off or an untuned shape.
   bool tuned(long m, long n, long k, long lda, long ldb, long ldc, float beta = 0.0f, bool add_elsewhere = false) const;

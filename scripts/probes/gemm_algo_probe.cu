@@ -207,6 +207,33 @@ int main(int argc, char** argv) {
       const Stats first = stats(times[1]);
       std::printf("  lt #0 %8.1f (%.3fx)", first.median, base.median / first.median);
     }
+    // Each candidate's configuration: a K split above 1 or a reduction scheme means blocks that
+    // combine partial sums (in-place schemes make blocks wait for each other).
+    for (std::size_t j = 1; j < candidates.size(); ++j) {
+      const cublasLtMatmulAlgo_t& algo = found[candidates[j]].algo;
+      int32_t id = 0, split_k = 1;
+      uint32_t tile = 0, reduction = 0, swizzle = 0, custom = 0, stages = 0;
+      uint16_t cluster = 0;
+      size_t written = 0;
+      CL(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &written));
+      CL(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written));
+      CL(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k,
+                                              &written));
+      CL(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                              sizeof reduction, &written));
+      CL(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle,
+                                              &written));
+      CL(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom,
+                                              &written));
+      CL(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written));
+      CL(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster,
+                                              &written));
+      std::printf(
+          "    lt #%d: %8.1f us  id %d tile %u split-k %d reduction %u swizzle %u custom %u stages %u cluster %u"
+          " workspace %zu\n",
+          candidates[j], stats(times[j]).median, id, tile, split_k, reduction, swizzle, custom, stages, cluster,
+          found[candidates[j]].workspaceSize);
+    }
     const Stats top = stats(times[best]);
     std::printf("  best %s#%d %8.1f (%.1f..%.1f) %.3fx  [%d candidates, %d rejected]\n",
                 candidates[best] < 0 ? "default" : "lt ", candidates[best], top.median, top.p10, top.p90,

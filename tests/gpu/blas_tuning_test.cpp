@@ -4,7 +4,8 @@
 // float32 reference on fresh random inputs with outputs poisoned and padding left alone; that a
 // shape is timed once per device and shared by every Blas that tunes, but not by one made with
 // GemmTuning::off; that pointers tune()'s plan does not serve take cuBLAS's default and stay
-// correct; and that CARAVAN_GPU_GEMM_TUNE=0 and bad arguments are handled. Skips without a GPU.
+// correct; that CARAVAN_GPU_GEMM_TUNE=0 tunes nothing unless the call names a count; and that bad
+// arguments are refused. Skips without a GPU.
 #include "kernels/gpu/blas.h"
 #include "kernels/gpu/kernels.h"
 #include "tests/gpu/device_array.h"
@@ -184,6 +185,11 @@ TEST(BlasTuning, OffWithZeroCandidatesAndBadArgumentsRefused) {
     const Outcome o = run_case(blas, stream.s, Kind::overwrite, 512, 640, 384, 0, 0, std::random_device{}());
     EXPECT_EQ(o.nonfinite, 0);
     EXPECT_LT(o.error, 1e-2);
+    // A count given to the call overrides the setting (bench gemm's --tune).
+    const bool before = blas.tuned(512, 640, 392, 392, 640, 640);
+    const int timed = blas.tune(512, 640, 392, 392, 640, 640, 0.0f, false, 4);
+    if (!before) EXPECT_GE(timed, 2);
+    EXPECT_TRUE(blas.tuned(512, 640, 392, 392, 640, 640));
   }
   const auto refused = [&](const char* what, auto call, const char* names) {
     try {
@@ -202,6 +208,8 @@ TEST(BlasTuning, OffWithZeroCandidatesAndBadArgumentsRefused) {
       "ldc < n", [&] { blas.tune(64, 128, 64, 64, 128, 64); }, "ldc = 64 >= n");
   refused(
       "beta 0.5", [&] { blas.tune(64, 64, 64, 64, 64, 64, 0.5f); }, "beta = 0.5");
+  refused(
+      "candidates 65", [&] { blas.tune(64, 64, 64, 64, 64, 64, 0.0f, false, 65); }, "candidates = 65");
 }
 
 }  // namespace
