@@ -100,10 +100,33 @@ std::string describe_machine() {
   return fmt::format("{} x {} ({}), {}", std::thread::hardware_concurrency(), cpu, "cores", gpu);
 }
 
+// The CARAVAN_* settings this run did not take at their defaults (from the environment or set by
+// the program): the figures depend on them, so a report says which, and two runs' reports show
+// whether they ran alike.
+namespace {
+std::vector<settings::SettingView> changed_settings() {
+  std::vector<settings::SettingView> changed;
+  for (auto& s : settings::list())
+    if (s.source != settings::Source::default_value) changed.push_back(std::move(s));
+  return changed;
+}
+
+std::string settings_line() {
+  const auto changed = changed_settings();
+  if (changed.empty()) return "settings: every CARAVAN_* setting at its default (`caravan config` lists them)";
+  std::string line = "settings not at their defaults:";
+  for (const auto& s : changed) line += fmt::format(" {}={}", s.name, s.current_value);
+  return line;
+}
+}  // namespace
+
 nlohmann::json report_json(const BenchReport& report) {
   nlohmann::json out = report.figures;
   out["bench"] = report.name;
   out["machine"] = report.machine;
+  nlohmann::json changed = nlohmann::json::object();
+  for (const auto& s : changed_settings()) changed[s.name] = s.current_value;
+  out["settings"] = changed;  // those not at their defaults
   out["headlines"] = report.headlines;
   out["notes"] = report.notes;
   return out;
@@ -125,7 +148,7 @@ void print_report(const BenchReport& report, bool json) {
     fmt::print("{}\n", json_text(report_json(report)));
     return;
   }
-  fmt::print("== caravan bench {} ==\nmachine: {}\n", report.name, report.machine);
+  fmt::print("== caravan bench {} ==\nmachine: {}\n{}\n", report.name, report.machine, settings_line());
   for (const auto& table : report.tables) print_table(table);
   if (!report.notes.empty()) fmt::print("\n");
   for (const auto& note : report.notes) fmt::print("note: {}\n", note);
