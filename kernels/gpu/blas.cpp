@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -55,14 +57,32 @@ struct TunedChoice {
   cublasLtMatmulAlgo_t algo{};
 };
 std::mutex g_tuned_mutex;
-std::vector<TunedChoice> g_tuned;  // under g_tuned_mutex
+std::condition_variable g_tuned_changed;  // a device's tuning ended
+std::vector<TunedChoice> g_tuned;         // under g_tuned_mutex
+std::vector<int> g_devices_tuning;        // under g_tuned_mutex: one tuning at a time per device
+// Entries in g_tuned: with none (tuning off, the default), gemm() takes no lock to find that out.
+std::atomic<std::size_t> g_tuned_count{0};
 
 std::optional<TunedChoice> find_tuned(const GemmKey& key) {
+  if (g_tuned_count.load(std::memory_order_acquire) == 0) return std::nullopt;
   std::lock_guard lock(g_tuned_mutex);
   for (const TunedChoice& t : g_tuned)
     if (t.key == key) return t;
   return std::nullopt;
 }
+
+// Makes `device` current for its scope (tune() allocates and launches there), then restores the
+// one before.
+struct DeviceScope {
+  int previous = 0;
+  explicit DeviceScope(int device) {
+    CARAVAN_HIP_CHECK(hipGetDevice(&previous));
+    if (previous != device) CARAVAN_HIP_CHECK(hipSetDevice(device));
+  }
+  ~DeviceScope() { (void)hipSetDevice(previous); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+};
 
 constexpr std::uint32_t kTunedAlignment = 256;  // bytes: hipMalloc's, and what tune()'s buffers have
 
@@ -243,11 +263,11 @@ const LtPlan* Blas::Impl::tuned_plan(const GemmKey& key, const void* a, const vo
   p.algo = choice->algo;
   try {
     if (!p.vendor_default) p.describe();
+    tuned_plans.push_back(p);
   } catch (...) {
     p.release();
     throw;
   }
-  tuned_plans.push_back(p);
   return &tuned_plans.back();
 }
 
@@ -263,7 +283,8 @@ GemmKey key_of(int device, long m, long n, long k, long lda, long ldb, long ldc,
 }
 }  // namespace
 
-int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta, bool add_elsewhere, int candidates) {
+int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta, bool add_elsewhere,
+               TuneOptions options) {
   Impl& i = *impl_;
   if (m < 1 || n < 1 || k < 1 || lda < k || ldb < n || ldc < n)
     throw Error(Errc::invalid_argument,
@@ -272,14 +293,39 @@ int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta,
                             m, n, k, lda, ldb, ldc));
   if (beta != 0.0f && beta != 1.0f)
     throw Error(Errc::invalid_argument, fmt::format("Blas::tune: beta = {} must be 0 or 1", beta));
-  if (candidates != kFromSetting && (candidates < 0 || candidates > 64))
-    throw Error(Errc::invalid_argument,
-                fmt::format("Blas::tune: candidates = {} must be 0 to 64, or kFromSetting", candidates));
-  const int count =
-      candidates == kFromSetting ? static_cast<int>(settings::get_int("CARAVAN_GPU_GEMM_TUNE")) : candidates;
+  if (options.candidates != TuneOptions::kFromSetting && (options.candidates < 0 || options.candidates > 64))
+    throw Error(
+        Errc::invalid_argument,
+        fmt::format("Blas::tune: options.candidates = {} must be 0 to 64, or kFromSetting", options.candidates));
+  if (options.pick < -1 || options.pick > 63)
+    throw Error(Errc::invalid_argument, fmt::format("Blas::tune: options.pick = {} must be -1 to 63", options.pick));
+  const int count = options.candidates == TuneOptions::kFromSetting
+                        ? static_cast<int>(settings::get_int("CARAVAN_GPU_GEMM_TUNE"))
+                        : options.candidates;
   if (i.tuning == GemmTuning::off || count == 0) return 0;
   const GemmKey key = key_of(i.device, m, n, k, lda, ldb, ldc, beta, add_elsewhere);
-  if (find_tuned(key)) return 0;
+
+  // One tuning at a time per device: two at once would time each other's kernels, and a second
+  // call for the same shape finds the first one's choice when it is let in.
+  {
+    std::unique_lock lock(g_tuned_mutex);
+    g_tuned_changed.wait(lock, [&] {
+      return std::find(g_devices_tuning.begin(), g_devices_tuning.end(), i.device) == g_devices_tuning.end();
+    });
+    if (std::any_of(g_tuned.begin(), g_tuned.end(), [&](const TunedChoice& t) { return t.key == key; })) return 0;
+    g_devices_tuning.push_back(i.device);
+  }
+  struct Release {
+    int device;
+    ~Release() {
+      {
+        std::lock_guard lock(g_tuned_mutex);
+        std::erase(g_devices_tuning, device);
+      }
+      g_tuned_changed.notify_all();
+    }
+  } release_device{i.device};
+  DeviceScope on_device(i.device);
 
   // Random operands (on zeros the tensor cores draw less power and clock higher, which would
   // time another GEMM than the layer's), in 256-byte aligned buffers of its own.
@@ -302,36 +348,40 @@ int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta,
     if (start) (void)hipEventDestroy(start);
     if (stop) (void)hipEventDestroy(stop);
   };
-  TunedChoice winner{key, !add_elsewhere, {}};
-  int timed = 0;
+  // A choice: cuBLAS's default (cublasGemmEx) or a cuBLASLt algorithm. The first is the untuned
+  // one: cublasGemmEx for gemm(); for gemm_add() the heuristic's first, which plan() runs untuned
+  // (timed as the baseline even if it splits K, since it runs anyway without tuning).
+  struct Choice {
+    bool vendor_default;
+    cublasLtMatmulAlgo_t algo;
+  };
+  std::vector<Choice> choices;
+  std::size_t chosen = 0;
   try {
     p.describe();
-    std::vector<cublasLtMatmulHeuristicResult_t> found = p.candidates(i.lt, count);
+    const std::vector<cublasLtMatmulHeuristicResult_t> found = p.candidates(i.lt, std::max(count, 1));
+    if (add_elsewhere)
+      choices.push_back({false, found.front().algo});
+    else
+      choices.push_back({true, {}});
     // Only algorithms whose blocks never wait for one another: one K split, no reduction between
     // blocks. Why: a thirty-first-session experiment with tuned algorithms hung once beside
     // kernels that hold SMs while they spin on a peer's flag (cause unconfirmed; docs/overlap.md).
-    std::erase_if(found, [](const cublasLtMatmulHeuristicResult_t& r) {
+    for (std::size_t j = add_elsewhere ? 1 : 0; j < found.size() && static_cast<int>(j) < count; ++j) {
       std::int32_t split_k = 1;
       std::uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
       std::size_t written = 0;
-      check(cublasLtMatmulAlgoConfigGetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k,
-                                                 &written),
+      check(cublasLtMatmulAlgoConfigGetAttribute(&found[j].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k,
+                                                 sizeof split_k, &written),
             "cublasLtMatmulAlgoConfigGetAttribute(split-k)");
-      check(cublasLtMatmulAlgoConfigGetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+      check(cublasLtMatmulAlgoConfigGetAttribute(&found[j].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
                                                  sizeof reduction, &written),
             "cublasLtMatmulAlgoConfigGetAttribute(reduction)");
-      return split_k != 1 || reduction != CUBLASLT_REDUCTION_SCHEME_NONE;
-    });
-    if (found.empty()) {  // nothing safe to try: cuBLAS's default stays (nothing recorded)
-      release();
-      return 0;
+      if (split_k == 1 && reduction == CUBLASLT_REDUCTION_SCHEME_NONE) choices.push_back({false, found[j].algo});
     }
-    // Candidate -1: cublasGemmEx with CUBLAS_GEMM_DEFAULT (gemm() without tuning); gemm_add has
-    // no such call, and its untuned plan is the heuristic's first (candidate 0).
-    const int first = add_elsewhere ? 0 : -1;
     const float alpha = 1.0f;
-    const auto run = [&](int candidate) {
-      if (candidate < 0)
+    const auto run = [&](const Choice& choice) {
+      if (choice.vendor_default)
         check(cublasGemmEx(i.handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                            static_cast<int>(k), &alpha, b.p, CUDA_R_16BF, static_cast<int>(ldb), a.p, CUDA_R_16BF,
                            static_cast<int>(lda), &beta, c.p, CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
@@ -339,56 +389,66 @@ int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta,
               "cublasGemmEx(bf16, tuning)");
       else
         check(cublasLtMatmul(i.lt, p.op, &alpha, b.p, p.layout[0], a.p, p.layout[1], &beta, c.p, p.layout[2], out,
-                             p.layout[3], &found[static_cast<std::size_t>(candidate)].algo, i.workspace, kWorkspace,
-                             i.home),
+                             p.layout[3], &choice.algo, i.workspace, kWorkspace, i.home),
               "cublasLtMatmul(bf16, tuning)");
     };
-    const int timed_count = static_cast<int>(found.size()) - first;
-    CARAVAN_HIP_CHECK(hipEventCreate(&start));
-    CARAVAN_HIP_CHECK(hipEventCreate(&stop));
-    // Each candidate once (loads its kernel, and warms the clocks), then rounds in which they
-    // alternate, so that the GPU's clock and power drift hit them alike; each one's median.
-    for (int cand = first; cand < static_cast<int>(found.size()); ++cand) run(cand);
-    constexpr int kRounds = 5;
-    std::vector<std::vector<float>> times(static_cast<std::size_t>(timed_count));
-    for (int round = 0; round < kRounds; ++round)
-      for (int cand = first; cand < static_cast<int>(found.size()); ++cand) {
-        CARAVAN_HIP_CHECK(hipEventRecord(start, i.home));
-        run(cand);
-        CARAVAN_HIP_CHECK(hipEventRecord(stop, i.home));
-        CARAVAN_HIP_CHECK(hipEventSynchronize(stop));
-        float ms = 0;
-        CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, start, stop));
-        times[static_cast<std::size_t>(cand - first)].push_back(ms);
+    // Each choice once: loads its kernel (no first launch may happen inside an operation) and
+    // warms the clocks.
+    for (const Choice& choice : choices) run(choice);
+    if (options.pick >= 0) {
+      if (static_cast<std::size_t>(options.pick) + 1 >= choices.size())
+        throw Error(Errc::invalid_argument,
+                    fmt::format("Blas::tune: options.pick = {}, but only {} candidates passed the filter for {} x {} x "
+                                "{}",
+                                options.pick, choices.size() - 1, m, n, k));
+      chosen = static_cast<std::size_t>(options.pick) + 1;
+    } else if (choices.size() > 1) {
+      // Rounds in which the choices alternate, so that the GPU's clock and power drift hit them
+      // alike; each sample is two calls queued behind an untimed one, so that the host's time
+      // to launch (cublasGemmEx picks its kernel then) is not timed. Each choice's median.
+      CARAVAN_HIP_CHECK(hipEventCreate(&start));
+      CARAVAN_HIP_CHECK(hipEventCreate(&stop));
+      constexpr int kRounds = 5;
+      std::vector<std::vector<float>> times(choices.size());
+      for (int round = 0; round < kRounds; ++round)
+        for (std::size_t j = 0; j < choices.size(); ++j) {
+          run(choices[j]);
+          CARAVAN_HIP_CHECK(hipEventRecord(start, i.home));
+          run(choices[j]);
+          run(choices[j]);
+          CARAVAN_HIP_CHECK(hipEventRecord(stop, i.home));
+          CARAVAN_HIP_CHECK(hipEventSynchronize(stop));
+          float ms = 0;
+          CARAVAN_HIP_CHECK(hipEventElapsedTime(&ms, start, stop));
+          times[j].push_back(ms);
+        }
+      std::vector<float> median(times.size());
+      for (std::size_t j = 0; j < times.size(); ++j) {
+        std::nth_element(times[j].begin(), times[j].begin() + kRounds / 2, times[j].end());
+        median[j] = times[j][kRounds / 2];
       }
-    std::vector<float> median(times.size());
-    for (std::size_t j = 0; j < times.size(); ++j) {
-      std::nth_element(times[j].begin(), times[j].begin() + kRounds / 2, times[j].end());
-      median[j] = times[j][kRounds / 2];
+      // The untuned choice keeps the shape unless another runs at least 1% faster: closer than
+      // that is noise in five rounds, and switching for it would only make runs differ.
+      for (std::size_t j = 1; j < median.size(); ++j)
+        if (median[j] < median[chosen] && median[j] < 0.99f * median[0]) chosen = j;
     }
-    // The untuned choice keeps the shape unless another runs at least 1% faster: closer than
-    // that is noise in five rounds, and switching for it would only make runs differ.
-    std::size_t best = 0;
-    for (std::size_t j = 1; j < median.size(); ++j)
-      if (median[j] < median[best] && median[j] < 0.99f * median[0]) best = j;
-    const int chosen = static_cast<int>(best) + first;
-    winner.vendor_default = chosen < 0;
-    if (chosen >= 0) winner.algo = found[static_cast<std::size_t>(chosen)].algo;
-    timed = timed_count;
+    CARAVAN_HIP_CHECK(hipStreamSynchronize(i.home));
   } catch (...) {
     release();
     throw;
   }
   release();
   std::lock_guard lock(g_tuned_mutex);
-  if (std::none_of(g_tuned.begin(), g_tuned.end(), [&](const TunedChoice& t) { return t.key == key; }))
-    g_tuned.push_back(winner);
-  return timed;
+  g_tuned.push_back({key, choices[chosen].vendor_default, choices[chosen].algo});
+  g_tuned_count.store(g_tuned.size(), std::memory_order_release);
+  return static_cast<int>(choices.size());
 }
 
-bool Blas::tuned(long m, long n, long k, long lda, long ldb, long ldc, float beta, bool add_elsewhere) const {
-  return impl_->tuning == GemmTuning::use &&
-         find_tuned(key_of(impl_->device, m, n, k, lda, ldb, ldc, beta, add_elsewhere)).has_value();
+GemmChoice Blas::choice(long m, long n, long k, long lda, long ldb, long ldc, float beta, bool add_elsewhere) const {
+  if (impl_->tuning == GemmTuning::off) return GemmChoice::untuned;
+  const std::optional<TunedChoice> t = find_tuned(key_of(impl_->device, m, n, k, lda, ldb, ldc, beta, add_elsewhere));
+  if (!t) return GemmChoice::untuned;
+  return t->vendor_default ? GemmChoice::vendor_default : GemmChoice::algorithm;
 }
 
 // Row-major C = A B is column-major C^T = B^T A^T: swap the operands and the m/n roles.

@@ -8,9 +8,24 @@
 
 namespace caravan::gpu {
 
-// Whether a Blas runs the algorithms Blas::tune measured fastest on its device (use), or always
-// cuBLAS's own first choice (off: what PyTorch calls; benchmarks time it beside the tuned one).
+// Whether a Blas runs the algorithms Blas::tune chose on its device (use), or always cuBLAS's own
+// first choice (off: what PyTorch calls; benchmarks time it beside the tuned one).
 enum class GemmTuning { use, off };
+
+// What Blas::tune does for one shape.
+struct TuneOptions {
+  static constexpr int kFromSetting = -1;
+  // cuBLASLt candidates timed beside the untuned choice; kFromSetting: CARAVAN_GPU_GEMM_TUNE
+  // (0 by default: tune nothing).
+  int candidates = kFromSetting;
+  // For tests: record the pick-th candidate that passes the filter, untimed (-1: the fastest), so
+  // that the cuBLASLt path of gemm() runs whatever the machine's timings.
+  int pick = -1;
+};
+
+// What a Blas runs for one (256-byte aligned) shape: cuBLAS's choice because nothing was tuned,
+// cuBLAS's choice because tuning found nothing 1% faster, or a tuned cuBLASLt algorithm.
+enum class GemmChoice { untuned, vendor_default, algorithm };
 
 class Blas {
  public:
@@ -22,24 +37,26 @@ class Blas {
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
 
-  // Times cuBLAS's default choice and the first `candidates` algorithms cuBLASLt's heuristic
-  // offers (kFromSetting: CARAVAN_GPU_GEMM_TUNE, 0 by default) for this GEMM (gemm() with this
-  // beta, or gemm_add() when add_elsewhere, with ldd = ldc) on random data in buffers of its own,
-  // and keeps the fastest for every Blas of the process on the current device (cuBLAS's default
-  // ran some of the layer's shapes up to 9% slower than the best candidate: bench gemm). The
-  // tuned algorithm serves calls whose four pointers are 256-byte aligned (as hipMalloc's);
-  // others take cuBLAS's choice. Allocates, launches and waits for the device: call it where
-  // nothing waits on a flag (an operation's warm-up), never inside an operation. Does nothing
-  // with 0 candidates, for GemmTuning::off, or when the shape was tuned on this device before.
-  // Returns the candidates timed (0 when it did nothing). Keeps only algorithms with one K split
-  // and no reduction between blocks (on an H200 cuBLAS offered no others for the layer's shapes:
-  // scripts/probes/gemm_algo_probe.cu).
-  static constexpr int kFromSetting = -1;
+  // Times the untuned choice (cublasGemmEx's for gemm(), the heuristic's first for gemm_add())
+  // against up to options.candidates algorithms cuBLASLt's heuristic offers for this GEMM (gemm()
+  // with this beta, or gemm_add() when add_elsewhere, with ldd = ldc), on random data in buffers
+  // of its own, and keeps the fastest, if 1% faster than the untuned one, for every Blas of the
+  // process on this Blas's device (cuBLAS's default ran some of the layer's shapes up to 11%
+  // slower than the best candidate on an H200: bench gemm). Candidates must have one K split and
+  // no reduction between blocks (on an H200 cuBLAS offered no others for the layer's shapes:
+  // scripts/probes/gemm_algo_probe.cu). The choice serves calls whose four pointers are 256-byte
+  // aligned (as hipMalloc's); others take the untuned choice. Every candidate runs here, so a
+  // chosen kernel is loaded before any operation calls it. Allocates, launches and waits for the
+  // device: call it where nothing waits on a flag (an operation's warm-up), never inside an
+  // operation. One tuning at a time per device (another thread's call waits). Does nothing with
+  // 0 candidates, for GemmTuning::off, or when the shape was tuned on this device before. Returns
+  // the choices timed, the untuned one included (0 when it did nothing).
   int tune(long m, long n, long k, long lda, long ldb, long ldc, float beta = 0.0f, bool add_elsewhere = false,
-           int candidates = kFromSetting);
-  // Whether this Blas's calls of that GEMM (256-byte aligned) run a tuned algorithm (the
-  // default's included, when it won): false for GemmTuning::off or an untuned shape.
-  bool tuned(long m, long n, long k, long lda, long ldb, long ldc, float beta = 0.0f, bool add_elsewhere = false) const;
+           TuneOptions options = {});
+  // What this Blas's calls of that GEMM (256-byte aligned) run: untuned for GemmTuning::off or a
+  // shape no Blas of the process tuned on this device.
+  GemmChoice choice(long m, long n, long k, long lda, long ldb, long ldc, float beta = 0.0f,
+                    bool add_elsewhere = false) const;
 
   // Row-major bf16 GEMM with leading dimensions (elements between rows); beta 0 or 1.
   void gemm(hipStream_t stream, long m, long n, long k, const bf16* a, long lda, const bf16* b, long ldb, bf16* c,

@@ -1,11 +1,13 @@
 // Blas::tune (kernels/gpu/blas.cpp): the GEMM algorithm timed fastest per shape and device,
 // which every Blas of the process then runs. Checks, on one GPU, that tuned calls of each kind
 // (gemm() overwriting and accumulating in place, gemm_add() into a distinct output) match the
-// float32 reference on fresh random inputs with outputs poisoned and padding left alone; that a
-// shape is timed once per device and shared by every Blas that tunes, but not by one made with
-// GemmTuning::off; that pointers tune()'s plan does not serve take cuBLAS's default and stay
-// correct; that CARAVAN_GPU_GEMM_TUNE=0 tunes nothing unless the call names a count; and that bad
-// arguments are refused. Skips without a GPU.
+// float32 reference on fresh random inputs with outputs poisoned and padding left alone, both
+// whatever tuning chose and with a cuBLASLt algorithm forced (TuneOptions::pick), so that the
+// tuned path of gemm() runs whatever the machine's timings; that a shape is timed once per
+// device and shared by every Blas that tunes, but not by one made with GemmTuning::off; that
+// pointers the tuned plan does not serve take the untuned choice and stay correct; that threads
+// tuning one shape at once time it once; that CARAVAN_GPU_GEMM_TUNE=0 tunes nothing unless the
+// call names a count; and that bad arguments are refused. Skips without a GPU.
 #include "kernels/gpu/blas.h"
 #include "kernels/gpu/kernels.h"
 #include "tests/gpu/device_array.h"
@@ -17,10 +19,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace caravan::gpu {
@@ -128,17 +132,18 @@ TEST(BlasTuning, TunedGemmsOfEveryKindMatchTheFloatReference) {
     Blas blas(stream.s), lane(stream.s), untuned(stream.s, GemmTuning::off);
     // The default plus at least one cuBLASLt candidate (gemm_add: at least the heuristic's first),
     // unless an earlier repetition of this test in this process tuned the shape already.
-    const bool before = blas.tuned(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere);
+    const bool before = blas.choice(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere) != GemmChoice::untuned;
     const int timed = blas.tune(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere);
     if (before)
       EXPECT_EQ(timed, 0);
     else
-      EXPECT_GE(timed, elsewhere ? 1 : 2);
-    EXPECT_TRUE(blas.tuned(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere));
+      EXPECT_GE(timed, 2) << "the untuned choice and at least one candidate";
+    const GemmChoice chosen = blas.choice(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere);
+    EXPECT_NE(chosen, GemmChoice::untuned);
     // Once per device: a second Blas finds the choice and times nothing.
     EXPECT_EQ(lane.tune(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere), 0);
-    EXPECT_TRUE(lane.tuned(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere));
-    EXPECT_FALSE(untuned.tuned(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere));
+    EXPECT_EQ(lane.choice(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere), chosen);
+    EXPECT_EQ(untuned.choice(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere), GemmChoice::untuned);
     EXPECT_EQ(untuned.tune(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere), 0);
     for (Blas* b : {&blas, &lane, &untuned}) {
       const Outcome o = run_case(*b, stream.s, t.kind, t.m, t.n, t.k, t.pad, 0, seed += 3);
@@ -163,14 +168,81 @@ TEST(BlasTuning, PointersLessAlignedThanTheTunedPlanStillComputeRight) {
   for (Kind kind : {Kind::overwrite, Kind::accumulate, Kind::add_elsewhere}) {
     SCOPED_TRACE(kind_name(kind));
     const float beta = kind == Kind::overwrite ? 0.0f : 1.0f;
-    blas.tune(m, n, k, k, n, n, beta, kind == Kind::add_elsewhere);
-    ASSERT_TRUE(blas.tuned(m, n, k, k, n, n, beta, kind == Kind::add_elsewhere));
+    TuneOptions forced;
+    forced.candidates = 8;
+    forced.pick = 0;  // a cuBLASLt algorithm, whatever the timings: the plan an aligned call would take
+    blas.tune(m, n, k, k, n, n, beta, kind == Kind::add_elsewhere, forced);
+    ASSERT_EQ(blas.choice(m, n, k, k, n, n, beta, kind == Kind::add_elsewhere), GemmChoice::algorithm);
     for (long shift : {8L, 0L}) {  // 16 bytes past, then aligned again
       const Outcome o = run_case(blas, stream.s, kind, m, n, k, 0, shift, seed0 + static_cast<std::uint64_t>(shift));
       EXPECT_EQ(o.nonfinite, 0) << "A shifted by " << shift;
       EXPECT_LT(o.error, 1e-2) << "A shifted by " << shift;
     }
   }
+}
+
+// Each kind with a cuBLASLt algorithm forced: gemm()'s and gemm_add()'s tuned path (the plan,
+// its operand order and layouts) against float32, whichever algorithm would have won.
+TEST(BlasTuning, ForcedAlgorithmsOfEveryKindMatchTheFloatReference) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  CARAVAN_HIP_CHECK(hipSetDevice(0));
+  const std::uint64_t seed0 = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed0));
+  std::uint64_t seed = seed0;
+  Stream stream;
+  for (const TuneCase& t :
+       {TuneCase{776, 1048, 328, 0, Kind::overwrite}, TuneCase{776, 1048, 328, 0, Kind::accumulate},
+        TuneCase{776, 1048, 328, 0, Kind::add_elsewhere}, TuneCase{136, 392, 264, 24, Kind::overwrite},
+        TuneCase{136, 392, 264, 24, Kind::accumulate}, TuneCase{136, 392, 264, 24, Kind::add_elsewhere}}) {
+    for (int pick : {0, 1}) {
+      // Another shape per pick: the process keeps one choice per shape.
+      const long n = t.n + 8L * pick;
+      SCOPED_TRACE(std::to_string(t.m) + " x " + std::to_string(n) + " x " + std::to_string(t.k) + ", ldc pad " +
+                   std::to_string(t.pad) + ", " + kind_name(t.kind) + ", candidate " + std::to_string(pick));
+      const float beta = t.kind == Kind::overwrite ? 0.0f : 1.0f;
+      const bool elsewhere = t.kind == Kind::add_elsewhere;
+      Blas blas(stream.s);
+      TuneOptions forced;
+      forced.candidates = 8;
+      forced.pick = pick;
+      try {
+        blas.tune(t.m, n, t.k, t.k, n, n + t.pad, beta, elsewhere, forced);
+      } catch (const Error& e) {  // fewer candidates than `pick` for this shape: nothing to force
+        EXPECT_NE(std::string(e.what()).find("only"), std::string::npos) << e.what();
+        continue;
+      }
+      ASSERT_EQ(blas.choice(t.m, n, t.k, t.k, n, n + t.pad, beta, elsewhere), GemmChoice::algorithm);
+      const Outcome o = run_case(blas, stream.s, t.kind, t.m, n, t.k, t.pad, 0, seed += 3);
+      EXPECT_EQ(o.nonfinite, 0) << "outputs left poisoned or not finite";
+      EXPECT_LT(o.error, 1e-2);
+      EXPECT_EQ(o.padding_written, 0) << "written in C's padding";
+    }
+  }
+}
+
+// Four threads tune one shape through Blas objects of their own at once: one times it (one
+// tuning at a time per device), the others find its choice. A hang fails by the test's timeout.
+TEST(BlasTuning, ThreadsTuningOneShapeTimeItOnce) {
+  CARAVAN_REQUIRE_GPU_COUNT(1);
+  CARAVAN_HIP_CHECK(hipSetDevice(0));
+  constexpr int kThreads = 4;
+  std::atomic<int> timed_calls{0}, failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&] {
+      try {
+        CARAVAN_HIP_CHECK(hipSetDevice(0));
+        Stream stream;
+        Blas blas(stream.s);
+        if (blas.tune(1096, 1160, 456, 456, 1160, 1160, 0.0f, false, TuneOptions{8}) > 0) ++timed_calls;
+        if (blas.choice(1096, 1160, 456, 456, 1160, 1160) == GemmChoice::untuned) ++failures;
+      } catch (...) {
+        ++failures;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LE(timed_calls.load(), 1) << "the shape was timed more than once";
 }
 
 TEST(BlasTuning, OffWithZeroCandidatesAndBadArgumentsRefused) {
@@ -181,15 +253,15 @@ TEST(BlasTuning, OffWithZeroCandidatesAndBadArgumentsRefused) {
   {
     settings::ScopedOverride off{"CARAVAN_GPU_GEMM_TUNE", "0"};
     EXPECT_EQ(blas.tune(512, 640, 384, 384, 640, 640), 0);
-    EXPECT_FALSE(blas.tuned(512, 640, 384, 384, 640, 640));
+    EXPECT_EQ(blas.choice(512, 640, 384, 384, 640, 640), GemmChoice::untuned);
     const Outcome o = run_case(blas, stream.s, Kind::overwrite, 512, 640, 384, 0, 0, std::random_device{}());
     EXPECT_EQ(o.nonfinite, 0);
     EXPECT_LT(o.error, 1e-2);
     // A count given to the call overrides the setting (bench gemm's --tune).
-    const bool before = blas.tuned(512, 640, 392, 392, 640, 640);
-    const int timed = blas.tune(512, 640, 392, 392, 640, 640, 0.0f, false, 4);
+    const bool before = blas.choice(512, 640, 392, 392, 640, 640) != GemmChoice::untuned;
+    const int timed = blas.tune(512, 640, 392, 392, 640, 640, 0.0f, false, TuneOptions{4});
     if (!before) EXPECT_GE(timed, 2);
-    EXPECT_TRUE(blas.tuned(512, 640, 392, 392, 640, 640));
+    EXPECT_NE(blas.choice(512, 640, 392, 392, 640, 640), GemmChoice::untuned);
   }
   const auto refused = [&](const char* what, auto call, const char* names) {
     try {
@@ -209,7 +281,13 @@ TEST(BlasTuning, OffWithZeroCandidatesAndBadArgumentsRefused) {
   refused(
       "beta 0.5", [&] { blas.tune(64, 64, 64, 64, 64, 64, 0.5f); }, "beta = 0.5");
   refused(
-      "candidates 65", [&] { blas.tune(64, 64, 64, 64, 64, 64, 0.0f, false, 65); }, "candidates = 65");
+      "candidates 65", [&] { blas.tune(64, 64, 64, 64, 64, 64, 0.0f, false, TuneOptions{65}); }, "candidates = 65");
+  refused(
+      "pick 63 of 2",
+      [&] {
+        blas.tune(192, 256, 128, 128, 256, 256, 0.0f, false, TuneOptions{2, 63});
+      },
+      "options.pick = 63, but only");
 }
 
 }  // namespace
