@@ -236,11 +236,21 @@ std::map<std::string, std::string, std::less<>>& overrides() {
   return map;
 }
 
+// "int in [0, 64]", "bytes >= 0", "double": the kind and, where it has one, the range a value
+// must lie in (what `caravan config` shows, so a rule is known before a value breaks it).
+std::string with_range(const char* kind, const Definition& d) {
+  const bool low = std::isfinite(d.min), high = std::isfinite(d.max);
+  if (low && high) return fmt::format("{} in [{}, {}]", kind, d.min, d.max);
+  if (low) return fmt::format("{} >= {}", kind, d.min);
+  if (high) return fmt::format("{} <= {}", kind, d.max);
+  return kind;
+}
+
 std::string type_name(const Definition& d) {
   switch (d.kind) {
-    case Kind::integer: return "int";
-    case Kind::bytes: return "bytes";
-    case Kind::real: return "double";
+    case Kind::integer: return with_range("int", d);
+    case Kind::bytes: return with_range("bytes", d);
+    case Kind::real: return with_range("double", d);
     case Kind::boolean: return "bool";
     case Kind::string: return "string";
     case Kind::choice: return fmt::format("one of {}", d.choices);

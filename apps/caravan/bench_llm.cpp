@@ -481,6 +481,7 @@ BenchReport run_llm_bench(const LlmOptions& given) {
   const int world = o.world != 0 ? o.world : 2;
   if (world < 1 || world > 64) throw Error(Errc::invalid_argument, fmt::format("--world {}: must be in [1, 64]", world));
   validate(o, world);
+  kernels::check_overlap_settings();  // once here, as a usage error, not in every rank
   std::vector<std::string> args = {"bench", "llm-rank", "--tokens", std::to_string(o.tokens), "--hidden", std::to_string(o.hidden),
                                    "--heads", std::to_string(o.heads), "--ffn", std::to_string(o.ffn), "--iterations",
                                    std::to_string(o.iterations), "--warmup", std::to_string(o.warmup)};

@@ -428,6 +428,7 @@ BenchReport run_cpu(const BenchOverlapArgs& args, const CpuOptions& cpu) {
   const int world = args.world != 0 ? args.world : std::clamp(cores, 2, 4);
   if (world < 1 || world > 64) throw Error(Errc::invalid_argument, fmt::format("--world {}: must be in [1, 64]", world));
   validate(args, cpu, world);
+  kernels::check_overlap_settings();  // once here, as a usage error, not in every rank
   // The heap is allocated once per rank at start-up: size it for the whole run.
   std::vector<std::pair<std::string, std::string>> environment;
   const std::uint64_t need = heap_bytes_needed(args, cpu, world);

@@ -36,7 +36,9 @@ nlohmann::json run_self_as_ranks(int world, int nodes, const std::vector<std::st
   const int status = run_ranks(spec);
   if (status != 0) {
     std::remove(out.c_str());
-    throw Error(Errc::transport, fmt::format("{}: the ranks failed (status {}; their messages are above)", what, status));
+    // Status 2 is a rank refusing its input (a setting, an option): a usage error here too.
+    throw Error(status == 2 ? Errc::invalid_argument : Errc::transport,
+                fmt::format("{}: the ranks failed (status {}; their messages are above)", what, status));
   }
   std::ifstream file(out);
   if (!file) throw Error(Errc::internal, fmt::format("{}: rank 0 wrote no figures to {}", what, out));

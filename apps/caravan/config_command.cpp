@@ -70,7 +70,7 @@ void print_config(bool json) {
   fmt::print("{:<{}}  {:<{}}  {:<{}}  {:<11}  {}\n", "name", name_width, "current", value_width, "default",
              default_width, "source", "doc");
   for (const auto& s : all) {
-    fmt::print("{:<{}}  {:<{}}  {:<{}}  {:<11}  {} [{}]\n", s.name, name_width, s.current_value, value_width,
+    fmt::print("{:<{}}  {:<{}}  {:<{}}  {:<11}  {} (type: {})\n", s.name, name_width, s.current_value, value_width,
                s.default_value, default_width, source_name(s.source), s.doc, s.type);
     if (!s.error.empty()) fmt::print("  ^ invalid: {}\n", s.error);
   }

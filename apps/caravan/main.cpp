@@ -2,12 +2,14 @@
 #include "apps/caravan/commands.h"
 
 #include <caravan/error.h>
+#include <caravan/settings.h>
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <exception>
 #include <vector>
 
@@ -70,6 +72,22 @@ int check_command_words(CLI::App& app, int argc, char** argv) {
   return 0;
 }
 
+// A CARAVAN_* setting with an invalid value fails every command at once, named with its rule,
+// even one that would not read it (there a typo in a value would pass unnoticed, and a report
+// would list it among the settings in effect). `caravan config` lists them all itself, and help
+// is always shown.
+void check_settings(const std::vector<char*>& args) {
+  if (args.size() < 2 || std::string_view(args[1]) == "config") return;
+  for (std::size_t i = 1; i < args.size(); ++i)
+    if (std::string_view(args[i]) == "--help" || std::string_view(args[i]) == "-h") return;
+  std::string invalid;
+  for (const auto& s : caravan::settings::list())
+    if (!s.error.empty()) invalid += (invalid.empty() ? "" : "; ") + s.error;
+  if (!invalid.empty())
+    throw caravan::Error(caravan::Errc::invalid_argument,
+                         invalid + " (`caravan config` lists every setting with its rule)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -89,6 +107,7 @@ int main(int argc, char** argv) {
     caravan::app::strip_run_separator(app, args);
     const int count = static_cast<int>(args.size());
     if (const int status = check_command_words(app, count, args.data()); status != 0) return status;
+    check_settings(args);
     app.parse(count, args.data());
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // `caravan run`: the failed rank's status, already reported

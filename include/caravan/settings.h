@@ -15,7 +15,7 @@ enum class Source { default_value, environment, override_value };
 
 struct SettingView {
   std::string name;
-  std::string type;           // "int", "bytes", "double", "bool", "string", or "one of a|b|c"
+  std::string type;  // "int", "bytes", "double" with their range ("int in [0, 64]"), "bool", "string", "one of a|b|c"
   std::string default_value;
   std::string current_value;  // as it will be read now (validated; see error)
   Source source = Source::default_value;

@@ -38,6 +38,19 @@ std::string_view to_string(OverlapVariant variant) {
   return "?";
 }
 
+void check_overlap_settings() {
+  (void)settings::get_int("CARAVAN_OVERLAP_THREADS");
+  (void)settings::get_int("CARAVAN_OVERLAP_COMM_THREADS");
+  (void)settings::get_int("CARAVAN_OVERLAP_TILE_M");
+  const std::int64_t tile_n = settings::get_int("CARAVAN_OVERLAP_TILE_N");
+  if (tile_n % PackedB::kPanelWidth != 0)
+    throw Error(Errc::invalid_argument, fmt::format("CARAVAN_OVERLAP_TILE_N='{}': must be a multiple of {} (the GEMM's "
+                                                    "panel width)",
+                                                    tile_n, PackedB::kPanelWidth));
+  (void)settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S");
+  (void)settings::get_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES");
+}
+
 int default_compute_threads() {
   const std::int64_t setting = settings::get_int("CARAVAN_OVERLAP_THREADS");
   if (setting > 0) return static_cast<int>(setting);
@@ -87,8 +100,9 @@ Config resolve(const OverlapOptions& options, std::string_view op) {
     throw Error(Errc::invalid_argument, fmt::format("{}: chunk_rows = {}: must be at least 1", op, c.chunk_rows));
   c.tile_cols = options.tile_cols ? options.tile_cols : settings::get_int("CARAVAN_OVERLAP_TILE_N");
   if (c.tile_cols < PackedB::kPanelWidth || c.tile_cols % PackedB::kPanelWidth != 0)
-    throw Error(Errc::invalid_argument, fmt::format("{}: tile_cols = {}: must be a positive multiple of {}", op,
-                                                    c.tile_cols, PackedB::kPanelWidth));
+    throw Error(Errc::invalid_argument,
+                fmt::format("{}: tile_cols = {}{}: must be a positive multiple of {}", op, c.tile_cols,
+                            options.tile_cols ? "" : " (CARAVAN_OVERLAP_TILE_N)", PackedB::kPanelWidth));
   c.timeout = options.timeout ? *options.timeout
                               : std::chrono::duration_cast<std::chrono::nanoseconds>(
                                     std::chrono::duration<double>(settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S")));
