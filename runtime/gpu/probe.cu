@@ -3,6 +3,8 @@
 
 #include <caravan/platform.h>
 
+#include <dlfcn.h>
+
 #include <string>
 
 namespace caravan {
@@ -34,6 +36,15 @@ GpuProbe probe_gpus() {
     probe.device_count = 0;
     probe.reason = std::string("the GPU runtime sees no device: ") + hipGetErrorName(status) + " (" +
                    hipGetErrorString(status) + ")";
+#if !defined(CARAVAN_GPU_AMD)
+    // Without any NVIDIA driver CUDA says "driver version is insufficient", which sends a user
+    // of a machine with no GPU looking for a driver update: say what is missing.
+    if (status == hipErrorInsufficientDriver && !dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD) &&
+        !dlopen("libcuda.so.1", RTLD_LAZY))
+      probe.reason =
+          "no NVIDIA driver on this machine (libcuda.so.1 cannot be loaded; CUDA says "
+          "cudaErrorInsufficientDriver)";
+#endif
     return probe;
   }
   probe.device_count = count;
