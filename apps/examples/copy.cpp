@@ -5,6 +5,7 @@
 #include <caravan/caravan.h>
 
 #include <cstdio>
+#include <exception>
 #include <cstring>
 
 struct Particle {
@@ -12,7 +13,9 @@ struct Particle {
   double velocity;
 };
 
-int main() {
+namespace {
+
+int run() {
   caravan::Runtime rt;
   // Two fields per point; one million points in one dimension.
   caravan::FieldSpace fields({{"mass", sizeof(float)}, {"velocity", sizeof(double)}});
@@ -47,4 +50,17 @@ int main() {
   }
   std::printf("%llu bytes there and back, unchanged\n", static_cast<unsigned long long>(aos.footprint_bytes()));
   return 0;
+}
+
+}  // namespace
+
+// Caravan reports errors as exceptions: caravan::Error (a code and a message naming what was
+// refused, e.g. a bad CARAVAN_DSK_DIR), and EventPoisoned from a wait on an event whose work failed.
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "example_copy: %s\n", e.what());
+    return 1;
+  }
 }

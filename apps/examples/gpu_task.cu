@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <vector>
 
 namespace {
@@ -27,7 +28,9 @@ struct ScaleArgs {
 
 }  // namespace
 
-int main() {
+namespace {
+
+int run() {
   const caravan::GpuProbe gpus = caravan::probe_gpus();
   if (gpus.device_count == 0) {
     std::printf("skipped: no GPU (%s)\n", gpus.reason.c_str());
@@ -71,4 +74,17 @@ int main() {
   }
   std::printf("%ld values went to GPU 0, through a kernel and back: all as expected\n", n);
   return 0;
+}
+
+}  // namespace
+
+// Caravan reports errors as exceptions: caravan::Error (a code and a message naming what was
+// refused, e.g. a bad CARAVAN_DSK_DIR), and EventPoisoned from a wait on an event whose work failed.
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "example_gpu_task: %s\n", e.what());
+    return 1;
+  }
 }

@@ -4,12 +4,15 @@
 
 #include <atomic>
 #include <cstdio>
+#include <exception>
 
 struct Range {
   int begin, end;
 };
 
-int main() {
+namespace {
+
+int run() {
   static std::atomic<long> total{0};
   // Tasks are registered by name, once per process (before or after the runtime starts).
   caravan::TaskId sum = caravan::register_task("example.sum", [](caravan::TaskContext& ctx) {
@@ -36,4 +39,17 @@ int main() {
   }
   std::printf("total %ld, as expected\n", total.load());
   return 0;
+}
+
+}  // namespace
+
+// Caravan reports errors as exceptions: caravan::Error (a code and a message naming what was
+// refused, e.g. a bad CARAVAN_DSK_DIR), and EventPoisoned from a wait on an event whose work failed.
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "example_tasks: %s\n", e.what());
+    return 1;
+  }
 }
