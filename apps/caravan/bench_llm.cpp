@@ -55,7 +55,13 @@ constexpr std::size_t kSteps = static_cast<std::size_t>(LayerStep::count);
 
 std::vector<OverlapVariant> variants_of(const LlmOptions& o) {
   std::vector<OverlapVariant> out;
-  for (const auto& name : o.variants) out.push_back(parse_variant(name));
+  for (const auto& name : o.variants) {
+    try {
+      out.push_back(parse_variant(name));
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("--variant: {}", e.what()));
+    }
+  }
   if (out.empty()) out.assign(std::begin(kAllVariants), std::end(kAllVariants));
   if (std::find(out.begin(), out.end(), OverlapVariant::bulk_synchronous) == out.end())
     out.insert(out.begin(), OverlapVariant::bulk_synchronous);  // the baseline is always measured
@@ -113,7 +119,13 @@ void validate(const LlmOptions& o, int world, bool gpu = false) {
   if (o.ffn < 1 || o.ffn % world != 0)
     throw Error(Errc::invalid_argument, fmt::format("--ffn {}{}: must be a positive multiple of the world size {}",
                                                     o.ffn, from(o.filled.ffn), world));
-  if (!gpu) variants_of(o);  // names (the GPU backend checks its own)
+  if (!gpu) {
+    variants_of(o);  // names (the GPU backend checks its own)
+    if (o.attention != "fused")
+      throw Error(Errc::invalid_argument,
+                  fmt::format("--attention {}: applies to the GPU backend only (the CPU backend has one attention)",
+                              o.attention));
+  }
 }
 
 // --- the ranks' side ---

@@ -50,7 +50,10 @@ FieldSpace parse_fields(const std::string& text) {
     std::uint32_t v = 0;
     auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
     if (ec != std::errc() || ptr != s.data() + s.size() || v == 0)
-      throw Error(Errc::invalid_argument, fmt::format("--fields '{}': expected COUNTxBYTES (e.g. 4x4) or sizes (e.g. 8,4,4)", text));
+      throw Error(Errc::invalid_argument,
+                  fmt::format("--fields '{}': expected COUNTxBYTES (e.g. 4x4) or sizes (e.g. 8,4,4), each a whole "
+                              "number of at least 1",
+                              text));
     return v;
   };
   if (x != std::string::npos) {
@@ -90,6 +93,9 @@ IndexSpace make_space(const PlanArgs& a, int dims, const FieldSpace& fields) {
       auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
       if (ec != std::errc() || ptr != part.data() + part.size())
         throw Error(Errc::invalid_argument, fmt::format("--extents '{}': expected extents such as 8192,8192", a.extents));
+      if (v < 1)
+        throw Error(Errc::invalid_argument,
+                    fmt::format("--extents '{}': each extent must be at least 1 (got {})", a.extents, v));
       extents.push_back(v);
       if (comma == std::string_view::npos) break;
       rest.remove_prefix(comma + 1);
@@ -135,7 +141,11 @@ void run_plan(const PlanArgs& a) {
   request.fields = parse_fields(a.fields);
   request.space = make_space(a, std::max(dims_of(request.src_layout), dims_of(request.dst_layout)), request.fields);
   PlannerOptions options = PlannerOptions::from_settings();
-  if (!a.threshold.empty()) options.buffer_threshold = settings::parse_byte_count(a.threshold, "--threshold");
+  if (!a.threshold.empty()) {
+    options.buffer_threshold = settings::parse_byte_count(a.threshold, "--threshold");
+    if (options.buffer_threshold == 0)
+      throw Error(Errc::invalid_argument, fmt::format("--threshold '{}': must be at least 1 byte", a.threshold));
+  }
   if (a.max_hops > 0) options.max_hops = a.max_hops;
   if (a.transit) options.transit_nodes = true;
   std::string kind = a.planner;
@@ -247,6 +257,9 @@ void add_plan_command(CLI::App& app) {
   show->add_flag("--json", show_json, "Print the machine file (JSON) instead of tables");
   show->callback([] { show_machine(machine_or_setting(shown), show_json); });
   generate->callback([] {
+    if (nodes < 1 || nodes > 4096)
+      throw Error(Errc::invalid_argument, fmt::format("--nodes {}: must be in [1, 4096]", nodes));
+    if (gpus < 1 || gpus > 64) throw Error(Errc::invalid_argument, fmt::format("--gpus {}: must be in [1, 64]", gpus));
     std::string text = planner::to_machine_json(planner::generate_cluster({nodes, gpus}));
     if (output.empty()) {
       fmt::print("{}\n", text);

@@ -29,7 +29,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -111,7 +113,9 @@ int run_ranks(const RunSpec& spec) {
   if (spec.command.empty()) throw Error(Errc::invalid_argument, "caravan run: no PROGRAM to start");
   double grace = spec.grace_s >= 0 ? spec.grace_s : settings::get_double("CARAVAN_PEER_TIMEOUT_S") + 10.0;
   int port = spec.port != 0 ? spec.port : free_port(spec.address);
-  if (port < 1 || port > 65535) throw Error(Errc::invalid_argument, fmt::format("--port {}: must be in [1, 65535]", port));
+  if (port < 1 || port > 65535)
+    throw Error(Errc::invalid_argument,
+                fmt::format("--port {}: must be in [1, 65535], or 0 to pick a free port", port));
 
   // The environment every rank shares: ours, minus any job variables of an enclosing launcher.
   std::vector<std::string> base;
@@ -273,7 +277,16 @@ void add_run_command(CLI::App& app) {
   run->add_option("--addr", spec.address, "MASTER_ADDR: the address rank 0 listens on")->capture_default_str();
   run->add_option("--port", spec.port, "MASTER_PORT (0: pick a free port)")->capture_default_str();
   run->add_option("--grace", spec.grace_s,
-                  "Seconds the other ranks may run on after one fails (default: CARAVAN_PEER_TIMEOUT_S + 10)");
+                  "Seconds the other ranks may run on after one fails (default: CARAVAN_PEER_TIMEOUT_S + 10)")
+      ->check(
+          [](const std::string& text) {
+            double seconds = 0;
+            auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+            if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(seconds) || seconds < 0)
+              return fmt::format("'{}' must be a number of seconds, at least 0", text);
+            return std::string();
+          },
+          "seconds >= 0");
   // Everything from PROGRAM on belongs to the program, options included; `--` before PROGRAM
   // is optional (strip_run_separator).
   run->prefix_command();
