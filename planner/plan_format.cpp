@@ -83,7 +83,8 @@ std::string to_text(const Plan& p) {
   out += fmt::format("predicted {:.3f} GB/s (upper bound U {:.3f} GB/s); bottleneck: {}\n", p.predicted_gbps, p.upper_bound_gbps,
                      p.bottleneck);
   if (p.planner == PlannerKind::full)
-    out += fmt::format("full search: {} candidate paths solved{}\n", p.paths_evaluated, p.exhaustive ? "" : " (search budget reached)");
+    out += fmt::format("full search: {} candidate path{} solved{}\n", p.paths_evaluated,
+                       p.paths_evaluated == 1 ? "" : "s", p.exhaustive ? "" : " (search budget reached)");
   return out;
 }
 
@@ -97,7 +98,15 @@ std::string to_text(const MultiPlan& m) {
     out += fmt::format("\n-- path {}: {} of the data ({}), {:.3f} GB/s, piece {}\n", i, bytes_text(s.bytes),
                        fmt::format("{:.1f}%", 100.0 * static_cast<double>(s.bytes) / static_cast<double>(std::max<std::uint64_t>(m.bytes, 1))),
                        s.gbps, s.piece.to_string());
-    out += to_text(s.plan);
+    // The route's plan text without its own header, which names the whole copy: its hops,
+    // buffers and prediction are as the planner solved the route for all of it.
+    const std::string route_text = to_text(s.plan);
+    const std::size_t first_line = route_text.find('\n');
+    out += fmt::format(
+        "(the route's plan, solved for the whole {} copy: its PREFIX and request sizes are the "
+        "whole copy's; this path moves {})\n",
+        bytes_text(m.bytes), bytes_text(s.bytes));
+    out += first_line == std::string::npos ? route_text : route_text.substr(first_line + 1);
   }
   out += fmt::format("\npredicted {:.3f} GB/s over all paths; best single path {:.3f} GB/s; max-flow bound {:.3f} GB/s\n",
                      m.predicted_gbps, m.best_single_gbps, m.max_flow_gbps);

@@ -116,6 +116,14 @@ IndexSpace make_space(const PlanArgs& a, int dims, const FieldSpace& fields) {
   return Rect::from_extents(extents);
 }
 
+// The machine's description cut to about 80 characters at a word, marked when cut.
+std::string short_description(const std::string& text) {
+  constexpr std::size_t kWidth = 80;
+  if (text.size() <= kWidth) return text;
+  const std::size_t space = text.rfind(' ', kWidth);
+  return text.substr(0, space == std::string::npos ? kWidth : space) + " ...";
+}
+
 template <class F>
 double median_us(F&& fn, int runs) {
   std::vector<double> us;
@@ -162,8 +170,8 @@ void run_plan(const PlanArgs& a) {
       fmt::print("{}\n", out.dump(2));
     } else {
       fmt::print("machine {} ({}), instance {} x |F| = {} B\n{}planning time: {:.1f} us (median of {})\n", graph.name(),
-                 graph.description().description.substr(0, 80), request.space.to_string(), request.fields.total_size(),
-                 to_text(plan), us, kRuns);
+                 short_description(graph.description().description), request.space.to_string(),
+                 request.fields.total_size(), to_text(plan), us, kRuns);
     }
     return;
   }
