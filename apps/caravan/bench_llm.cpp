@@ -333,8 +333,10 @@ BenchReport make_report(const nlohmann::json& run, const LlmOptions& o) {
     report.notes.push_back(fmt::format("CPU backend: {} ranks in {} logical node(s), {} compute thread(s) per rank; weights and "
                                        "activations bf16, fp32 arithmetic; attention, norms and SwiGLU on one thread per rank",
                                        run["world"].get<int>(), run["nodes"].get<int>(), run["threads"].get<int>()));
-    report.notes.push_back(fmt::format("load average {:.2f} before, {:.2f} after: the build machine is shared and noisy",
-                                       run["load_before"].get<double>(), run["load_after"].get<double>()));
+    report.notes.push_back(fmt::format(
+        "load average {:.2f} before, {:.2f} after, on {} cores: other work on the "
+        "machine moves CPU timings; compare ratios within one run",
+        run["load_before"].get<double>(), run["load_after"].get<double>(), std::thread::hardware_concurrency()));
   }
   report.figures = {{"backend", gpu ? "gpu" : "cpu"}, {"world", run["world"]}, {"nodes", run["nodes"]}, {"threads", run["threads"]},
                     {"shape", {{"tokens", o.tokens}, {"hidden", o.hidden}, {"heads", o.heads}, {"kv_heads", o.kv_heads},

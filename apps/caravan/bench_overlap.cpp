@@ -390,8 +390,9 @@ BenchReport make_report(const nlohmann::json& run, const BenchOverlapArgs& args)
       run["world"].get<int>(), run["nodes"].get<int>(), run["threads"].get<int>(),
       run["nodes"].get<int>() > 1 ? "UCX between logical nodes" : "shared memory"));
   report.notes.push_back(fmt::format(
-      "load average {:.2f} before, {:.2f} after: the build machine is shared and noisy, compare ratios within one run only",
-      run["load_before"].get<double>(), run["load_after"].get<double>()));
+      "load average {:.2f} before, {:.2f} after, on {} cores: other work on the machine moves CPU timings; compare "
+      "ratios within one run",
+      run["load_before"].get<double>(), run["load_after"].get<double>(), std::thread::hardware_concurrency()));
   report.notes.push_back("baseline: bulk_synchronous (the collective, then the GEMM, or the GEMM, then the collective, as "
                          "PyTorch + NCCL on one stream); ll_allgather: the push AllGather");
   report.figures = {{"backend", "cpu"},          {"world", run["world"]},         {"nodes", run["nodes"]},
