@@ -22,6 +22,8 @@ std::string size_label(std::uint64_t bytes) {
 void run_calibrate(bool force, bool json) {
   bool cached = false, written = false;
   dma::Calibration c = dma::load_or_calibrate(force, &cached, &written);
+  // Columns in one order whether measured now or read back (the cache keeps them by name).
+  std::sort(c.channels.begin(), c.channels.end(), [](const auto& x, const auto& y) { return x.channel < y.channel; });
   if (json) {
     nlohmann::json channels = nlohmann::json::object();
     for (const auto& ch : c.channels) {
