@@ -211,7 +211,11 @@ BenchReport run_tasks_bench() {
   for (int r = 0; r < o.repetitions; ++r) {
     caravan_rates.push_back(caravan_tasks_per_second(rt, empty, o.tasks));
     plain_rates.push_back(plain_pool_tasks_per_second(workers, o.tasks));
+    // Progress on standard error (a default run takes seconds; the report goes to stdout).
+    fmt::print(stderr, "bench tasks: run {} of {}: caravan {:.2f} M tasks/s, plain pool {:.2f}\n", r + 1, o.repetitions,
+               caravan_rates.back() / 1e6, plain_rates.back() / 1e6);
   }
+  fmt::print(stderr, "bench tasks: wake-up latency, {} waits of each kind\n", o.wakeups);
   Summary caravan_rate = summarize(caravan_rates), plain_rate = summarize(plain_rates);
 
   // Parked: the waiter has long since gone to sleep in the kernel (worst case).
