@@ -357,9 +357,10 @@ struct GemmShape {
   bool add_elsewhere = false;  // Blas::gemm_add: D = A B + C, C and D distinct (cuBLASLt)
 };
 void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t reduce_elements = 0) {
-  // gemm_add plans per pointer alignment (blas.h): its shapes run twice, on buffers aligned as
-  // hipMalloc's and 16 bytes past that, the loosest alignment rows of a multiple of 8 bf16 can
-  // have, whose plan serves any pointers in an operation.
+  // Every shape runs twice, on buffers aligned as hipMalloc's and 16 bytes past that, the
+  // loosest alignment rows of a multiple of 8 bf16 can have: gemm_add plans per pointer alignment
+  // (blas.h), and that plan serves any pointers in an operation; cuBLAS's own choice for gemm
+  // may depend on the alignment too.
   constexpr long kShift = 8;  // elements: 16 bytes
   long a_elems = 1, b_elems = 1, c_elems = 1, d_elems = 1;
   for (const auto& g : shapes) {
@@ -394,7 +395,12 @@ void warm_up(GpuTeam& team, const std::vector<GemmShape>& shapes, std::size_t re
         for (const auto& g : shapes) {
           bf16 *in = static_cast<bf16*>(a), *w = static_cast<bf16*>(b), *acc = static_cast<bf16*>(c);
           if (!g.add_elsewhere) {
-            team.blas(r, lane).gemm(streams[0], g.m, g.n, g.k, in, g.k, w, g.n, acc, g.ldc, g.beta);
+            // Aligned as hipMalloc's (a tuned shape's plan) and 16 bytes past: cuBLAS may pick
+            // another kernel for pointers of a row offset less aligned, and its first launch must
+            // happen here too.
+            for (long shift : {0L, kShift})
+              team.blas(r, lane).gemm(streams[0], g.m, g.n, g.k, in + shift, g.k, w + shift, g.n, acc + shift, g.ldc,
+                                      g.beta);
             continue;
           }
           bf16* sum = static_cast<bf16*>(d);
