@@ -60,14 +60,6 @@ struct Gpu {
   std::uint64_t epoch = 0;
 };
 
-__global__ void fill(__nv_bfloat16* p, std::size_t count, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count; i += std::size_t{gridDim.x} * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
-    p[i] = __float2bfloat16((static_cast<float>(x & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
-
 // What runs beside the GEMM: nothing, copies to the right neighbour (push), from the left one
 // (pull, this GPU's engine reading the peer), within this GPU (local), or GPU 0 pushing to GPU 1
 // only (one way: GPU 0 sends, GPU 1 receives); cut into pieces of `piece_mib`; `gap_us` > 0 puts
@@ -202,8 +194,8 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&g.a, static_cast<std::size_t>(s.m * s.k) * 2));
       CK(cudaMalloc(&g.b, static_cast<std::size_t>(s.k * s.n) * 2));
       CK(cudaMalloc(&g.c, static_cast<std::size_t>(s.m * s.n) * 2));
-      fill<<<1024, 256>>>(g.a, static_cast<std::size_t>(s.m * s.k), 17u + d);
-      fill<<<1024, 256>>>(g.b, static_cast<std::size_t>(s.k * s.n), 91u + d);
+      probe_fill<<<1024, 256>>>(g.a, static_cast<std::size_t>(s.m * s.k), 17u + d);
+      probe_fill<<<1024, 256>>>(g.b, static_cast<std::size_t>(s.k * s.n), 91u + d);
       CK(cudaGetLastError());
       CK(cudaDeviceSynchronize());
     }

@@ -52,15 +52,6 @@ const Scenario kScenarios[] = {
 };
 constexpr int kScenarioCount = static_cast<int>(sizeof kScenarios / sizeof kScenarios[0]);
 
-__global__ void fill(__nv_bfloat16* p, std::size_t count, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
-       i += std::size_t{gridDim.x} * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
-    p[i] = __float2bfloat16((static_cast<float>(x & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
-
 struct Lane {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
@@ -103,8 +94,8 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&a, static_cast<std::size_t>(m) * max_k * 2));
   CK(cudaMalloc(&b, static_cast<std::size_t>(max_k) * max_n * 2));
   CK(cudaMalloc(&c, static_cast<std::size_t>(m) * max_n * 2));
-  fill<<<1024, 256>>>(a, static_cast<std::size_t>(m) * max_k, 1);
-  fill<<<1024, 256>>>(b, static_cast<std::size_t>(max_k) * max_n, 2);
+  probe_fill<<<1024, 256>>>(a, static_cast<std::size_t>(m) * max_k, 1);
+  probe_fill<<<1024, 256>>>(b, static_cast<std::size_t>(max_k) * max_n, 2);
   CK(cudaGetLastError());
   Lane lanes[2];
   // Each lane's pointer arrays, per (shape, rank, plan) rewritten before that case's rounds:

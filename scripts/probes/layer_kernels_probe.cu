@@ -85,14 +85,13 @@ __global__ void new_kernel(const bf16* x, long cols, const float* weight, bf16* 
     store8(out + blockIdx.x * cols + c, v[i]);
   }
 }
-__global__ void fill(bf16* p, size_t n, unsigned seed){ for(size_t i=blockIdx.x*(size_t)blockDim.x+threadIdx.x;i<n;i+=(size_t)gridDim.x*blockDim.x){unsigned x=(unsigned)i*2654435761u^seed; x^=x>>13; x*=0x5bd1e995u; x^=x>>15; p[i]=__float2bfloat16(((x&0xffff)/65536.0f-0.5f)*2);} }
 void rmsnorm_cases(){
   long shapes[][2]={{2048,8192},{4096,8192},{1024,4096},{2048,4096},{8192,8192},{256,8192}};
   bf16 *x,*o1,*o2; float* w;
   CK(cudaMalloc(&x,8192L*8192*2)); CK(cudaMalloc(&o1,8192L*8192*2)); CK(cudaMalloc(&o2,8192L*8192*2)); CK(cudaMalloc(&w,8192*4));
   std::vector<float> hw(8192); for(int i=0;i<8192;i++) hw[i]=0.8f+0.4f*((i*37)%100)/100.0f;
   CK(cudaMemcpy(w,hw.data(),8192*4,cudaMemcpyHostToDevice));
-  fill<<<1024,256>>>(x,8192L*8192,3);
+  probe_fill<<<1024, 256>>>(x, 8192L * 8192, 3, 2.0f);
   cudaEvent_t a,b; cudaEventCreate(&a); cudaEventCreate(&b);
   // a big buffer to flush L2
   char* flush; CK(cudaMalloc(&flush, 256<<20));
@@ -158,7 +157,7 @@ void swiglu_add_cases(){
   long shapes[][2]={{8192,7168},{8192,3584},{4096,7168},{8192,14336},{16384,7168}};
   bf16 *x,*o1,*o2; size_t maxe = 16384L*14336*2;
   CK(cudaMalloc(&x,maxe*2)); CK(cudaMalloc(&o1,maxe)); CK(cudaMalloc(&o2,maxe));
-  fill<<<1024,256>>>(x,maxe,3);  // values in [-1, 1]
+  probe_fill<<<1024, 256>>>(x, maxe, 3, 2.0f);  // values in [-1, 1]
   char* flush; CK(cudaMalloc(&flush, 256<<20));
   cudaEvent_t a,b; cudaEventCreate(&a); cudaEventCreate(&b);
   auto med=[](std::vector<float> v){std::sort(v.begin(),v.end()); return v[v.size()/2];};

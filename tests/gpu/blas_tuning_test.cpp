@@ -106,6 +106,12 @@ Outcome run_case(Blas& blas, hipStream_t stream, Kind kind, long m, long n, long
   return o;
 }
 
+void expect_right(const Outcome& o) {
+  EXPECT_EQ(o.nonfinite, 0) << "outputs left poisoned or not finite";
+  EXPECT_LT(o.error, 1e-2);
+  EXPECT_EQ(o.padding_written, 0) << "written in C's padding";
+}
+
 // Shapes no other test of this process tunes (tuned choices are the process's, per device).
 struct TuneCase {
   long m, n, k, pad;
@@ -146,10 +152,7 @@ TEST(BlasTuning, TunedGemmsOfEveryKindMatchTheFloatReference) {
     EXPECT_EQ(untuned.choice(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere), GemmChoice::untuned);
     EXPECT_EQ(untuned.tune(t.m, t.n, t.k, t.k, t.n, ldc, beta, elsewhere), 0);
     for (Blas* b : {&blas, &lane, &untuned}) {
-      const Outcome o = run_case(*b, stream.s, t.kind, t.m, t.n, t.k, t.pad, 0, seed += 3);
-      EXPECT_EQ(o.nonfinite, 0) << "outputs left poisoned or not finite";
-      EXPECT_LT(o.error, 1e-2);
-      EXPECT_EQ(o.padding_written, 0) << "written in C's padding";
+      expect_right(run_case(*b, stream.s, t.kind, t.m, t.n, t.k, t.pad, 0, seed += 3));
     }
   }
 }
@@ -212,10 +215,7 @@ TEST(BlasTuning, ForcedAlgorithmsOfEveryKindMatchTheFloatReference) {
         continue;
       }
       ASSERT_EQ(blas.choice(t.m, n, t.k, t.k, n, n + t.pad, beta, elsewhere), GemmChoice::algorithm);
-      const Outcome o = run_case(blas, stream.s, t.kind, t.m, n, t.k, t.pad, 0, seed += 3);
-      EXPECT_EQ(o.nonfinite, 0) << "outputs left poisoned or not finite";
-      EXPECT_LT(o.error, 1e-2);
-      EXPECT_EQ(o.padding_written, 0) << "written in C's padding";
+      expect_right(run_case(blas, stream.s, t.kind, t.m, n, t.k, t.pad, 0, seed += 3));
     }
   }
 }
