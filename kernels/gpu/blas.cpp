@@ -97,6 +97,14 @@ struct LtPlan {
   GemmKind kind = GemmKind::add_elsewhere;
   bool vendor_default = false;  // a tuned plan whose winner was cublasGemmEx's choice (no descriptors)
 
+  // A plan for `key`'s terms, for pointers aligned as tune()'s buffers (nothing described yet).
+  static LtPlan tuned_for(const GemmKey& key) {
+    LtPlan p;
+    p.m = key.m, p.n = key.n, p.k = key.k, p.lda = key.lda, p.ldb = key.ldb, p.ldc = key.ldc, p.ldd = key.ldd;
+    std::fill(std::begin(p.align), std::end(p.align), kTunedAlignment);
+    p.kind = key.kind;
+    return p;
+  }
   bool same_gemm(long m_, long n_, long k_, long lda_, long ldb_, long ldc_, long ldd_) const {
     return m == m_ && n == n_ && k == k_ && lda == lda_ && ldb == ldb_ && ldc == ldc_ && ldd == ldd_;
   }
@@ -248,17 +256,15 @@ Blas::Blas(hipStream_t home, GemmTuning tuning) : impl_(std::make_unique<Impl>()
 Blas::~Blas() { impl_->release(); }
 
 const LtPlan* Blas::Impl::tuned_plan(const GemmKey& key, const void* a, const void* b, const void* c, const void* d) {
-  if (tuning == GemmTuning::off) return nullptr;
+  // Nothing tuned in the process (the default): one atomic load on the call's path, no more.
+  if (tuning == GemmTuning::off || g_tuned_count.load(std::memory_order_acquire) == 0) return nullptr;
   for (const void* p : {a, b, c, d})
     if (alignment_of(p) < kTunedAlignment) return nullptr;
   for (const LtPlan& p : tuned_plans)
     if (p.kind == key.kind && p.same_gemm(key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.ldd)) return &p;
   const std::optional<TunedChoice> choice = find_tuned(key);
   if (!choice) return nullptr;
-  LtPlan p;
-  p.m = key.m, p.n = key.n, p.k = key.k, p.lda = key.lda, p.ldb = key.ldb, p.ldc = key.ldc, p.ldd = key.ldd;
-  std::fill(std::begin(p.align), std::end(p.align), kTunedAlignment);
-  p.kind = key.kind;
+  LtPlan p = LtPlan::tuned_for(key);
   p.vendor_default = choice->vendor_default;
   p.algo = choice->algo;
   try {
@@ -339,9 +345,7 @@ int Blas::tune(long m, long n, long k, long lda, long ldb, long ldc, float beta,
   fill_random(c.bf(), m, n, ldc, 0x7e57c, 0, 0, 1.0f, i.home);
   bf16* out = add_elsewhere ? d.bf() : c.bf();
 
-  LtPlan p;
-  p.m = key.m, p.n = key.n, p.k = key.k, p.lda = key.lda, p.ldb = key.ldb, p.ldc = key.ldc, p.ldd = key.ldd;
-  std::fill(std::begin(p.align), std::end(p.align), kTunedAlignment);
+  LtPlan p = LtPlan::tuned_for(key);
   hipEvent_t start = nullptr, stop = nullptr;
   const auto release = [&] {
     p.release();

@@ -57,10 +57,10 @@ enum class GatherMode { push, pull };
 // share its cores), at least 1. Needs a running Runtime.
 int default_compute_threads();
 
-// Reads every CARAVAN_OVERLAP_* setting the CPU operations use (and CARAVAN_SYMMETRIC_HEAP_BYTES)
-// and checks it, also against the rules the table cannot state (CARAVAN_OVERLAP_TILE_N a
-// multiple of 32), throwing Error(invalid_argument) that names the variable. A launcher runs it
-// before it starts ranks, so that a bad value fails once, as a usage error, not in every rank.
+// Checks the CPU operations' settings against the rule the settings table cannot state
+// (CARAVAN_OVERLAP_TILE_N a multiple of 32; each setting's range is the table's), throwing
+// Error(invalid_argument) that names the variable. A launcher runs it before it starts ranks, so
+// that a bad value fails once, as a usage error, not in every rank.
 void check_overlap_settings();
 
 struct OverlapOptions {
