@@ -6,6 +6,9 @@
 
 #include <caravan/task.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,8 +26,15 @@ class CpuProcessor final : public TaskProcessor {
   // Makes `task` ready to run (its precondition has triggered).
   void make_ready(TaskRecord* task) override;
 
-  // Stops the workers once the tasks they are running return, then poisons every task still
-  // queued with `failure`. Idempotent.
+  // No task starts from now on: the queued ones and those made ready later fail with
+  // `failure` at once (a running task may be waiting on one). Idempotent.
+  void request_stop(const FailureCause& failure);
+  // After request_stop: waits until every worker has returned, or `timeout` has passed (false).
+  bool wait_for_workers(std::chrono::milliseconds timeout);
+  // Workers still running a task after request_stop, and those of them blocked in Event::wait.
+  int live_workers() const { return live_workers_.load(std::memory_order_acquire); }
+  int blocked_workers() const { return blocked_workers_.load(std::memory_order_relaxed); }
+  // request_stop, then joins the workers once the tasks they are running return. Idempotent.
   void stop(const FailureCause& failure);
 
   // Triggers `task`'s completion poisoned with `failure` and frees it.
@@ -39,7 +49,12 @@ class CpuProcessor final : public TaskProcessor {
   int spin_us_;
   ReadyQueue queue_;
   std::vector<std::thread> workers_;
-  bool stopped_ = false;  // stop_mutex_
+  std::atomic<int> live_workers_{0};
+  std::atomic<int> blocked_workers_{0};
+  std::mutex exit_mutex_;  // with exit_cv_: a worker returned
+  std::condition_variable exit_cv_;
+  bool stop_requested_ = false;  // stop_mutex_
+  bool joined_ = false;          // stop_mutex_
   std::mutex stop_mutex_;
   FailureCause stop_failure_;
 };

@@ -128,7 +128,7 @@ std::string Event::to_string() const {
 UserEvent UserEvent::create() {
   RuntimeImpl* rt = RuntimeImpl::current();
   if (!rt) throw Error(Errc::shut_down, "UserEvent::create: no Caravan runtime is running");
-  return UserEvent(rt->events().create());
+  return UserEvent(rt->events().create(/*user_event=*/true));
 }
 
 void UserEvent::trigger() const {

@@ -88,6 +88,8 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t), "fute
 
 }  // namespace
 
+thread_local std::atomic<int>* t_blocked_wait_count = nullptr;
+
 int wait_spin_us_for(std::int64_t setting, bool uses_gpu) {
   if (setting >= 0) return static_cast<int>(setting);
   return uses_gpu ? kGpuWaitSpinUs : 20;
@@ -167,10 +169,12 @@ void EventTable::push_free(std::uint32_t index) {
   }
 }
 
-Event EventTable::create() {
+Event EventTable::create(bool user_event) {
   std::uint32_t index = pop_free();
   Slot& s = slot(index);
-  // The slot is ours until its event triggers; only we advance issued_generation.
+  // The slot is ours until its event triggers; only we advance issued_generation (and the
+  // release store below publishes user_event with it).
+  s.user_event.store(user_event, std::memory_order_relaxed);
   std::uint64_t generation = s.issued_generation.load(std::memory_order_relaxed) + 1;
   s.issued_generation.store(generation, std::memory_order_release);
   pending_.fetch_add(1, std::memory_order_relaxed);
@@ -303,6 +307,16 @@ bool EventTable::wait(Event e, const std::chrono::steady_clock::time_point* dead
     *failure = find_poison(s, e.generation());
     return true;
   }
+  // Counted for shutdown while blocked (see t_blocked_wait_count).
+  struct BlockedScope {
+    std::atomic<int>* count = t_blocked_wait_count;
+    BlockedScope() {
+      if (count) count->fetch_add(1, std::memory_order_relaxed);
+    }
+    ~BlockedScope() {
+      if (count) count->fetch_sub(1, std::memory_order_relaxed);
+    }
+  } blocked;
   BlockingWaiter waiter;
   add_waiter(e, &waiter);
   if (!waiter.wait_until(deadline)) {
@@ -325,6 +339,25 @@ void EventTable::poison_all_pending(const FailureCause& failure) {
         trigger(Event::from_parts(index, rank_, instance_, issued), failure);
     }
   }
+}
+
+std::size_t EventTable::poison_pending_user_events(const FailureCause& failure) {
+  std::size_t poisoned = 0;
+  std::uint32_t chunks = chunk_count_.load(std::memory_order_acquire);
+  for (std::uint32_t c = 0; c < chunks; ++c) {
+    for (std::uint32_t i = 0; i < kChunkSize; ++i) {
+      std::uint32_t index = (c << kChunkBits) | i;
+      Slot& s = slot(index);
+      std::uint64_t issued = s.issued_generation.load(std::memory_order_acquire);
+      // If the slot was reused since the load above, the generation named here has triggered
+      // already and trigger() changes nothing.
+      if (issued > s.triggered_generation.load(std::memory_order_acquire) &&
+          s.user_event.load(std::memory_order_relaxed) &&
+          trigger(Event::from_parts(index, rank_, instance_, issued), failure))
+        ++poisoned;
+    }
+  }
+  return poisoned;
 }
 
 std::size_t EventTable::pending_count() const {

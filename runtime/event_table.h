@@ -66,6 +66,10 @@ class SlotLock {
 inline constexpr int kGpuWaitSpinUs = 5000;
 int wait_spin_us_for(std::int64_t setting, bool uses_gpu);
 
+// A CPU worker thread points this at its processor's count of workers blocked in
+// EventTable::wait, so that shutdown can tell a task blocked on an event from one still computing.
+extern thread_local std::atomic<int>* t_blocked_wait_count;
+
 class EventTable {
  public:
   EventTable(std::uint16_t rank, std::uint16_t instance, int wait_spin_us);
@@ -79,8 +83,9 @@ class EventTable {
   std::uint16_t rank() const { return rank_; }
   std::uint16_t instance() const { return instance_; }
 
-  // A new pending event.
-  Event create();
+  // A new pending event. A user event (UserEvent::create) has no producer inside the runtime:
+  // shutdown may have to poison it so that a task waiting on it returns.
+  Event create(bool user_event = false);
 
   // Triggers `e` (poisoned if failure is set) and runs its waiters. Returns false, changing
   // nothing, if it had already triggered.
@@ -101,6 +106,8 @@ class EventTable {
 
   // Poisons every pending event with `failure` (used at shutdown so that nothing waits forever).
   void poison_all_pending(const FailureCause& failure);
+  // Poisons the pending events made by create(true); returns how many.
+  std::size_t poison_pending_user_events(const FailureCause& failure);
 
   std::size_t pending_count() const;
 
@@ -114,6 +121,7 @@ class EventTable {
     std::atomic<std::uint64_t> issued_generation{0};
     std::atomic<std::uint32_t> next_free{0};
     std::atomic<bool> has_poison_record{false};
+    std::atomic<bool> user_event{false};  // of the generation issued last
     SlotLock lock;
     EventWaiter* waiters = nullptr;  // guarded by lock; newest first
     // Generations of this slot that triggered poisoned, with their causes; guarded by lock.

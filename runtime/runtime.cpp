@@ -109,9 +109,7 @@ void RuntimeImpl::shutdown() {
     }
     for (auto it = services.rbegin(); it != services.rend(); ++it) (*it)->shutdown();
   }
-  if (cpu_) cpu_->stop(failure);
-  // After the CPU: a CPU task that waits for a GPU task still sees it finish.
-  {
+  const auto stop_gpus = [&] {
     std::vector<detail::GpuProcessor*> gpus;
     {
       std::lock_guard lock(gpus_mutex_);  // stopping_ is set: no processor starts after this
@@ -119,7 +117,10 @@ void RuntimeImpl::shutdown() {
         if (g) gpus.push_back(g.get());
     }
     for (detail::GpuProcessor* g : gpus) g->stop(failure);
-  }
+  };
+  if (cpu_) stop_cpu(failure, stop_gpus);
+  // After the CPU: a CPU task that waits for a GPU task still sees it finish.
+  stop_gpus();
   // Everything still pending (tasks waiting on preconditions, user events) fails now, so that
   // no thread waits forever on work that can no longer happen.
   events_->poison_all_pending(failure);
@@ -132,6 +133,48 @@ void RuntimeImpl::shutdown() {
   RuntimeImpl* self = this;
   g_current.compare_exchange_strong(self, nullptr);
   log::get("runtime")->info("runtime shut down");
+}
+
+void RuntimeImpl::stop_cpu(const FailureCause& failure, const std::function<void()>& stop_gpus) {
+  using std::chrono::milliseconds;
+  // No task starts from here on; queued ones fail now, so a running task waiting on one returns.
+  cpu_->request_stop(failure);
+  // The tasks running now return first. One that waits on an event nothing will trigger any more
+  // (a user event the application will not trigger now) would hold shutdown forever. So once
+  // every worker still running has been blocked in Event::wait for a while, pending user events
+  // fail; if the workers still do not return, the GPUs stop (launched work finishes, queued work
+  // fails) and every pending event fails. A task that computes is never cut short.
+  constexpr milliseconds kPoll{5};
+  constexpr int kBlockedPolls = 4;  // blocked for about 20 ms before each step
+  int steps_taken = 0;
+  int blocked_polls = 0;
+  while (!cpu_->wait_for_workers(kPoll)) {
+    const int live = cpu_->live_workers();
+    if (live == 0 || cpu_->blocked_workers() < live) {
+      blocked_polls = 0;
+      continue;
+    }
+    if (++blocked_polls < kBlockedPolls) continue;
+    blocked_polls = 0;
+    if (steps_taken == 0) {
+      const std::size_t poisoned = events_->poison_pending_user_events(failure);
+      log::get("runtime")->warn(
+          "shutdown: {} CPU task(s) still blocked in Event::wait; poisoned {} pending user event(s) so that they "
+          "return",
+          live, poisoned);
+    } else if (steps_taken == 1) {
+      log::get("runtime")->warn(
+          "shutdown: {} CPU task(s) still blocked in Event::wait; stopping the GPUs and poisoning every pending event",
+          live);
+      stop_gpus();
+      events_->poison_all_pending(failure);
+    } else {
+      // Events made since (by the blocked tasks' own dependents) fail too.
+      events_->poison_all_pending(failure);
+    }
+    ++steps_taken;
+  }
+  cpu_->stop(failure);  // joins
 }
 
 RuntimeService& RuntimeImpl::service(const std::string& name,

@@ -80,6 +80,10 @@ class RuntimeImpl {
   static LocalEvent local_view(const Event& e);
 
  private:
+  // shutdown()'s CPU step: stops the workers without hanging on a task blocked on an event that
+  // can no longer trigger (see the definition).
+  void stop_cpu(const FailureCause& failure, const std::function<void()>& stop_gpus);
+
   static std::atomic<RuntimeImpl*> g_current;
 
   Runtime* owner_;

@@ -183,13 +183,13 @@ const Definition kTable[] = {
    "GPU GEMM+ReduceScatter sm-pull, sm-push and ll-bulk, and the LL AllGather: launch the exchange kernel as a programmatic "
    "dependent of the kernel before it (Hopper and later), so that its launch overlaps that kernel's end; off: an ordinary launch "
    "(read when the operation is constructed)"},
-  {"CARAVAN_GPU_GEMM_TUNE", Kind::integer, "0",
+  {"CARAVAN_GPU_GEMM_TUNE", Kind::integer, "8",
    "GPU overlapped operations and the layer: when an operation is built, time each of its GEMM shapes on random data, "
    "cuBLAS's untuned choice against up to this many cuBLASLt algorithms (the heuristic's first ones, each with one K "
    "split and no reduction between blocks), and run the fastest (if 1% faster) from then on, in every operation of "
-   "the process on that GPU and in its bulk baseline alike (cuBLAS's default ran some of the layer's GEMMs up to 11% "
-   "slower on an H200: bench gemm). 0, the default until the multi-GPU tests have run with it (a similar experiment "
-   "hung once, docs/overlap.md): the operations tune nothing and run cuBLAS's choice, as PyTorch does", 0, 64},
+   "the process on that GPU and in its bulk baseline alike (cuBLAS's default ran some of the layer's GEMMs up to 18% "
+   "slower on an H200: bench gemm). Costs about 144 GEMMs per shape once per GPU. 0: tune nothing and run cuBLAS's "
+   "choice, as PyTorch does", 0, 64},
   // --- GPU ---
   {"CARAVAN_GPU_STREAMS", Kind::integer, "1",
    "Streams each GPU channel (sdma, xgmi) spreads its requests over; 1 queues them behind each other on one link, "

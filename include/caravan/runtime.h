@@ -90,8 +90,12 @@ class Runtime {
 
   // Stops the workers after the tasks running now return. Work that has not run (queued tasks,
   // tasks waiting on preconditions, pending user events) is poisoned with Error(shut_down), so
-  // nobody waits forever. With several ranks it then waits (at most CARAVAN_SHUTDOWN_TIMEOUT_S)
-  // until every live rank has shut down too, serving their requests meanwhile. Idempotent.
+  // nobody waits forever: queued tasks fail at once; if every task still running is blocked in
+  // Event::wait (about 20 ms), pending user events fail, and if they still do not return, the GPUs
+  // stop (launched work finishes) and every pending event fails. A task that is computing, or
+  // blocked in anything but Event::wait, is waited for. Call it from outside the runtime's tasks. With several ranks it
+  // then waits (at most CARAVAN_SHUTDOWN_TIMEOUT_S) until every live rank has shut down too, serving their requests
+  // meanwhile. Idempotent.
   void shutdown();
 
   RuntimeImpl& impl() { return *impl_; }

@@ -16,7 +16,7 @@ enum class GemmTuning { use, off };
 struct TuneOptions {
   static constexpr int kFromSetting = -1;
   // cuBLASLt candidates timed beside the untuned choice; kFromSetting: CARAVAN_GPU_GEMM_TUNE
-  // (0 by default: tune nothing).
+  // (8 by default; 0: tune nothing).
   int candidates = kFromSetting;
   // For tests: record the pick-th candidate that passes the filter, untimed (-1: the fastest), so
   // that the cuBLASLt path of gemm() runs whatever the machine's timings.

@@ -1,0 +1,170 @@
+// Runtime::shutdown() with tasks still running: it returns when a running task waits on work that
+// can no longer happen (a user event nobody triggers, a task queued behind it), and it does not cut
+// short a task that is still computing. Each shutdown runs on its own thread under a deadline, so a
+// hang fails the test instead of stalling the suite.
+#include "tests/runtime/test_util.h"
+
+#include <atomic>
+#include <future>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace caravan {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs rt->shutdown() on another thread; false if it has not returned after `timeout`. The hung
+// runtime is then leaked with its detached thread, so that the test reports the failure instead of
+// hanging again in ~Runtime.
+bool shuts_down_within(std::unique_ptr<Runtime>& rt, std::chrono::seconds timeout) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> returned = done->get_future();
+  Runtime* runtime = rt.get();
+  std::thread([runtime, done] {
+    runtime->shutdown();
+    done->set_value();
+  }).detach();
+  if (returned.wait_for(timeout) == std::future_status::ready) return true;
+  (void)rt.release();
+  return false;
+}
+
+// Waits (at most 10 s) until `count` reaches `target`.
+bool reaches(const std::atomic<int>& count, int target) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (count.load() < target) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+// What a task body saw when its wait ended.
+enum Outcome : int { waiting = 0, ok = 1, shut_down = 2, other = 3 };
+
+struct WaitArgs {
+  Event event;
+  std::atomic<int>* started;
+  std::atomic<int>* outcome;
+};
+
+void wait_and_record(TaskContext& ctx) {
+  const auto a = ctx.args_as<WaitArgs>();
+  a.started->fetch_add(1);
+  try {
+    a.event.wait();
+    a.outcome->store(ok);
+  } catch (const EventPoisoned& e) {
+    a.outcome->store(e.cause() && e.cause()->code() == Errc::shut_down ? shut_down : other);
+  } catch (...) {
+    a.outcome->store(other);
+  }
+}
+
+TEST(RuntimeShutdown, ReturnsWhileATaskWaitsOnAUserEventNobodyTriggers) {
+  const TaskId waiter = test::task("shutdown_test.wait", wait_and_record);
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 2});
+  UserEvent never = UserEvent::create();
+  std::atomic<int> started{0}, outcome{waiting};
+  rt->spawn(waiter, task_args(WaitArgs{never, &started, &outcome}));
+  ASSERT_TRUE(reaches(started, 1)) << "the task did not start";
+  std::this_thread::sleep_for(20ms);  // into its blocking wait
+  ASSERT_TRUE(shuts_down_within(rt, 10s)) << "shutdown hung on a task waiting on a user event";
+  EXPECT_EQ(outcome.load(), shut_down) << "the task's wait should end poisoned with Errc::shut_down";
+}
+
+TEST(RuntimeShutdown, ReturnsWhileATaskWaitsOnATaskQueuedBehindIt) {
+  const TaskId waiter = test::task("shutdown_test.wait", wait_and_record);
+  const TaskId noop = test::task("shutdown_test.noop", [](TaskContext&) {});
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 1});
+  // The one worker runs the waiting task; what it waits on is queued behind it.
+  std::atomic<int> started{0}, outcome{waiting};
+  UserEvent hold = UserEvent::create();
+  Event blocker = rt->spawn(noop, {}, {.precondition = hold});
+  Event queued = rt->spawn(noop, {}, {.precondition = blocker});
+  rt->spawn(waiter, task_args(WaitArgs{queued, &started, &outcome}));
+  ASSERT_TRUE(reaches(started, 1));
+  hold.trigger();  // `blocker` and then `queued` become ready, queued behind the waiting task
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(outcome.load(), waiting) << "the only worker is busy: the queued task cannot have run";
+  ASSERT_TRUE(shuts_down_within(rt, 10s)) << "shutdown hung on a task waiting on a queued task";
+  EXPECT_EQ(outcome.load(), shut_down) << "the queued task fails at shutdown, and so does the wait on it";
+}
+
+TEST(RuntimeShutdown, DoesNotCutShortATaskThatStillComputes) {
+  // One task waits on a user event that another running task triggers when it has computed for
+  // a while: shutdown must let both finish, since neither is stuck.
+  struct ComputeArgs {
+    UserEvent done;
+    std::atomic<int>* started;
+    std::atomic<int>* triggered;
+  };
+  const TaskId waiter = test::task("shutdown_test.wait", wait_and_record);
+  const TaskId compute = test::task("shutdown_test.compute", [](TaskContext& ctx) {
+    const auto a = ctx.args_as<ComputeArgs>();
+    a.started->fetch_add(1);
+    std::this_thread::sleep_for(300ms);  // not an Event::wait: "still computing"
+    try {
+      a.done.trigger();
+      a.triggered->store(1);
+    } catch (const Error&) {
+      a.triggered->store(-1);
+    }
+  });
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 2});
+  UserEvent done = UserEvent::create();
+  std::atomic<int> started{0}, outcome{waiting}, compute_started{0}, triggered{0};
+  rt->spawn(waiter, task_args(WaitArgs{done, &started, &outcome}));
+  rt->spawn(compute, task_args(ComputeArgs{done, &compute_started, &triggered}));
+  ASSERT_TRUE(reaches(started, 1));
+  ASSERT_TRUE(reaches(compute_started, 1));
+  ASSERT_TRUE(shuts_down_within(rt, 10s));
+  EXPECT_EQ(triggered.load(), 1) << "the computing task's trigger should have succeeded";
+  EXPECT_EQ(outcome.load(), ok) << "the waiting task should have seen the event trigger";
+}
+
+// Many runtimes, each shut down while its workers wait on random mixes of user events, queued
+// tasks and each other; every shutdown must return and every wait must end.
+TEST(RuntimeShutdown, StressNeverHangs) {
+  const TaskId waiter = test::task("shutdown_test.wait", wait_and_record);
+  const TaskId noop = test::task("shutdown_test.noop", [](TaskContext&) {});
+  std::mt19937 rng(20261129);
+  for (int round = 0; round < 12; ++round) {
+    const int workers = 1 + static_cast<int>(rng() % 4);
+    auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = workers});
+    std::vector<UserEvent> users;
+    for (int i = 0; i < 4; ++i) users.push_back(UserEvent::create());
+    std::vector<Event> targets(users.begin(), users.end());
+    const int waiters = 2 + static_cast<int>(rng() % 8);
+    std::atomic<int> started{0};
+    std::vector<std::atomic<int>> outcomes(static_cast<std::size_t>(waiters));
+    for (int i = 0; i < waiters; ++i) {
+      const Event target = targets[rng() % targets.size()];
+      targets.push_back(rt->spawn(noop, {}, {.precondition = target}));
+      outcomes[static_cast<std::size_t>(i)] = waiting;
+      targets.push_back(
+          rt->spawn(waiter, task_args(WaitArgs{target, &started, &outcomes[static_cast<std::size_t>(i)]})));
+    }
+    // Some user events trigger, some never do.
+    for (std::size_t i = 0; i < users.size(); ++i)
+      if (rng() % 2) users[i].trigger();
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 20));
+    ASSERT_TRUE(shuts_down_within(rt, 20s))
+        << "round " << round << ": shutdown hung (" << workers << " workers, " << waiters << " waiting tasks)";
+    // A waiting task that never started was poisoned in the queue; every one that started has
+    // ended, with success or Errc::shut_down.
+    int ended = 0;
+    for (int i = 0; i < waiters; ++i) {
+      const int o = outcomes[static_cast<std::size_t>(i)].load();
+      EXPECT_NE(o, other) << "round " << round << ", task " << i;
+      if (o != waiting) ++ended;
+    }
+    EXPECT_EQ(ended, started.load()) << "round " << round << ": a task that started had not ended";
+    rt.reset();
+  }
+}
+
+}  // namespace
+}  // namespace caravan
