@@ -16,7 +16,18 @@ namespace {
 
 [[noreturn]] void invalid(const std::string& message) { throw Error(Errc::invalid_argument, message); }
 
-std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); }
+
+// a * b for an instance's footprint; throws naming the instance when the footprint would not fit
+// 64 bits (it would silently wrap otherwise, and an allocation of the wrapped size succeed).
+std::uint64_t footprint_product(std::uint64_t a, std::uint64_t b, const Layout& layout, const IndexSpace& space,
+                                const FieldSpace& fields) {
+  std::uint64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product))
+    invalid(fmt::format("layout {} over {} with {} bytes per point: the footprint exceeds 2^64 bytes",
+                        layout.to_string(), space.to_string(), fields.total_size()));
+  return product;
+}
 
 int dim_index(char c) {
   switch (c) {
@@ -68,6 +79,21 @@ Rect::Rect(int dims, const Point& lo, const Point& hi) : dims_(dims), lo_(lo), h
     if (hi_[static_cast<std::size_t>(d)] < lo_[static_cast<std::size_t>(d)])
       invalid(fmt::format("rect: dimension {} has hi {} < lo {}", dim_name(d), hi_[static_cast<std::size_t>(d)], lo_[static_cast<std::size_t>(d)]));
   for (int d = dims; d < kMaxDims; ++d) lo_[static_cast<std::size_t>(d)] = hi_[static_cast<std::size_t>(d)] = 0;
+  // Extents and the volume must fit a signed 64-bit count, so that extent() and volume() (and
+  // every offset computed from them) are exact.
+  std::uint64_t volume = 1;
+  for (int d = 0; d < dims; ++d) {
+    const auto i = static_cast<std::size_t>(d);
+    std::int64_t span = 0, extent = 0;
+    std::uint64_t product = 0;
+    if (__builtin_sub_overflow(hi_[i], lo_[i], &span) || __builtin_add_overflow(span, std::int64_t{1}, &extent))
+      invalid(
+          fmt::format("rect: dimension {} from {} to {} has more than 2^63 - 1 points", dim_name(d), lo_[i], hi_[i]));
+    if (__builtin_mul_overflow(volume, static_cast<std::uint64_t>(extent), &product) ||
+        product > static_cast<std::uint64_t>(INT64_MAX))
+      invalid(fmt::format("rect {}: more than 2^63 - 1 points", to_string()));
+    volume = product;
+  }
 }
 
 std::uint64_t Rect::volume() const noexcept {
@@ -130,7 +156,7 @@ const std::vector<Field>& FieldSpace::fields() const noexcept {
 }
 
 void FieldSpace::throw_no_field(std::size_t field) const {
-  throw std::out_of_range(fmt::format("field space: field index {} past its {} fields", field, count()));
+  throw Error(Errc::invalid_argument, fmt::format("field space: field index {} past its {} fields", field, count()));
 }
 
 std::size_t FieldSpace::index_of(std::string_view name) const {
@@ -310,7 +336,7 @@ Linearization::Linearization(const Layout& layout, const IndexSpace& space, cons
     std::uint64_t size = component_size(layout, k, space, fields);
     if (c.kind == LayoutComponent::Kind::fields) {
       after_fields = true;
-      outer_weight = fields.total_size() * inner_count_;
+      outer_weight = footprint_product(fields.total_size(), inner_count_, layout, space, fields);
       continue;
     }
     Term t{c.dim, 1, size, 0};
@@ -320,11 +346,11 @@ Linearization::Linearization(const Layout& layout, const IndexSpace& space, cons
     }
     if (!after_fields) {
       t.weight = inner_count_;
-      inner_count_ *= size;
+      inner_count_ = footprint_product(inner_count_, size, layout, space, fields);
       inner_.push_back(t);
     } else {
       t.weight = outer_weight;
-      outer_weight *= size;
+      outer_weight = footprint_product(outer_weight, size, layout, space, fields);
       outer_.push_back(t);
     }
   }
@@ -462,7 +488,8 @@ std::uint64_t shuffle_bytes(const Layout& l1, const Layout& l2, const IndexSpace
 std::uint64_t total_bytes(const Layout& layout, const IndexSpace& space, const FieldSpace& fields) {
   layout.validate(space.dims());
   std::uint64_t product = 1;
-  for (std::size_t k = 0; k < layout.size(); ++k) product *= component_size(layout, k, space, fields);
+  for (std::size_t k = 0; k < layout.size(); ++k)
+    product = footprint_product(product, component_size(layout, k, space, fields), layout, space, fields);
   return product;
 }
 

@@ -1,7 +1,13 @@
+#include "runtime/runtime_impl.h"
+
 #include <caravan/runtime.h>
 #include <caravan/task_graph.h>
 
 #include <fmt/format.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
 
 namespace caravan {
 
@@ -14,9 +20,7 @@ TaskGraph::NodeId TaskGraph::add(Node node) {
                               "(dependencies must be added first; the graph has {} nodes)",
                               id, node.label, dep, id));
   }
-  for (NodeId dep : node.dependencies) has_dependents_[dep] = true;
   nodes_.push_back(std::move(node));
-  has_dependents_.push_back(false);
   return id;
 }
 
@@ -49,10 +53,45 @@ const std::string& TaskGraph::label(NodeId id) const {
   return nodes_[id].label;
 }
 
+namespace {
+
+// The launch's event: triggers once every node of the launch has settled, poisoned with the first
+// failure if any failed. (merge_events fails fast instead, which would report the launch over
+// while other branches still run.)
+class LaunchSettled {
+ public:
+  LaunchSettled(detail::EventTable& table, std::size_t nodes) : table_(table), event_(table.create()), left_(nodes) {}
+  Event event() const { return event_; }
+  void settled(const FailureCause& failure) {
+    if (failure) {
+      std::lock_guard lock(mutex_);
+      if (!first_failure_) first_failure_ = failure;
+    }
+    if (left_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    FailureCause first;
+    {
+      std::lock_guard lock(mutex_);
+      first = first_failure_;
+    }
+    table_.trigger(event_, std::move(first));  // false if shutdown poisoned it first
+  }
+
+ private:
+  detail::EventTable& table_;
+  Event event_;
+  std::atomic<std::size_t> left_;
+  std::mutex mutex_;
+  FailureCause first_failure_;
+};
+
+}  // namespace
+
 Event TaskGraph::launch(Event precondition) const {
+  RuntimeImpl* rt = RuntimeImpl::current();
+  if (!rt) throw Error(Errc::shut_down, "TaskGraph::launch: no Caravan runtime is running");
+  if (nodes_.empty()) return precondition;
   std::vector<Event> done(nodes_.size());
   std::vector<Event> inputs;
-  std::vector<Event> sinks;
   for (NodeId id = 0; id < nodes_.size(); ++id) {
     const Node& node = nodes_[id];
     Event pre = precondition;
@@ -61,10 +100,21 @@ Event TaskGraph::launch(Event precondition) const {
       for (NodeId dep : node.dependencies) inputs.push_back(done[dep]);
       pre = merge_events(inputs);
     }
-    done[id] = node.start(pre);
-    if (!has_dependents_[id]) sinks.push_back(done[id]);
+    try {
+      done[id] = node.start(pre);
+    } catch (const std::exception& e) {
+      // Nodes before this one have started, so the launch does not throw: this node fails as if
+      // it had run and failed, its dependents do not run, and the launch's event says why.
+      const Errc code = dynamic_cast<const Error*>(&e) ? static_cast<const Error&>(e).code() : Errc::task_failed;
+      done[id] = rt->events().create();
+      rt->events().trigger(done[id],
+                           make_failure(code, fmt::format("TaskGraph::launch: node {} ('{}') failed to start: {}", id,
+                                                          node.label, e.what())));
+    }
   }
-  return merge_events(sinks);
+  auto settled = std::make_shared<LaunchSettled>(rt->events(), nodes_.size());
+  for (const Event& e : done) e.on_trigger([settled](const FailureCause& failure) { settled->settled(failure); });
+  return settled->event();
 }
 
 }  // namespace caravan

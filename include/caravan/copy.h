@@ -277,7 +277,8 @@ std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& sr
 // the space's last, or use PlannerChoice::full.
 CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner = PlannerChoice::automatic);
 
-// A copy as a task-graph node: started at each launch after its dependencies.
+// A copy as a task-graph node: started at each launch after its dependencies. Checked and
+// planned when added, as copy() would (Error(invalid_argument) etc., prefixed "add_copy: ").
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority = 0,
                            std::span<const TaskGraph::NodeId> dependencies = {});
 

@@ -36,9 +36,10 @@ class Rect {
  public:
   Rect() = default;
   // The rectangle [0, extents[d]) in each dimension. Throws Error(invalid_argument) for 0 or more
-  // than 4 dimensions, or an extent < 1.
+  // than 4 dimensions, an extent < 1, or more than 2^63 - 1 points in all.
   static Rect from_extents(const std::vector<std::int64_t>& extents);
-  // [lo, hi] inclusive; throws if hi < lo in some dimension.
+  // [lo, hi] inclusive; throws Error(invalid_argument) if hi < lo in some dimension, or for more
+  // than 2^63 - 1 points (in one dimension or in all).
   Rect(int dims, const Point& lo, const Point& hi);
 
   int dims() const noexcept { return dims_; }
@@ -84,7 +85,8 @@ class FieldSpace {
   std::uint64_t total_size() const noexcept { return total_; }        // |F| in bytes
   std::uint32_t min_size() const noexcept { return min_; }
   std::uint32_t max_size() const noexcept { return max_; }
-  std::uint64_t offset(std::size_t field) const {  // within F; throws std::out_of_range past count()
+  // Within F; throws Error(invalid_argument) past count().
+  std::uint64_t offset(std::size_t field) const {
     if (!data_ || field >= data_->offsets.size()) throw_no_field(field);
     return data_->offsets[field];
   }
@@ -163,7 +165,8 @@ std::uint64_t component_size(const Layout& layout, std::size_t k, const IndexSpa
 // instance's footprint. Strides are computed once; offset() is a handful of multiply-adds.
 class Linearization {
  public:
-  // Validates the layout against the space; throws Error(invalid_argument).
+  // Validates the layout against the space; throws Error(invalid_argument), also when the
+  // footprint would exceed 2^64 bytes.
   Linearization(const Layout& layout, const IndexSpace& space, const FieldSpace& fields);
 
   std::uint64_t offset(const Point& point, std::size_t field) const;

@@ -28,12 +28,18 @@ class TaskGraph {
                   Processor processor = {});
 
   // A generic node: `start` is called at launch with the node's precondition and returns the
-  // event of the work it started (copies and other operations become nodes this way).
+  // event of the work it started (copies and other operations become nodes this way). Check
+  // what can be checked when adding the node: see launch() for a starter that throws.
   using Starter = std::function<Event(Event precondition)>;
   NodeId add_node(std::string label, Starter start, std::span<const NodeId> dependencies = {});
 
   // Starts one execution of the graph after `precondition`. Nodes with no dependencies wait on
-  // `precondition`; the result triggers when all nodes have, and is poisoned if any node fails.
+  // `precondition`; a node whose dependency failed does not run and fails with the same cause.
+  // The result triggers once every node of this launch has finished or failed (never while a
+  // node still runs), poisoned with the first failure if any failed. It does not throw once
+  // nodes have started: a starter that throws fails its node (cause: its message, and its
+  // Errc when it threw caravan::Error). An empty graph returns `precondition`. Throws
+  // Error(shut_down) when no runtime is running.
   Event launch(Event precondition = {}) const;
 
   std::size_t size() const { return nodes_.size(); }
@@ -47,7 +53,6 @@ class TaskGraph {
   };
   NodeId add(Node node);
   std::vector<Node> nodes_;
-  std::vector<bool> has_dependents_;
 };
 
 }  // namespace caravan

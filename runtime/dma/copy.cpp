@@ -29,6 +29,8 @@ Instance Instance::create(MemoryId memory, IndexSpace space, FieldSpace fields, 
   if (memory.rank != engine.rank())
     throw Error(Errc::invalid_argument, fmt::format("Instance::create: {} belongs to rank {}, not this rank ({})",
                                                     memory.to_string(), memory.rank, engine.rank()));
+  if (fields.count() == 0)
+    throw Error(Errc::invalid_argument, "Instance::create: fields is the empty field space (name at least one field)");
   layout.validate(space.dims(), "instance layout");
   auto impl = std::make_shared<InstanceImpl>(memory, std::move(space), std::move(fields), layout);
   impl->storage = engine.allocate_instance_storage(memory, impl->lin.total_bytes());
@@ -47,6 +49,8 @@ Instance Instance::attach(MemoryId memory, IndexSpace space, FieldSpace fields, 
   if (memory.rank != engine.rank())
     throw Error(Errc::invalid_argument, fmt::format("Instance::attach: {} belongs to rank {}, not this rank ({})",
                                                     memory.to_string(), memory.rank, engine.rank()));
+  if (fields.count() == 0)
+    throw Error(Errc::invalid_argument, "Instance::attach: fields is the empty field space (name at least one field)");
   layout.validate(space.dims(), "instance layout");
   auto impl = std::make_shared<InstanceImpl>(memory, std::move(space), std::move(fields), layout);
   if (bytes < impl->lin.total_bytes())
@@ -138,6 +142,14 @@ TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance
   if (!src.valid() || !dst.valid()) throw Error(Errc::invalid_argument, "add_copy: an instance is empty");
   if (priority < kMinPriority || priority > kMaxPriority)
     throw Error(Errc::invalid_argument, fmt::format("add_copy: priority {} is outside [{}, {}]", priority, kMinPriority, kMaxPriority));
+  // The checks and the plan a copy() makes, now: a bad copy fails here, not at a launch that has
+  // already started the nodes before it. (The plan is cached; each launch plans again as copy()
+  // does, so a later change of route or calibration still applies.)
+  try {
+    (void)dma::Engine::current().plan(src, dst, PlannerChoice::automatic);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("add_copy: {}", e.what()));
+  }
   std::string label = fmt::format("copy {} -> {}", src.memory().to_string(), dst.memory().to_string());
   return graph.add_node(std::move(label),
                         [src, dst, priority](Event precondition) {

@@ -644,6 +644,24 @@ std::uint32_t Engine::channel_between(MemoryId src, MemoryId dst, ChannelKind ki
                                            src.to_string(), dst.to_string()));
 }
 
+namespace {
+
+// The first difference between two field spaces, for an error message.
+std::string field_difference(const FieldSpace& src, const FieldSpace& dst) {
+  const auto& a = src.fields();
+  const auto& b = dst.fields();
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    if (a[i].name != b[i].name || a[i].size != b[i].size)
+      return fmt::format("field {} is '{}' ({} bytes) in src and '{}' ({} bytes) in dst", i, a[i].name, a[i].size,
+                         b[i].name, b[i].size);
+  const bool src_longer = a.size() > b.size();
+  const Field& extra = src_longer ? a[b.size()] : b[a.size()];
+  return fmt::format("src has {} fields and dst {}; the first one only {} has is '{}' ({} bytes)", a.size(), b.size(),
+                     src_longer ? "src" : "dst", extra.name, extra.size);
+}
+
+}  // namespace
+
 void Engine::check_common(const Instance& inst, const char* what) const {
   if (!inst.valid()) throw Error(Errc::invalid_argument, fmt::format("{}: the instance is empty (use Instance::create)", what));
   graph_->require(inst.memory(), what);
@@ -656,9 +674,8 @@ planner::TransferRequest Engine::make_request(const Instance& src, const Instanc
     throw Error(Errc::invalid_argument, fmt::format("copy: src index space {} differs from dst index space {}",
                                                     src.space().to_string(), dst.space().to_string()));
   if (!(src.fields() == dst.fields()))
-    throw Error(Errc::invalid_argument, fmt::format("copy: src and dst field spaces differ ({} vs {} fields, {} vs {} bytes per point)",
-                                                    src.fields().count(), dst.fields().count(),
-                                                    src.fields().total_size(), dst.fields().total_size()));
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: src and dst field spaces differ: {}", field_difference(src.fields(), dst.fields())));
   planner::TransferRequest r;
   r.src = src.memory();
   r.dst = dst.memory();

@@ -355,6 +355,11 @@ TEST_F(CopyTest, CopiesAreTaskGraphNodes) {
     ASSERT_TRUE(graph.launch().wait_for(30s));
     EXPECT_EQ(test::count_mismatches(c, seed), 0u);
   }
+  // A copy that cannot run is refused when it is added, not at a launch that has started the
+  // nodes before it.
+  Instance other_space = Instance::create(sys_memory(), Rect::from_extents({4999}), kFields, Layout::parse("F,x"));
+  CARAVAN_EXPECT_ERROR(add_copy(graph, a, other_space), Errc::invalid_argument, "add_copy: copy: src index space");
+  EXPECT_EQ(graph.size(), 2u);
 }
 
 TEST(CopyShutdown, PendingCopiesArePoisonedAtShutdown) {

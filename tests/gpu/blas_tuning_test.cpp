@@ -260,7 +260,9 @@ TEST(BlasTuning, OffWithZeroCandidatesAndBadArgumentsRefused) {
     // A count given to the call overrides the setting (bench gemm's --tune).
     const bool before = blas.choice(512, 640, 392, 392, 640, 640) != GemmChoice::untuned;
     const int timed = blas.tune(512, 640, 392, 392, 640, 640, 0.0f, false, TuneOptions{4});
-    if (!before) EXPECT_GE(timed, 2);
+    if (!before) {
+      EXPECT_GE(timed, 2);
+    }
     EXPECT_NE(blas.choice(512, 640, 392, 392, 640, 640), GemmChoice::untuned);
   }
   const auto refused = [&](const char* what, auto call, const char* names) {

@@ -13,6 +13,18 @@ namespace {
 
 Layout L(const char* text) { return Layout::parse(text); }
 
+// Expects `fn` to throw Error(invalid_argument) with `fragment` in its message.
+template <typename Fn>
+void expect_invalid(Fn fn, const std::string& fragment) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one saying: " << fragment;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "message was: " << e.what();
+  }
+}
+
 TEST(Layout, ParsesAndPrintsTheFigure2Layouts) {
   for (const char* text : {"F,x", "x,F", "x_in=4,F,x_out", "F,x,y", "F,y,x", "x_in=3,y_in=3,x_out,y_out,F", "F,x_in=4,x_out"})
     EXPECT_EQ(L(text).to_string(), text);
@@ -90,8 +102,8 @@ TEST(MemoryModel, FieldSpaceCopiesAndEquality) {
   FieldSpace none;
   EXPECT_EQ(none.count(), 0u);
   EXPECT_EQ(none.total_size(), 0u);
-  EXPECT_THROW(none.offset(0), std::out_of_range);
-  EXPECT_THROW(f.offset(2), std::out_of_range);
+  EXPECT_THROW(none.offset(0), Error);
+  expect_invalid([&] { (void)f.offset(2); }, "field index 2 past its 2 fields");
   EXPECT_FALSE(none == f);
   copy = none;
   EXPECT_EQ(copy.count(), 0u);
@@ -181,6 +193,39 @@ TEST(PrefixSuffix, FieldUnitsWhenFIsNotShared) {
   EXPECT_EQ(prefix_bytes(L("F,x"), L("F,x_in=4,x_out"), s, f), 1200u);
   // 3 does not divide 100: padded, never the same as x.
   EXPECT_EQ(prefix_bytes(L("F,x"), L("F,x_in=3,x_out"), s, f), 12u);
+}
+
+// Sizes that do not fit 64 bits are errors, not wrapped numbers (a wrapped footprint would
+// allocate too little and every copy into it would write past the end).
+TEST(Layout, SizesThatOverflowAreErrors) {
+  const std::int64_t big = std::int64_t{1} << 62;
+  expect_invalid([&] { (void)Rect::from_extents({big + 1, 4}); }, "more than 2^63 - 1 points");
+  expect_invalid(
+      [&] {
+        (void)Rect::from_extents({std::int64_t{1} << 40, std::int64_t{1} << 30});
+      },
+      "more than 2^63 - 1 points");
+  expect_invalid([&] { (void)Rect(1, Point{INT64_MIN}, Point{INT64_MAX}); }, "dimension x from");
+  // The largest volume allowed is exact.
+  const Rect widest = Rect::from_extents({INT64_MAX});
+  EXPECT_EQ(widest.volume(), static_cast<std::uint64_t>(INT64_MAX));
+  EXPECT_EQ(Rect::from_extents({big - 1, 2}).volume(), static_cast<std::uint64_t>(big - 1) * 2);
+  expect_invalid([&] { (void)Rect::from_extents({big, 2}); }, "more than 2^63 - 1 points");
+
+  // 2^62 points of 8 bytes: a footprint of 2^65 bytes.
+  const Rect square = Rect::from_extents({std::int64_t{1} << 31, std::int64_t{1} << 31});
+  const FieldSpace eight = FieldSpace::uniform(1, 8);
+  expect_invalid([&] { Linearization lin(L("F,x,y"), square, eight); }, "the footprint exceeds 2^64 bytes");
+  expect_invalid([&] { (void)total_bytes(L("x,y,F"), square, eight); },
+                 "layout x,y,F over [0,2147483647]x[0,2147483647]");
+  // Padding counts: five points in one block of 2^62, 8 bytes each.
+  const Rect five = Rect::from_extents({5});
+  expect_invalid([&] { Linearization lin(L("x_in=4611686018427387904,F,x_out"), five, eight); }, "footprint exceeds");
+  // A block of 2^64 - 1 holds the five points with the rest padding: 2^64 - 1 values of one byte fit.
+  EXPECT_EQ(total_bytes(L("x_in=18446744073709551615,F,x_out"), five, FieldSpace::uniform(1, 1)), UINT64_MAX);
+  // Sizes just below the limit still work.
+  EXPECT_EQ(total_bytes(L("F,x,y"), Rect::from_extents({std::int64_t{1} << 30, std::int64_t{1} << 30}), eight),
+            std::uint64_t{1} << 63);
 }
 
 }  // namespace

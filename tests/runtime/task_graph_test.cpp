@@ -90,6 +90,59 @@ TEST(TaskGraph, FailingNodePoisonsThatLaunchOnly) {
   EXPECT_NO_THROW(second.wait());
 }
 
+// The launch's event is not over while a node still runs, even once another node has failed.
+TEST(TaskGraph, LaunchSettlesOnlyWhenEveryNodeHas) {
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  TaskId fails = test::task("graph_test.fails", [](TaskContext&) { throw std::runtime_error("node a broke"); });
+  static std::atomic<int> dependent_runs{0};
+  dependent_runs = 0;
+  TaskId counts = test::task("graph_test.counts", [](TaskContext&) { ++dependent_runs; });
+  UserEvent release = UserEvent::create();
+  TaskGraph graph;
+  const auto a = graph.add_task(fails);
+  const std::vector<TaskGraph::NodeId> after_a{a};
+  graph.add_task(counts, {}, after_a);                                  // never runs: a failed
+  graph.add_node("slow", [release](Event) { return Event(release); });  // still running
+  Event run = graph.launch();
+  EXPECT_FALSE(run.wait_for(100ms)) << "the launch reported itself over while the slow node still ran";
+  release.trigger();
+  try {
+    run.wait();
+    ADD_FAILURE() << "the launch should be poisoned by node a";
+  } catch (const EventPoisoned& e) {
+    ASSERT_TRUE(e.cause());
+    EXPECT_NE(std::string(e.cause()->what()).find("node a broke"), std::string::npos) << e.cause()->what();
+  }
+  EXPECT_EQ(dependent_runs.load(), 0) << "a node whose dependency failed ran";
+}
+
+// A starter that throws, after other nodes have started, fails its node and its dependents; the
+// launch does not throw and its event names the node.
+TEST(TaskGraph, StarterThatThrowsFailsItsNode) {
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  static std::atomic<int> runs{0};
+  runs = 0;
+  TaskId counts = test::task("graph_test.counts2", [](TaskContext&) { ++runs; });
+  TaskGraph graph;
+  graph.add_task(counts);
+  const auto thrower =
+      graph.add_node("thrower", [](Event) -> Event { throw Error(Errc::invalid_argument, "bad starter"); });
+  const std::vector<TaskGraph::NodeId> after{thrower};
+  graph.add_task(counts, {}, after);
+  Event run;
+  ASSERT_NO_THROW(run = graph.launch());
+  try {
+    run.wait();
+    ADD_FAILURE() << "the launch should be poisoned";
+  } catch (const EventPoisoned& e) {
+    ASSERT_TRUE(e.cause());
+    EXPECT_EQ(e.cause()->code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.cause()->what()).find("node 1 ('thrower') failed to start: bad starter"), std::string::npos)
+        << e.cause()->what();
+  }
+  EXPECT_EQ(runs.load(), 1) << "the first node runs; the one after the thrower does not";
+}
+
 TEST(TaskGraph, BadNodesAreRejected) {
   TaskGraph graph;
   TaskId noop = test::task("graph_test.noop", [](TaskContext&) {});
