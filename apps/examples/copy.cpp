@@ -20,9 +20,11 @@ int run() {
   // Two fields per point; one million points in one dimension.
   caravan::FieldSpace fields({{"mass", sizeof(float)}, {"velocity", sizeof(double)}});
   const caravan::Rect space = caravan::Rect::from_extents({1 << 20});
-  // Memories are named node/rank/kind: `caravan machine` lists this machine's (sys: host
-  // memory, dsk: files in CARAVAN_DSK_DIR; with GPUs also zcm and fbm<i>).
-  const caravan::MemoryId host{0, 0, caravan::MemoryKind::sys, 0}, disk{0, 0, caravan::MemoryKind::dsk, 0};
+  // Memories are named node/rank/kind: `caravan machine show` lists this machine's (sys: host
+  // memory, dsk: files in CARAVAN_DSK_DIR; with GPUs also zcm and fbm<i>). local_memory() names
+  // this rank's, so the same code is right on every rank of a job.
+  const caravan::MemoryId host = caravan::local_memory(caravan::MemoryKind::sys);
+  const caravan::MemoryId disk = caravan::local_memory(caravan::MemoryKind::dsk);
   // "F,x": fields innermost (an array of structures); "x,F": one array per field.
   auto aos = caravan::Instance::create(host, space, fields, caravan::Layout::parse("F,x"));
   auto soa = caravan::Instance::create(disk, space, fields, caravan::Layout::parse("x,F"));

@@ -49,9 +49,9 @@ int run() {
   caravan::FieldSpace value({{"v", sizeof(float)}});
   const caravan::Rect space = caravan::Rect::from_extents({n});
   const caravan::Layout layout = caravan::Layout::parse("F,x");
-  auto host = caravan::Instance::create({0, 0, caravan::MemoryKind::sys, 0}, space, value, layout);
-  auto on_gpu = caravan::Instance::create({0, 0, caravan::MemoryKind::fbm, 0}, space, value, layout);
-  auto result = caravan::Instance::create({0, 0, caravan::MemoryKind::sys, 0}, space, value, layout);
+  auto host = caravan::Instance::create(caravan::local_memory(caravan::MemoryKind::sys), space, value, layout);
+  auto on_gpu = caravan::Instance::create(caravan::local_memory(caravan::MemoryKind::fbm, 0), space, value, layout);
+  auto result = caravan::Instance::create(caravan::local_memory(caravan::MemoryKind::sys), space, value, layout);
   auto* in = reinterpret_cast<float*>(host.data());
   for (long i = 0; i < n; ++i) in[i] = static_cast<float>(i % 4096) * 0.25f;
 

@@ -27,6 +27,10 @@ struct MultiPlan;
 
 class InstanceImpl;
 
+// An Instance is a shared handle: copies of it name the same bytes, which are freed when the last
+// handle (and every copy still using it) lets go. Handles may be used from any thread. Destroying
+// one after its runtime has shut down is safe, and host bytes stay readable through data() until
+// then; copies, fills and descriptors need the runtime that made it (Error(shut_down) otherwise).
 class Instance {
  public:
   Instance() = default;
@@ -239,6 +243,7 @@ struct CopyOptions {
 // A copy split over several paths (PlannerChoice::multipath) still has one event: it triggers
 // once every path has finished, poisoned with the first failure's cause if any path fails (the
 // other paths are then stopped with that cause).
+// copy(), fill() and cancel() may be called from any thread, tasks included.
 Event copy(const Instance& src, const Instance& dst, const CopyOptions& options = {});
 
 // Writes `point_value` (|F| bytes: one point's fields in declaration order) to every point of `dst`.
@@ -246,7 +251,8 @@ Event fill(const Instance& dst, std::span<const std::byte> point_value, const Co
 
 // Cancels a copy or fill: its event is poisoned with Errc::cancelled, its requests stop at the
 // next request boundary and its buffers go back to their pools (every path of a multi-path
-// copy). Returns false if `copy_event` is not a copy that is still running.
+// copy). Returns false if `copy_event` is not a copy that is still running (also for an event of
+// a task or a user event: tasks cannot be cancelled; poison a UserEvent they wait on instead).
 bool cancel(Event copy_event);
 
 // The plan copy() would use now, without copying. With PlannerChoice::multipath: the one path
@@ -276,6 +282,12 @@ std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& sr
 // tiles that are not ranges of points; give the source a layout whose outermost dimension is
 // the space's last, or use PlannerChoice::full.
 CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner = PlannerChoice::automatic);
+
+// This rank's memory of `kind` (`index`: which GPU for fbm, else 0), with the node and rank of the
+// running runtime filled in, so that the same code names the right memory on every rank of a
+// job. Throws Error(not_found) when this rank has no such memory (fbm without GPUs, reg outside
+// a job) and Error(shut_down) when no runtime is running.
+MemoryId local_memory(MemoryKind kind, std::uint32_t index = 0);
 
 // A copy as a task-graph node: started at each launch after its dependencies. Checked and
 // planned when added, as copy() would (Error(invalid_argument) etc., prefixed "add_copy: ").

@@ -78,12 +78,15 @@ class Event {
   std::uint64_t generation_ = 0;  // 0 only for "no event"
 };
 
-// An event the application triggers itself.
+// An event the application triggers itself. Only create() makes a pending one: a
+// default-constructed UserEvent is "no event", and as a precondition it holds nothing back.
+// trigger() and poison() may be called from any thread; a user event still pending when the
+// runtime shuts down is poisoned with Errc::shut_down.
 class UserEvent : public Event {
  public:
   // A new pending event in the current runtime.
   static UserEvent create();
-  UserEvent() = default;
+  UserEvent() = default;  // "no event" (has always triggered); trigger() on it throws
 
   // Triggers it. Throws Error(already_done) if it has triggered already.
   // A user event of another rank may be triggered too: the request travels to its owner and

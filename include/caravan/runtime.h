@@ -74,7 +74,9 @@ class Runtime {
   std::vector<Processor> processors() const;
   int cpu_worker_count() const;
 
-  // Spawns a task; returns the event that triggers when it has run. Bad input (an unknown
+  // Spawns a task; returns the event that triggers when it has run. Any thread may spawn, tasks
+  // included (a task that spawns and waits on its child occupies its worker meanwhile: prefer
+  // a precondition). Bad input (an unknown
   // task, a priority out of range, an unknown processor) throws before anything is queued.
   // A processor of another rank runs the task there, found by its name (every rank registers
   // the same tasks); its completion event lives on this rank. If that rank fails, the

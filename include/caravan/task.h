@@ -86,7 +86,9 @@ std::span<const std::byte> task_args(const T& value) {
 }
 
 struct SpawnOptions {
-  Event precondition;   // the task runs after this triggers; if it is poisoned, the task never runs
+  // The task runs after this triggers; if it is poisoned, the task never runs. The default (and
+  // a default-constructed UserEvent) is "no event": the task is ready at once.
+  Event precondition;
   int priority = 0;     // in [kMinPriority, kMaxPriority]
   Processor processor;  // default: this rank's CPU processor
   // For a task on a GPU processor whose precondition is the completion of another GPU task of

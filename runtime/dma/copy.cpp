@@ -2,6 +2,8 @@
 #include "runtime/dma/engine.h"
 #include "runtime/dma/instance_impl.h"
 
+#include <caravan/runtime.h>
+
 #include <fmt/format.h>
 
 namespace caravan {
@@ -135,6 +137,14 @@ std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& sr
 
 CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner) {
   return dma::Engine::current().tiling(src, dst, planner);
+}
+
+MemoryId local_memory(MemoryKind kind, std::uint32_t index) {
+  dma::Engine& engine = dma::Engine::current();  // Error(shut_down) without a runtime
+  const Runtime& rt = Runtime::current();
+  const MemoryId id{static_cast<std::uint32_t>(rt.node()), static_cast<std::uint32_t>(rt.rank()), kind, index};
+  engine.graph().require(id, "local_memory");
+  return id;
 }
 
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority,

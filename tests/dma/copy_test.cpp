@@ -270,6 +270,16 @@ TEST_F(CopyTest, PoisonedPreconditionMovesNoByteAndPoisonsDependents) {
   EXPECT_EQ(test::footprint(dst), before);
 }
 
+TEST_F(CopyTest, LocalMemoryNamesThisRanksMemories) {
+  EXPECT_EQ(local_memory(MemoryKind::sys), sys_memory());
+  EXPECT_EQ(local_memory(MemoryKind::dsk), dsk_memory());
+  CARAVAN_EXPECT_ERROR(local_memory(MemoryKind::fbm, 99), Errc::not_found, "local_memory");
+}
+
+TEST(CopyWithoutRuntime, LocalMemoryNeedsARuntime) {
+  CARAVAN_EXPECT_ERROR(local_memory(MemoryKind::sys), Errc::shut_down, "");
+}
+
 TEST_F(CopyTest, BadInputIsRejectedBeforeAnyByteMoves) {
   Instance src = Instance::create(sys_memory(), Rect::from_extents({100}), kFields, Layout::parse("F,x"));
   Instance other_space = Instance::create(sys_memory(), Rect::from_extents({101}), kFields, Layout::parse("F,x"));
