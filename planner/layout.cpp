@@ -24,7 +24,7 @@ std::uint64_t footprint_product(std::uint64_t a, std::uint64_t b, const Layout& 
                                 const FieldSpace& fields) {
   std::uint64_t product = 0;
   if (__builtin_mul_overflow(a, b, &product))
-    invalid(fmt::format("layout {} over {} with {} bytes per point: the footprint exceeds 2^64 bytes",
+    invalid(fmt::format("layout {} over {} with {} bytes per point: the footprint exceeds 2^64 - 1 bytes",
                         layout.to_string(), space.to_string(), fields.total_size()));
   return product;
 }

@@ -198,6 +198,7 @@ bool EventTable::trigger(Event e, FailureCause failure) {
   s.waiters = nullptr;
   s.lock.unlock();
   pending_.fetch_sub(1, std::memory_order_relaxed);
+  triggers_.fetch_add(1, std::memory_order_relaxed);
   push_free(e.slot());  // the slot may be reused from here on; its waiters are already taken
   notify(waiters, failure);
   return true;

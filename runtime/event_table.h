@@ -110,6 +110,8 @@ class EventTable {
   std::size_t poison_pending_user_events(const FailureCause& failure);
 
   std::size_t pending_count() const;
+  // How many events have triggered so far (a progress count for shutdown).
+  std::uint64_t trigger_count() const { return triggers_.load(std::memory_order_relaxed); }
 
   // Runs `waiters` (a list taken from a slot) with `failure`. Nested calls on one thread are
   // queued and run by the outermost call, so long dependency chains do not grow the stack.
@@ -151,6 +153,7 @@ class EventTable {
   // slot popped and pushed back between another thread's load and CAS cannot fool it (ABA).
   std::atomic<std::uint64_t> free_head_;
   std::atomic<std::int64_t> pending_{0};
+  std::atomic<std::uint64_t> triggers_{0};
 };
 
 }  // namespace caravan::detail

@@ -162,6 +162,7 @@ void GpuProcessor::launcher_main() {
 }
 
 void GpuProcessor::launch(TaskRecord* task) {
+  active_.fetch_add(1, std::memory_order_acq_rel);
   const int per_class = static_cast<int>(lanes_.size() / 2);
   const bool high = task->priority() > 0;
   unsigned& next = high ? next_high_ : next_low_;
@@ -183,6 +184,7 @@ void GpuProcessor::launch(TaskRecord* task) {
   } catch (const Error& e) {
     fail_at_launch(task, make_failure(e.code(), fmt::format("{}: task '{}' could not start: {}", id_.to_string(),
                                                             task->entry().name, e.what())));
+    active_.fetch_sub(1, std::memory_order_acq_rel);
     return;
   }
   // Ordered on the GPU after another task (SpawnOptions::order_on_gpu): wait for its work there.
@@ -193,6 +195,7 @@ void GpuProcessor::launch(TaskRecord* task) {
       fail_at_launch(task, make_failure(e.code(), fmt::format("{}: task '{}' could not be ordered after its "
                                                               "precondition: {}", id_.to_string(), task->entry().name,
                                                               e.what())));
+      active_.fetch_sub(1, std::memory_order_acq_rel);
       return;
     }
   }
@@ -276,6 +279,7 @@ void GpuProcessor::lane_main(int index) {
     } else {
       events_.trigger(launched.completion, std::move(failure));
     }
+    active_.fetch_sub(1, std::memory_order_acq_rel);
     lock.lock();
   }
 }

@@ -106,6 +106,10 @@ class GpuProcessor final : public TaskProcessor {
   void make_ready(TaskRecord* task) override;
   void fail(TaskRecord* task, const FailureCause& failure) override;
 
+  // Whether it has work that will finish by itself: tasks queued, being launched, or launched and
+  // not yet reported (shutdown waits rather than poison what such work will trigger).
+  bool busy() const { return active_.load(std::memory_order_acquire) > 0 || queue_.maybe_nonempty(); }
+
   // Stops launching once the body running now returns and poisons every task still queued with
   // `failure`; tasks already launched complete (or fail) as their GPU work finishes, and this
   // waits for them. Idempotent.
@@ -145,6 +149,7 @@ class GpuProcessor final : public TaskProcessor {
   int spin_us_;
   ReadyQueue queue_;
   std::atomic<bool> stopping_{false};
+  std::atomic<int> active_{0};  // tasks from launch() until their lane has reported them
   std::vector<std::unique_ptr<Lane>> lanes_;
   unsigned next_low_ = 0, next_high_ = 0;  // launcher thread only
   std::thread launcher_;

@@ -93,9 +93,20 @@ RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_
   log::get("runtime")->info("runtime started: rank {}/{}, {} CPU workers", rank(), world_size(), workers);
 }
 
-RuntimeImpl::~RuntimeImpl() { shutdown(); }
+RuntimeImpl::~RuntimeImpl() {
+  try {
+    shutdown();
+  } catch (const Error& e) {
+    log::get("runtime")->error("runtime destroyed on a worker thread: {}", e.what());
+  }
+}
 
 void RuntimeImpl::shutdown() {
+  if (stopped_.load()) return;
+  // A worker cannot wait for itself to return.
+  if (detail::t_blocked_wait_count)
+    throw Error(Errc::invalid_argument,
+                "Runtime::shutdown called from a task (a CPU worker thread); call it from outside the runtime's tasks");
   if (stopped_.exchange(true)) return;
   stopping_.store(true, std::memory_order_release);
   auto failure = make_failure(Errc::shut_down, "the runtime shut down before this work ran");
@@ -136,35 +147,50 @@ void RuntimeImpl::shutdown() {
 }
 
 void RuntimeImpl::stop_cpu(const FailureCause& failure, const std::function<void()>& stop_gpus) {
-  using std::chrono::milliseconds;
+  using Clock = std::chrono::steady_clock;
   // No task starts from here on; queued ones fail now, so a running task waiting on one returns.
   cpu_->request_stop(failure);
   // The tasks running now return first. One that waits on an event nothing will trigger any more
-  // (a user event the application will not trigger now) would hold shutdown forever. So once
-  // every worker still running has been blocked in Event::wait for a while, pending user events
-  // fail; if the workers still do not return, the GPUs stop (launched work finishes, queued work
-  // fails) and every pending event fails. A task that computes is never cut short.
-  constexpr milliseconds kPoll{5};
-  constexpr int kBlockedPolls = 4;  // blocked for about 20 ms before each step
+  // (a user event the application will not trigger now) would hold shutdown forever. So when
+  // nothing has moved for a while (every worker still running blocked in Event::wait, no GPU
+  // work queued or in flight, no event triggered), pending user events fail; if that is not
+  // enough, the GPUs stop and every pending event fails. Anything that moves restarts the
+  // wait, so a task that computes, or waits on work that is progressing, is never cut short.
+  // With several ranks a peer may still trigger this rank's events: the quiet spell must last
+  // CARAVAN_SHUTDOWN_TIMEOUT_S there.
+  const auto quiet_needed = world_size_ > 1
+                                ? std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(settings::get_double("CARAVAN_SHUTDOWN_TIMEOUT_S")))
+                                : std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(20));
+  const auto gpus_busy = [&] {
+    std::lock_guard lock(gpus_mutex_);
+    for (auto& g : gpus_)
+      if (g && g->busy()) return true;
+    return false;
+  };
   int steps_taken = 0;
-  int blocked_polls = 0;
-  while (!cpu_->wait_for_workers(kPoll)) {
+  std::uint64_t triggers = events_->trigger_count();
+  auto quiet_since = Clock::now();
+  while (!cpu_->wait_for_workers(std::chrono::milliseconds(5))) {
     const int live = cpu_->live_workers();
-    if (live == 0 || cpu_->blocked_workers() < live) {
-      blocked_polls = 0;
+    const std::uint64_t now_triggers = events_->trigger_count();
+    if (live == 0 || cpu_->blocked_workers() < live || now_triggers != triggers || gpus_busy()) {
+      triggers = now_triggers;
+      quiet_since = Clock::now();
       continue;
     }
-    if (++blocked_polls < kBlockedPolls) continue;
-    blocked_polls = 0;
+    if (Clock::now() - quiet_since < quiet_needed) continue;
     if (steps_taken == 0) {
       const std::size_t poisoned = events_->poison_pending_user_events(failure);
       log::get("runtime")->warn(
-          "shutdown: {} CPU task(s) still blocked in Event::wait; poisoned {} pending user event(s) so that they "
-          "return",
+          "shutdown: {} CPU task(s) blocked in Event::wait with nothing else running; poisoned {} pending user "
+          "event(s) "
+          "so that they return",
           live, poisoned);
     } else if (steps_taken == 1) {
       log::get("runtime")->warn(
-          "shutdown: {} CPU task(s) still blocked in Event::wait; stopping the GPUs and poisoning every pending event",
+          "shutdown: {} CPU task(s) still blocked in Event::wait with nothing else running; stopping the GPUs and "
+          "poisoning every pending event",
           live);
       stop_gpus();
       events_->poison_all_pending(failure);
@@ -173,6 +199,8 @@ void RuntimeImpl::stop_cpu(const FailureCause& failure, const std::function<void
       events_->poison_all_pending(failure);
     }
     ++steps_taken;
+    triggers = events_->trigger_count();
+    quiet_since = Clock::now();
   }
   cpu_->stop(failure);  // joins
 }
@@ -344,7 +372,16 @@ Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const Spa
 
 Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<RuntimeImpl>(this, options)) {}
 
-Runtime::~Runtime() { shutdown(); }
+Runtime::~Runtime() {
+  try {
+    shutdown();
+  } catch (const Error& e) {
+    // Destroyed on a worker thread: nothing can be stopped from here, so the runtime is left
+    // running (and leaked) rather than the process terminated.
+    log::get("runtime")->error("~Runtime: {}", e.what());
+    (void)impl_.release();
+  }
+}
 
 Runtime& Runtime::current() {
   RuntimeImpl* rt = RuntimeImpl::current();

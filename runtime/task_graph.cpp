@@ -92,28 +92,37 @@ Event TaskGraph::launch(Event precondition) const {
   if (nodes_.empty()) return precondition;
   std::vector<Event> done(nodes_.size());
   std::vector<Event> inputs;
+  auto settled = std::make_shared<LaunchSettled>(rt->events(), nodes_.size());
   for (NodeId id = 0; id < nodes_.size(); ++id) {
     const Node& node = nodes_[id];
-    Event pre = precondition;
-    if (!node.dependencies.empty()) {
-      inputs.clear();
-      for (NodeId dep : node.dependencies) inputs.push_back(done[dep]);
-      pre = merge_events(inputs);
-    }
-    try {
-      done[id] = node.start(pre);
-    } catch (const std::exception& e) {
-      // Nodes before this one have started, so the launch does not throw: this node fails as if
-      // it had run and failed, its dependents do not run, and the launch's event says why.
-      const Errc code = dynamic_cast<const Error*>(&e) ? static_cast<const Error&>(e).code() : Errc::task_failed;
+    // Nodes before this one have started, so the launch does not throw from here on: a node that
+    // cannot start fails as if it had run and failed, its dependents do not run, and the launch's
+    // event says why.
+    const auto fail_node = [&](Errc code, const std::string& why) {
+      FailureCause cause =
+          make_failure(code, fmt::format("TaskGraph::launch: node {} ('{}') failed to start: {}", id, node.label, why));
       done[id] = rt->events().create();
-      rt->events().trigger(done[id],
-                           make_failure(code, fmt::format("TaskGraph::launch: node {} ('{}') failed to start: {}", id,
-                                                          node.label, e.what())));
+      rt->events().trigger(done[id], cause);
+      settled->settled(cause);
+    };
+    try {
+      Event pre = precondition;
+      if (!node.dependencies.empty()) {
+        inputs.clear();
+        for (NodeId dep : node.dependencies) inputs.push_back(done[dep]);
+        pre = merge_events(inputs);
+      }
+      done[id] = node.start(pre);
+      done[id].on_trigger([settled](const FailureCause& failure) { settled->settled(failure); });
+      continue;
+    } catch (const Error& e) {
+      fail_node(e.code(), e.what());
+    } catch (const std::exception& e) {
+      fail_node(Errc::task_failed, e.what());
+    } catch (...) {
+      fail_node(Errc::task_failed, "an exception that is not a std::exception");
     }
   }
-  auto settled = std::make_shared<LaunchSettled>(rt->events(), nodes_.size());
-  for (const Event& e : done) e.on_trigger([settled](const FailureCause& failure) { settled->settled(failure); });
   return settled->event();
 }
 

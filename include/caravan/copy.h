@@ -290,7 +290,8 @@ CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice p
 MemoryId local_memory(MemoryKind kind, std::uint32_t index = 0);
 
 // A copy as a task-graph node: started at each launch after its dependencies. Checked and
-// planned when added, as copy() would (Error(invalid_argument) etc., prefixed "add_copy: ").
+// planned when added, as copy() would (Error(invalid_argument) etc., prefixed "add_copy: "), so
+// it needs a running runtime then (Error(shut_down) otherwise), as Instance::create does.
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority = 0,
                            std::span<const TaskGraph::NodeId> dependencies = {});
 

@@ -81,7 +81,9 @@ class Event {
 // An event the application triggers itself. Only create() makes a pending one: a
 // default-constructed UserEvent is "no event", and as a precondition it holds nothing back.
 // trigger() and poison() may be called from any thread; a user event still pending when the
-// runtime shuts down is poisoned with Errc::shut_down.
+// runtime shuts down may be poisoned with Errc::shut_down (see Runtime::shutdown), and a
+// trigger() after that throws Error(already_done). A handle received from another rank
+// (from_event) may name any event of that rank, not only a user event.
 class UserEvent : public Event {
  public:
   // A new pending event in the current runtime.

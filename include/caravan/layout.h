@@ -166,7 +166,7 @@ std::uint64_t component_size(const Layout& layout, std::size_t k, const IndexSpa
 class Linearization {
  public:
   // Validates the layout against the space; throws Error(invalid_argument), also when the
-  // footprint would exceed 2^64 bytes.
+  // footprint would exceed 2^64 - 1 bytes.
   Linearization(const Layout& layout, const IndexSpace& space, const FieldSpace& fields);
 
   std::uint64_t offset(const Point& point, std::size_t field) const;

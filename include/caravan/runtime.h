@@ -92,10 +92,12 @@ class Runtime {
 
   // Stops the workers after the tasks running now return. Work that has not run (queued tasks,
   // tasks waiting on preconditions, pending user events) is poisoned with Error(shut_down), so
-  // nobody waits forever: queued tasks fail at once; if every task still running is blocked in
-  // Event::wait (about 20 ms), pending user events fail, and if they still do not return, the GPUs
-  // stop (launched work finishes) and every pending event fails. A task that is computing, or
-  // blocked in anything but Event::wait, is waited for. Call it from outside the runtime's tasks. With several ranks it
+  // nobody waits forever: queued tasks fail at once; when nothing moves any more (every task
+  // still running blocked in Event::wait, no GPU work queued or in flight, no event triggering)
+  // for 20 ms (CARAVAN_SHUTDOWN_TIMEOUT_S with several ranks), pending user events fail, and if
+  // that is not enough, the GPUs stop and every pending event fails. A task that computes, or
+  // waits on work that progresses, is waited for, as is one blocked in anything but
+  // Event::wait. Throws Error(invalid_argument) when called from a task. With several ranks it
   // then waits (at most CARAVAN_SHUTDOWN_TIMEOUT_S) until every live rank has shut down too, serving their requests
   // meanwhile. Idempotent.
   void shutdown();

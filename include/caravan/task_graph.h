@@ -34,7 +34,8 @@ class TaskGraph {
   NodeId add_node(std::string label, Starter start, std::span<const NodeId> dependencies = {});
 
   // Starts one execution of the graph after `precondition`. Nodes with no dependencies wait on
-  // `precondition`; a node whose dependency failed does not run and fails with the same cause.
+  // `precondition`; a task or copy node whose dependency failed does not run and fails with the
+  // same cause (an add_node starter is called all the same, with the poisoned precondition).
   // The result triggers once every node of this launch has finished or failed (never while a
   // node still runs), poisoned with the first failure if any failed. It does not throw once
   // nodes have started: a starter that throws fails its node (cause: its message, and its

@@ -269,7 +269,8 @@ Rect TileGrid::tile(std::uint64_t index) const {
   std::uint64_t along = index % per_column_;
   std::uint64_t rest = index / per_column_;
   lo[s] = space_.lo()[s] + static_cast<std::int64_t>(along) * thickness_;
-  hi[s] = std::min(space_.hi()[s], lo[s] + thickness_ - 1);
+  // Not lo + thickness - 1, which overflows for a tile near INT64_MAX.
+  hi[s] = space_.hi()[s] - lo[s] < thickness_ - 1 ? space_.hi()[s] : lo[s] + thickness_ - 1;
   for (int d = split_dim_ + 1; d < space_.dims(); ++d) {
     auto i = static_cast<std::size_t>(d);
     auto extent = static_cast<std::uint64_t>(space_.extent(d));

@@ -288,6 +288,21 @@ TEST_F(CopyTest, BadInputIsRejectedBeforeAnyByteMoves) {
   std::vector<std::byte> before = test::footprint(other_space);
   CARAVAN_EXPECT_ERROR(copy(src, other_space), Errc::invalid_argument, "index space");
   CARAVAN_EXPECT_ERROR(copy(src, other_fields), Errc::invalid_argument, "field spaces differ");
+  Instance renamed = Instance::create(sys_memory(), Rect::from_extents({100}),
+                                      FieldSpace({{"a", 4}, {"x", 8}, {"c", 2}}), Layout::parse("F,x"));
+  Instance one_field =
+      Instance::create(sys_memory(), Rect::from_extents({100}), FieldSpace({{"a", 4}}), Layout::parse("F,x"));
+  CARAVAN_EXPECT_ERROR(copy(src, renamed), Errc::invalid_argument,
+                       "field 1 is 'b' (8 bytes) in src and 'x' (8 bytes) in dst");
+  CARAVAN_EXPECT_ERROR(copy(src, one_field), Errc::invalid_argument,
+                       "src has 3 fields and dst 1; the first one only src has is 'b' (8 bytes)");
+  CARAVAN_EXPECT_ERROR(Instance::create(sys_memory(), Rect::from_extents({4}), FieldSpace(), Layout::parse("F,x")),
+                       Errc::invalid_argument, "Instance::create: fields is the empty field space");
+  // A footprint past 2^64 - 1 bytes is refused, not wrapped to a small allocation.
+  CARAVAN_EXPECT_ERROR(
+      Instance::create(sys_memory(), Rect::from_extents({std::int64_t{1} << 31, std::int64_t{1} << 31}),
+                       FieldSpace::uniform(1, 8), Layout::parse("F,x,y")),
+      Errc::invalid_argument, "footprint exceeds 2^64 - 1 bytes");
   CARAVAN_EXPECT_ERROR(copy(src, src, {.priority = 5000}), Errc::invalid_argument, "priority 5000");
   CARAVAN_EXPECT_ERROR(copy(src, Instance()), Errc::invalid_argument, "empty");
   CARAVAN_EXPECT_ERROR(Instance::create(MemoryId{3, 0, MemoryKind::sys, 0}, Rect::from_extents({4}), kFields, Layout::parse("F,x")),

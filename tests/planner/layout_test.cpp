@@ -215,7 +215,7 @@ TEST(Layout, SizesThatOverflowAreErrors) {
   // 2^62 points of 8 bytes: a footprint of 2^65 bytes.
   const Rect square = Rect::from_extents({std::int64_t{1} << 31, std::int64_t{1} << 31});
   const FieldSpace eight = FieldSpace::uniform(1, 8);
-  expect_invalid([&] { Linearization lin(L("F,x,y"), square, eight); }, "the footprint exceeds 2^64 bytes");
+  expect_invalid([&] { Linearization lin(L("F,x,y"), square, eight); }, "the footprint exceeds 2^64 - 1 bytes");
   expect_invalid([&] { (void)total_bytes(L("x,y,F"), square, eight); },
                  "layout x,y,F over [0,2147483647]x[0,2147483647]");
   // Padding counts: five points in one block of 2^62, 8 bytes each.

@@ -626,5 +626,55 @@ TEST(TaskOnGpuProcessor, ChainsOrderedOnTheGpuKeepTheirOrder) {
   for (int i = 0; i < kLinks; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
 }
 
+// Shutdown while a CPU task waits on a chain of GPU tasks that is still running: the CPU worker
+// is blocked, but the GPU work progresses, so shutdown lets the chain finish instead of poisoning
+// the GPU tasks not yet launched (each waits on the one before on the host).
+TEST(TaskOnGpuProcessor, ShutdownLetsACpuTaskWaitOnGpuWorkThatProgresses) {
+  SimulatedGpus gpus(1, /*cpu_workers=*/1);
+  static std::atomic<int> gpu_ran{0};
+  gpu_ran = 0;
+  TaskId slow = test::task("gpu_processor_test.slow_link", [](TaskContext& ctx) {
+    SimulatedGpus::stream_of(ctx).enqueue([] {
+      std::this_thread::sleep_for(60ms);
+      gpu_ran.fetch_add(1);
+      return true;
+    });
+  });
+  struct WaitArgs {
+    Event last;
+    std::atomic<int>* started;
+    std::atomic<int>* outcome;  // 1 ok, 2 poisoned
+  };
+  TaskId wait_on = test::task("gpu_processor_test.wait_on_chain", [](TaskContext& ctx) {
+    const auto a = ctx.args_as<WaitArgs>();
+    a.started->store(1);
+    try {
+      a.last.wait();
+      a.outcome->store(1);
+    } catch (const EventPoisoned&) {
+      a.outcome->store(2);
+    }
+  });
+  constexpr int kLinks = 4;
+  Event link;
+  for (int i = 0; i < kLinks; ++i)
+    link = gpus.rt.spawn(slow, {}, SpawnOptions{.precondition = link, .processor = gpu(0)});
+  auto started = std::make_shared<std::atomic<int>>(0);
+  auto outcome = std::make_shared<std::atomic<int>>(0);
+  gpus.rt.spawn(wait_on, task_args(WaitArgs{link, started.get(), outcome.get()}));
+  for (int i = 0; i < 5000 && started->load() == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(started->load(), 1);
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    gpus.rt.shutdown();
+    stopped = true;
+  });
+  for (int i = 0; i < 10000 && !stopped.load(); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(stopped.load()) << "shutdown did not return within 10 s";
+  stopper.join();
+  EXPECT_EQ(gpu_ran.load(), kLinks) << "GPU tasks of a progressing chain were cut short";
+  EXPECT_EQ(outcome->load(), 1) << "the CPU task's wait on the chain should have succeeded";
+}
+
 }  // namespace
 }  // namespace caravan

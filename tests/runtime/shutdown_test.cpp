@@ -16,9 +16,10 @@ namespace {
 using namespace std::chrono_literals;
 
 // Runs rt->shutdown() on another thread; false if it has not returned after `timeout`. The hung
-// runtime is then leaked with its detached thread, so that the test reports the failure instead of
-// hanging again in ~Runtime.
-bool shuts_down_within(std::unique_ptr<Runtime>& rt, std::chrono::seconds timeout) {
+// runtime is then leaked with its detached thread, and so is `keep` (what its tasks write to), so
+// that the test reports the failure instead of hanging again in ~Runtime or being written into
+// after it returned.
+bool shuts_down_within(std::unique_ptr<Runtime>& rt, std::chrono::seconds timeout, std::shared_ptr<void> keep = {}) {
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> returned = done->get_future();
   Runtime* runtime = rt.get();
@@ -28,6 +29,7 @@ bool shuts_down_within(std::unique_ptr<Runtime>& rt, std::chrono::seconds timeou
   }).detach();
   if (returned.wait_for(timeout) == std::future_status::ready) return true;
   (void)rt.release();
+  new std::shared_ptr<void>(std::move(keep));  // leaked on purpose
   return false;
 }
 
@@ -43,6 +45,14 @@ bool reaches(const std::atomic<int>& count, int target) {
 
 // What a task body saw when its wait ended.
 enum Outcome : int { waiting = 0, ok = 1, shut_down = 2, other = 3 };
+
+// What the tasks of one test write, on the heap (see shuts_down_within).
+struct Counters {
+  std::atomic<int> started{0};
+  std::atomic<int> outcome{waiting};
+  std::atomic<int> compute_started{0};
+  std::atomic<int> triggered{0};
+};
 
 struct WaitArgs {
   Event event;
@@ -67,12 +77,11 @@ TEST(RuntimeShutdown, ReturnsWhileATaskWaitsOnAUserEventNobodyTriggers) {
   const TaskId waiter = test::task("shutdown_test.wait", wait_and_record);
   auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 2});
   UserEvent never = UserEvent::create();
-  std::atomic<int> started{0}, outcome{waiting};
-  rt->spawn(waiter, task_args(WaitArgs{never, &started, &outcome}));
-  ASSERT_TRUE(reaches(started, 1)) << "the task did not start";
-  std::this_thread::sleep_for(20ms);  // into its blocking wait
-  ASSERT_TRUE(shuts_down_within(rt, 10s)) << "shutdown hung on a task waiting on a user event";
-  EXPECT_EQ(outcome.load(), shut_down) << "the task's wait should end poisoned with Errc::shut_down";
+  auto state = std::make_shared<Counters>();
+  rt->spawn(waiter, task_args(WaitArgs{never, &state->started, &state->outcome}));
+  ASSERT_TRUE(reaches(state->started, 1)) << "the task did not start";
+  ASSERT_TRUE(shuts_down_within(rt, 10s, state)) << "shutdown hung on a task waiting on a user event";
+  EXPECT_EQ(state->outcome.load(), shut_down) << "the task's wait should end poisoned with Errc::shut_down";
 }
 
 TEST(RuntimeShutdown, ReturnsWhileATaskWaitsOnATaskQueuedBehindIt) {
@@ -80,17 +89,16 @@ TEST(RuntimeShutdown, ReturnsWhileATaskWaitsOnATaskQueuedBehindIt) {
   const TaskId noop = test::task("shutdown_test.noop", [](TaskContext&) {});
   auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 1});
   // The one worker runs the waiting task; what it waits on is queued behind it.
-  std::atomic<int> started{0}, outcome{waiting};
+  auto state = std::make_shared<Counters>();
   UserEvent hold = UserEvent::create();
   Event blocker = rt->spawn(noop, {}, {.precondition = hold});
   Event queued = rt->spawn(noop, {}, {.precondition = blocker});
-  rt->spawn(waiter, task_args(WaitArgs{queued, &started, &outcome}));
-  ASSERT_TRUE(reaches(started, 1));
-  hold.trigger();  // `blocker` and then `queued` become ready, queued behind the waiting task
-  std::this_thread::sleep_for(20ms);
-  EXPECT_EQ(outcome.load(), waiting) << "the only worker is busy: the queued task cannot have run";
-  ASSERT_TRUE(shuts_down_within(rt, 10s)) << "shutdown hung on a task waiting on a queued task";
-  EXPECT_EQ(outcome.load(), shut_down) << "the queued task fails at shutdown, and so does the wait on it";
+  rt->spawn(waiter, task_args(WaitArgs{queued, &state->started, &state->outcome}));
+  ASSERT_TRUE(reaches(state->started, 1));
+  hold.trigger();  // `blocker` becomes ready, queued behind the waiting task; `queued` waits on it
+  EXPECT_EQ(state->outcome.load(), waiting) << "the only worker is busy: the queued task cannot have run";
+  ASSERT_TRUE(shuts_down_within(rt, 10s, state)) << "shutdown hung on a task waiting on a queued task";
+  EXPECT_EQ(state->outcome.load(), shut_down) << "the queued task fails at shutdown, and so does the wait on it";
 }
 
 TEST(RuntimeShutdown, DoesNotCutShortATaskThatStillComputes) {
@@ -115,14 +123,29 @@ TEST(RuntimeShutdown, DoesNotCutShortATaskThatStillComputes) {
   });
   auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 2});
   UserEvent done = UserEvent::create();
-  std::atomic<int> started{0}, outcome{waiting}, compute_started{0}, triggered{0};
-  rt->spawn(waiter, task_args(WaitArgs{done, &started, &outcome}));
-  rt->spawn(compute, task_args(ComputeArgs{done, &compute_started, &triggered}));
-  ASSERT_TRUE(reaches(started, 1));
-  ASSERT_TRUE(reaches(compute_started, 1));
+  auto state = std::make_shared<Counters>();
+  rt->spawn(waiter, task_args(WaitArgs{done, &state->started, &state->outcome}));
+  rt->spawn(compute, task_args(ComputeArgs{done, &state->compute_started, &state->triggered}));
+  ASSERT_TRUE(reaches(state->started, 1));
+  ASSERT_TRUE(reaches(state->compute_started, 1));
+  ASSERT_TRUE(shuts_down_within(rt, 10s, state));
+  EXPECT_EQ(state->triggered.load(), 1) << "the computing task's trigger should have succeeded";
+  EXPECT_EQ(state->outcome.load(), ok) << "the waiting task should have seen the event trigger";
+}
+
+TEST(RuntimeShutdown, FromATaskIsAnErrorNotAHang) {
+  const TaskId stopper = test::task("shutdown_test.stopper", [](TaskContext&) { Runtime::current().shutdown(); });
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 1});
+  try {
+    rt->spawn(stopper).wait();
+    ADD_FAILURE() << "shutdown from a task should fail the task";
+  } catch (const EventPoisoned& e) {
+    ASSERT_TRUE(e.cause());
+    EXPECT_NE(std::string(e.cause()->what()).find("Runtime::shutdown called from a task"), std::string::npos)
+        << e.cause()->what();
+  }
+  EXPECT_TRUE(Runtime::is_running());
   ASSERT_TRUE(shuts_down_within(rt, 10s));
-  EXPECT_EQ(triggered.load(), 1) << "the computing task's trigger should have succeeded";
-  EXPECT_EQ(outcome.load(), ok) << "the waiting task should have seen the event trigger";
 }
 
 // Many runtimes, each shut down while its workers wait on random mixes of user events, queued
@@ -138,8 +161,14 @@ TEST(RuntimeShutdown, StressNeverHangs) {
     for (int i = 0; i < 4; ++i) users.push_back(UserEvent::create());
     std::vector<Event> targets(users.begin(), users.end());
     const int waiters = 2 + static_cast<int>(rng() % 8);
-    std::atomic<int> started{0};
-    std::vector<std::atomic<int>> outcomes(static_cast<std::size_t>(waiters));
+    struct Round {
+      std::atomic<int> started{0};
+      std::vector<std::atomic<int>> outcomes;
+      explicit Round(int n) : outcomes(static_cast<std::size_t>(n)) {}
+    };
+    auto state = std::make_shared<Round>(waiters);
+    std::atomic<int>& started = state->started;
+    std::vector<std::atomic<int>>& outcomes = state->outcomes;
     for (int i = 0; i < waiters; ++i) {
       const Event target = targets[rng() % targets.size()];
       targets.push_back(rt->spawn(noop, {}, {.precondition = target}));
