@@ -131,7 +131,9 @@ const Definition kTable[] = {
   {"CARAVAN_BOOTSTRAP_TIMEOUT_S", Kind::real, "60",
    "How long the rendezvous waits for every rank to join (seconds)", 0.1, 86400},
   {"CARAVAN_SHUTDOWN_TIMEOUT_S", Kind::real, "30",
-   "How long a rank that shuts down keeps serving peers that are still running (seconds)", 0, 86400},
+   "How long a rank that shuts down keeps serving peers that are still running, and how long its CPU tasks blocked "
+   "in Event::wait may stay without progress before its pending events are poisoned so that they return (seconds)",
+   0, 86400},
   {"CARAVAN_NIC_WINDOW", Kind::integer, "4",
    "Requests the nic channel keeps in flight towards one rank (each is one or more UCX puts)", 1, 256},
   {"CARAVAN_NIC_GBPS", Kind::real, "10",
