@@ -88,7 +88,7 @@ GpuProcessor::GpuProcessor(EventTable& events, GpuFollowTable& follows, Processo
 GpuProcessor::~GpuProcessor() { stop(make_failure(Errc::shut_down, "the runtime shut down before this task ran")); }
 
 void GpuProcessor::make_ready(TaskRecord* task) {
-  // stop() set stop_failure_ before it stopped the queue, under the queue's lock.
+  // request_stop() set stop_failure_ before it stopped the queue, under the queue's lock.
   if (!queue_.enqueue(task)) fail(task, stop_failure_);
 }
 
@@ -134,13 +134,25 @@ void GpuProcessor::fail_at_launch(TaskRecord* task, const FailureCause& failure)
   events_.add_waiter(after, new CompleteAfter(events_, completion, failure));
 }
 
+void GpuProcessor::request_stop(const FailureCause& failure) {
+  std::vector<TaskRecord*> queued;
+  {
+    std::lock_guard lock(stop_mutex_);
+    if (stop_requested_) return;
+    stop_requested_ = true;
+    stop_failure_ = failure;  // before the queue stops: make_ready reads it once enqueue fails
+    stopping_.store(true, std::memory_order_relaxed);
+    queue_.stop();
+    queued = queue_.take_all();
+  }
+  for (TaskRecord* task : queued) fail(task, failure);
+}
+
 void GpuProcessor::stop(const FailureCause& failure) {
+  request_stop(failure);
   std::lock_guard lock(stop_mutex_);
   if (stopped_) return;
   stopped_ = true;
-  stop_failure_ = failure;
-  stopping_.store(true, std::memory_order_relaxed);
-  queue_.stop();
   if (launcher_.joinable()) launcher_.join();
   for (TaskRecord* task : queue_.take_all()) fail(task, failure);
   // The launcher is gone, so nothing more is launched: each lane reports what it holds and ends.
@@ -158,7 +170,9 @@ void GpuProcessor::stop(const FailureCause& failure) {
 void GpuProcessor::launcher_main() {
   // Polling first, as the CPU workers do: the next link of a chain, whose precondition a lane
   // is about to trigger, is picked up without a futex wake-up.
+  t_blocked_wait_count = &blocked_bodies_;  // for shutdown, as on the CPU workers
   while (TaskRecord* task = queue_.pop_after_polling(spin_us_)) launch(task);
+  t_blocked_wait_count = nullptr;
 }
 
 void GpuProcessor::launch(TaskRecord* task) {

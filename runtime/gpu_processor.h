@@ -108,7 +108,18 @@ class GpuProcessor final : public TaskProcessor {
 
   // Whether it has work that will finish by itself: tasks queued, being launched, or launched and
   // not yet reported (shutdown waits rather than poison what such work will trigger).
-  bool busy() const { return active_.load(std::memory_order_acquire) > 0 || queue_.maybe_nonempty(); }
+  // A body blocked in Event::wait on the launcher does not count (it waits on others' work), nor
+  // do the tasks queued behind it.
+  bool busy() const {
+    const int blocked = blocked_bodies_.load(std::memory_order_acquire);
+    return active_.load(std::memory_order_acquire) > blocked || (blocked == 0 && queue_.maybe_nonempty());
+  }
+  // Whether the body running on the launcher is blocked in Event::wait.
+  bool body_blocked() const { return blocked_bodies_.load(std::memory_order_acquire) > 0; }
+
+  // No task is launched from now on: the queued ones, and those made ready later, fail with
+  // `failure` at once. Idempotent.
+  void request_stop(const FailureCause& failure);
 
   // Stops launching once the body running now returns and poisons every task still queued with
   // `failure`; tasks already launched complete (or fail) as their GPU work finishes, and this
@@ -150,11 +161,13 @@ class GpuProcessor final : public TaskProcessor {
   ReadyQueue queue_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> active_{0};  // tasks from launch() until their lane has reported them
+  std::atomic<int> blocked_bodies_{0};  // 1 while the launcher's body is in Event::wait
   std::vector<std::unique_ptr<Lane>> lanes_;
   unsigned next_low_ = 0, next_high_ = 0;  // launcher thread only
   std::thread launcher_;
   std::mutex stop_mutex_;
-  bool stopped_ = false;  // stop_mutex_
+  bool stop_requested_ = false;  // stop_mutex_
+  bool stopped_ = false;         // stop_mutex_
   FailureCause stop_failure_;
 };
 

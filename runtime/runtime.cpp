@@ -105,8 +105,10 @@ void RuntimeImpl::shutdown() {
   if (stopped_.load()) return;
   // A worker cannot wait for itself to return.
   if (detail::t_blocked_wait_count)
-    throw Error(Errc::invalid_argument,
-                "Runtime::shutdown called from a task (a CPU worker thread); call it from outside the runtime's tasks");
+    throw Error(
+        Errc::invalid_argument,
+        "Runtime::shutdown called from a task (a CPU worker or a GPU launcher thread); call it from outside the "
+        "runtime's tasks");
   if (stopped_.exchange(true)) return;
   stopping_.store(true, std::memory_order_release);
   auto failure = make_failure(Errc::shut_down, "the runtime shut down before this work ran");
@@ -131,6 +133,7 @@ void RuntimeImpl::shutdown() {
   };
   if (cpu_) stop_cpu(failure, stop_gpus);
   // After the CPU: a CPU task that waits for a GPU task still sees it finish.
+  unblock_gpu_bodies(failure);
   stop_gpus();
   // Everything still pending (tasks waiting on preconditions, user events) fails now, so that
   // no thread waits forever on work that can no longer happen.
@@ -146,8 +149,40 @@ void RuntimeImpl::shutdown() {
   log::get("runtime")->info("runtime shut down");
 }
 
-void RuntimeImpl::stop_cpu(const FailureCause& failure, const std::function<void()>& stop_gpus) {
+void RuntimeImpl::unblock_when_quiet(const std::function<bool()>& finished, const std::function<bool()>& all_blocked,
+                                     const std::function<void(int step)>& step) {
   using Clock = std::chrono::steady_clock;
+  // With several ranks a peer may still trigger this rank's events: the quiet spell must last
+  // CARAVAN_SHUTDOWN_TIMEOUT_S there.
+  const auto quiet_needed = world_size_ > 1
+                                ? std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(settings::get_double("CARAVAN_SHUTDOWN_TIMEOUT_S")))
+                                : std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(20));
+  int steps_taken = 0;
+  std::uint64_t triggers = events_->trigger_count();
+  auto quiet_since = Clock::now();
+  while (!finished()) {
+    const std::uint64_t now_triggers = events_->trigger_count();
+    if (!all_blocked() || now_triggers != triggers) {
+      triggers = now_triggers;
+      quiet_since = Clock::now();
+      continue;
+    }
+    if (Clock::now() - quiet_since < quiet_needed) continue;
+    step(steps_taken++);
+    triggers = events_->trigger_count();
+    quiet_since = Clock::now();
+  }
+}
+
+bool RuntimeImpl::gpus_busy() {
+  std::lock_guard lock(gpus_mutex_);
+  for (auto& g : gpus_)
+    if (g && g->busy()) return true;
+  return false;
+}
+
+void RuntimeImpl::stop_cpu(const FailureCause& failure, const std::function<void()>& stop_gpus) {
   // No task starts from here on; queued ones fail now, so a running task waiting on one returns.
   cpu_->request_stop(failure);
   // The tasks running now return first. One that waits on an event nothing will trigger any more
@@ -156,53 +191,69 @@ void RuntimeImpl::stop_cpu(const FailureCause& failure, const std::function<void
   // work queued or in flight, no event triggered), pending user events fail; if that is not
   // enough, the GPUs stop and every pending event fails. Anything that moves restarts the
   // wait, so a task that computes, or waits on work that is progressing, is never cut short.
-  // With several ranks a peer may still trigger this rank's events: the quiet spell must last
-  // CARAVAN_SHUTDOWN_TIMEOUT_S there.
-  const auto quiet_needed = world_size_ > 1
-                                ? std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(settings::get_double("CARAVAN_SHUTDOWN_TIMEOUT_S")))
-                                : std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(20));
-  const auto gpus_busy = [&] {
-    std::lock_guard lock(gpus_mutex_);
-    for (auto& g : gpus_)
-      if (g && g->busy()) return true;
-    return false;
-  };
-  int steps_taken = 0;
-  std::uint64_t triggers = events_->trigger_count();
-  auto quiet_since = Clock::now();
-  while (!cpu_->wait_for_workers(std::chrono::milliseconds(5))) {
-    const int live = cpu_->live_workers();
-    const std::uint64_t now_triggers = events_->trigger_count();
-    if (live == 0 || cpu_->blocked_workers() < live || now_triggers != triggers || gpus_busy()) {
-      triggers = now_triggers;
-      quiet_since = Clock::now();
-      continue;
-    }
-    if (Clock::now() - quiet_since < quiet_needed) continue;
-    if (steps_taken == 0) {
-      const std::size_t poisoned = events_->poison_pending_user_events(failure);
-      log::get("runtime")->warn(
-          "shutdown: {} CPU task(s) blocked in Event::wait with nothing else running; poisoned {} pending user "
-          "event(s) "
-          "so that they return",
-          live, poisoned);
-    } else if (steps_taken == 1) {
-      log::get("runtime")->warn(
-          "shutdown: {} CPU task(s) still blocked in Event::wait with nothing else running; stopping the GPUs and "
-          "poisoning every pending event",
-          live);
-      stop_gpus();
-      events_->poison_all_pending(failure);
-    } else {
-      // Events made since (by the blocked tasks' own dependents) fail too.
-      events_->poison_all_pending(failure);
-    }
-    ++steps_taken;
-    triggers = events_->trigger_count();
-    quiet_since = Clock::now();
-  }
+  unblock_when_quiet([&] { return cpu_->wait_for_workers(std::chrono::milliseconds(5)); },
+                     [&] {
+                       const int live = cpu_->live_workers();
+                       return live > 0 && cpu_->blocked_workers() == live && !gpus_busy();
+                     },
+                     [&](int step) {
+                       const int live = cpu_->live_workers();
+                       if (step == 0) {
+                         const std::size_t poisoned = events_->poison_pending_user_events(failure);
+                         log::get("runtime")->warn(
+                             "shutdown: {} CPU task(s) blocked in Event::wait with nothing else running; "
+                             "poisoned {} pending user event(s) so that they return",
+                             live, poisoned);
+                       } else if (step == 1) {
+                         log::get("runtime")->warn(
+                             "shutdown: {} CPU task(s) still blocked in Event::wait with nothing else running; "
+                             "stopping the GPUs and poisoning every pending event",
+                             live);
+                         stop_gpus();
+                         events_->poison_all_pending(failure);
+                       } else {
+                         events_->poison_all_pending(failure);  // events made since by the blocked tasks' dependents
+                       }
+                     });
   cpu_->stop(failure);  // joins
+}
+
+void RuntimeImpl::unblock_gpu_bodies(const FailureCause& failure) {
+  // The same for a GPU task's body blocked in Event::wait on its launcher thread, which stopping
+  // that GPU would otherwise join forever (the CPU workers have returned by now).
+  const auto blocked = [&] {
+    std::vector<detail::GpuProcessor*> stuck;
+    {
+      std::lock_guard lock(gpus_mutex_);
+      for (auto& g : gpus_)
+        if (g && g->body_blocked()) stuck.push_back(g.get());
+    }
+    // What is queued behind the body fails now, as on the CPU (outside the lock: failing a task
+    // runs its dependents' callbacks).
+    for (detail::GpuProcessor* g : stuck) g->request_stop(failure);
+    return !stuck.empty();
+  };
+  unblock_when_quiet(
+      [&] {
+        if (!blocked()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return false;
+      },
+      [&] { return !gpus_busy(); },
+      [&](int step) {
+        if (step == 0) {
+          const std::size_t poisoned = events_->poison_pending_user_events(failure);
+          log::get("runtime")->warn(
+              "shutdown: a GPU task's body is blocked in Event::wait with nothing else running; "
+              "poisoned {} pending user event(s) so that it returns",
+              poisoned);
+        } else {
+          log::get("runtime")->warn(
+              "shutdown: a GPU task's body is still blocked in Event::wait; poisoning every "
+              "pending event");
+          events_->poison_all_pending(failure);
+        }
+      });
 }
 
 RuntimeService& RuntimeImpl::service(const std::string& name,

@@ -83,6 +83,15 @@ class RuntimeImpl {
   // shutdown()'s CPU step: stops the workers without hanging on a task blocked on an event that
   // can no longer trigger (see the definition).
   void stop_cpu(const FailureCause& failure, const std::function<void()>& stop_gpus);
+  // Before the GPUs stop: frees a GPU task body blocked in Event::wait the same way.
+  void unblock_gpu_bodies(const FailureCause& failure);
+  // Polls finished() until it says so; whenever all_blocked() has held, and no event has
+  // triggered, for the quiet spell (20 ms; CARAVAN_SHUTDOWN_TIMEOUT_S with several ranks), runs
+  // step(0), step(1)... (each should unblock more).
+  void unblock_when_quiet(const std::function<bool()>& finished, const std::function<bool()>& all_blocked,
+                          const std::function<void(int step)>& step);
+  // Whether a GPU processor has work that progresses by itself (GpuProcessor::busy).
+  bool gpus_busy();
 
   static std::atomic<RuntimeImpl*> g_current;
 

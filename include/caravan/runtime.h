@@ -95,9 +95,10 @@ class Runtime {
   // nobody waits forever: queued tasks fail at once; when nothing moves any more (every task
   // still running blocked in Event::wait, no GPU work queued or in flight, no event triggering)
   // for 20 ms (CARAVAN_SHUTDOWN_TIMEOUT_S with several ranks), pending user events fail, and if
-  // that is not enough, the GPUs stop and every pending event fails. A task that computes, or
-  // waits on work that progresses, is waited for, as is one blocked in anything but
-  // Event::wait. Throws Error(invalid_argument) when called from a task. With several ranks it
+  // that is not enough, the GPUs stop and every pending event fails (the same for a GPU task's
+  // body blocked in Event::wait). A task that computes, or waits on work that progresses, is
+  // waited for, as is one blocked in anything but Event::wait. Throws Error(invalid_argument)
+  // when called from a task. With several ranks it
   // then waits (at most CARAVAN_SHUTDOWN_TIMEOUT_S) until every live rank has shut down too, serving their requests
   // meanwhile. Idempotent.
   void shutdown();

@@ -676,5 +676,51 @@ TEST(TaskOnGpuProcessor, ShutdownLetsACpuTaskWaitOnGpuWorkThatProgresses) {
   EXPECT_EQ(outcome->load(), 1) << "the CPU task's wait on the chain should have succeeded";
 }
 
+// A GPU task's body blocked in Event::wait on a user event nobody triggers (it runs on the
+// launcher thread, which stopping the GPU joins): shutdown poisons the user event so that the body
+// returns, instead of hanging; the tasks queued behind it fail with shut_down.
+TEST(TaskOnGpuProcessor, ShutdownFreesABodyBlockedOnAUserEvent) {
+  SimulatedGpus gpus(1, /*cpu_workers=*/1);
+  struct BodyArgs {
+    Event never;
+    std::atomic<int>* started;
+    std::atomic<int>* outcome;  // 1 ok, 2 shut_down, 3 other
+  };
+  TaskId blocked = test::task("gpu_processor_test.blocked_body", [](TaskContext& ctx) {
+    const auto a = ctx.args_as<BodyArgs>();
+    a.started->store(1);
+    try {
+      a.never.wait();
+      a.outcome->store(1);
+    } catch (const EventPoisoned& e) {
+      a.outcome->store(e.cause() && e.cause()->code() == Errc::shut_down ? 2 : 3);
+    }
+  });
+  TaskId nothing = test::task("gpu_processor_test.nothing_behind", [](TaskContext&) {});
+  UserEvent never = UserEvent::create();
+  auto started = std::make_shared<std::atomic<int>>(0);
+  auto outcome = std::make_shared<std::atomic<int>>(0);
+  gpus.rt.spawn(blocked, task_args(BodyArgs{never, started.get(), outcome.get()}), SpawnOptions{.processor = gpu(0)});
+  std::atomic<int> behind_code{-1};
+  gpus.rt.spawn(nothing, {}, SpawnOptions{.processor = gpu(0)}).on_trigger([&](const FailureCause& f) {
+    behind_code = f ? static_cast<int>(f->code()) : -2;
+  });
+  for (int i = 0; i < 5000 && started->load() == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(started->load(), 1);
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    gpus.rt.shutdown();
+    stopped = true;
+  });
+  for (int i = 0; i < 10000 && !stopped.load(); ++i) std::this_thread::sleep_for(1ms);
+  if (!stopped.load()) {
+    stopper.detach();  // hung: report it rather than hang in join
+    FAIL() << "shutdown did not return within 10 s";
+  }
+  stopper.join();
+  EXPECT_EQ(outcome->load(), 2) << "the body's wait should have ended with Errc::shut_down";
+  EXPECT_EQ(behind_code.load(), static_cast<int>(Errc::shut_down)) << "the task queued behind the body";
+}
+
 }  // namespace
 }  // namespace caravan
