@@ -329,20 +329,7 @@ bool EventTable::wait(Event e, const std::chrono::steady_clock::time_point* dead
   return true;
 }
 
-void EventTable::poison_all_pending(const FailureCause& failure) {
-  std::uint32_t chunks = chunk_count_.load(std::memory_order_acquire);
-  for (std::uint32_t c = 0; c < chunks; ++c) {
-    for (std::uint32_t i = 0; i < kChunkSize; ++i) {
-      std::uint32_t index = (c << kChunkBits) | i;
-      Slot& s = slot(index);
-      std::uint64_t issued = s.issued_generation.load(std::memory_order_acquire);
-      if (issued > s.triggered_generation.load(std::memory_order_acquire))
-        trigger(Event::from_parts(index, rank_, instance_, issued), failure);
-    }
-  }
-}
-
-std::size_t EventTable::poison_pending_user_events(const FailureCause& failure) {
+std::size_t EventTable::poison_pending(const FailureCause& failure, bool user_events_only) {
   std::size_t poisoned = 0;
   std::uint32_t chunks = chunk_count_.load(std::memory_order_acquire);
   for (std::uint32_t c = 0; c < chunks; ++c) {
@@ -351,9 +338,9 @@ std::size_t EventTable::poison_pending_user_events(const FailureCause& failure) 
       Slot& s = slot(index);
       std::uint64_t issued = s.issued_generation.load(std::memory_order_acquire);
       // If the slot was reused since the load above, the generation named here has triggered
-      // already and trigger() changes nothing.
+      // already and trigger() changes nothing (user_event may then be the newer event's).
       if (issued > s.triggered_generation.load(std::memory_order_acquire) &&
-          s.user_event.load(std::memory_order_relaxed) &&
+          (!user_events_only || s.user_event.load(std::memory_order_relaxed)) &&
           trigger(Event::from_parts(index, rank_, instance_, issued), failure))
         ++poisoned;
     }

@@ -66,8 +66,9 @@ class SlotLock {
 inline constexpr int kGpuWaitSpinUs = 5000;
 int wait_spin_us_for(std::int64_t setting, bool uses_gpu);
 
-// A CPU worker thread points this at its processor's count of workers blocked in
-// EventTable::wait, so that shutdown can tell a task blocked on an event from one still computing.
+// A CPU worker thread, or a GPU processor's launcher thread (where GPU task bodies run), points
+// this at its processor's count of bodies blocked in EventTable::wait, so that shutdown can tell
+// a task blocked on an event from one still computing.
 extern thread_local std::atomic<int>* t_blocked_wait_count;
 
 class EventTable {
@@ -105,9 +106,9 @@ class EventTable {
   bool wait(Event e, const std::chrono::steady_clock::time_point* deadline, FailureCause* failure);
 
   // Poisons every pending event with `failure` (used at shutdown so that nothing waits forever).
-  void poison_all_pending(const FailureCause& failure);
+  void poison_all_pending(const FailureCause& failure) { (void)poison_pending(failure, false); }
   // Poisons the pending events made by create(true); returns how many.
-  std::size_t poison_pending_user_events(const FailureCause& failure);
+  std::size_t poison_pending_user_events(const FailureCause& failure) { return poison_pending(failure, true); }
 
   std::size_t pending_count() const;
   // How many events have triggered so far (a progress count for shutdown).
@@ -136,6 +137,7 @@ class EventTable {
   static constexpr std::uint32_t kMaxChunks = 1u << 14;  // 64 M slots at most
   static constexpr std::uint32_t kNil = UINT32_MAX;
 
+  std::size_t poison_pending(const FailureCause& failure, bool user_events_only);
   Slot& slot(std::uint32_t index) const;
   Slot& checked_slot(const Event& e) const;
   std::uint32_t pop_free();

@@ -82,6 +82,7 @@ GpuProcessor::GpuProcessor(EventTable& events, GpuFollowTable& follows, Processo
     throw Error(Errc::internal, fmt::format("{}: {} streams (needs an even number, at least 2)", id_.to_string(), lanes));
   for (int i = 0; i < lanes; ++i) lanes_.push_back(std::make_unique<Lane>());
   for (int i = 0; i < lanes; ++i) lanes_[static_cast<std::size_t>(i)]->thread = std::thread([this, i] { lane_main(i); });
+  queue_.count_pops_into(&taken_);
   launcher_ = std::thread([this] { launcher_main(); });
 }
 
@@ -176,7 +177,12 @@ void GpuProcessor::launcher_main() {
 }
 
 void GpuProcessor::launch(TaskRecord* task) {
-  active_.fetch_add(1, std::memory_order_acq_rel);
+  // taken_ counted the task when it left the queue; it is handed on to in_lanes_ below (or the
+  // task fails here), then released when launch() returns.
+  struct Release {
+    std::atomic<int>& taken;
+    ~Release() { taken.fetch_sub(1, std::memory_order_seq_cst); }
+  } release{taken_};
   const int per_class = static_cast<int>(lanes_.size() / 2);
   const bool high = task->priority() > 0;
   unsigned& next = high ? next_high_ : next_low_;
@@ -198,7 +204,6 @@ void GpuProcessor::launch(TaskRecord* task) {
   } catch (const Error& e) {
     fail_at_launch(task, make_failure(e.code(), fmt::format("{}: task '{}' could not start: {}", id_.to_string(),
                                                             task->entry().name, e.what())));
-    active_.fetch_sub(1, std::memory_order_acq_rel);
     return;
   }
   // Ordered on the GPU after another task (SpawnOptions::order_on_gpu): wait for its work there.
@@ -207,9 +212,8 @@ void GpuProcessor::launch(TaskRecord* task) {
       streams_->order_after(lane, task->run_after().get());
     } catch (const Error& e) {
       fail_at_launch(task, make_failure(e.code(), fmt::format("{}: task '{}' could not be ordered after its "
-                                                              "precondition: {}", id_.to_string(), task->entry().name,
-                                                              e.what())));
-      active_.fetch_sub(1, std::memory_order_acq_rel);
+                                                              "precondition: {}",
+                                                              id_.to_string(), task->entry().name, e.what())));
       return;
     }
   }
@@ -243,6 +247,7 @@ void GpuProcessor::launch(TaskRecord* task) {
     std::lock_guard lock(target.mutex);
     target.launched.push_back(std::move(launched));
     target.size.fetch_add(1, std::memory_order_release);
+    in_lanes_.fetch_add(1, std::memory_order_seq_cst);  // before taken_ lets go of it
   }
   target.cv.notify_one();
 }
@@ -293,7 +298,7 @@ void GpuProcessor::lane_main(int index) {
     } else {
       events_.trigger(launched.completion, std::move(failure));
     }
-    active_.fetch_sub(1, std::memory_order_acq_rel);
+    in_lanes_.fetch_sub(1, std::memory_order_seq_cst);
     lock.lock();
   }
 }

@@ -107,15 +107,19 @@ class GpuProcessor final : public TaskProcessor {
   void fail(TaskRecord* task, const FailureCause& failure) override;
 
   // Whether it has work that will finish by itself: tasks queued, being launched, or launched and
-  // not yet reported (shutdown waits rather than poison what such work will trigger).
-  // A body blocked in Event::wait on the launcher does not count (it waits on others' work), nor
-  // do the tasks queued behind it.
+  // not yet reported (shutdown waits rather than poison what such work will trigger). A body
+  // blocked in Event::wait on the launcher does not count (it waits on others' work), nor do the
+  // tasks queued behind it. The loads are ordered against the writers' (see count_pops_into).
   bool busy() const {
-    const int blocked = blocked_bodies_.load(std::memory_order_acquire);
-    return active_.load(std::memory_order_acquire) > blocked || (blocked == 0 && queue_.maybe_nonempty());
+    const int blocked = blocked_bodies_.load(std::memory_order_seq_cst);
+    const bool queued = queue_.size_ordered() > 0;
+    const int taken = taken_.load(std::memory_order_seq_cst);
+    return in_lanes_.load(std::memory_order_seq_cst) > 0 || taken > blocked || (blocked == 0 && queued);
   }
   // Whether the body running on the launcher is blocked in Event::wait.
   bool body_blocked() const { return blocked_bodies_.load(std::memory_order_acquire) > 0; }
+  // Whether the launcher holds a task it took off the queue (launching it, or in its body).
+  bool launching() const { return taken_.load(std::memory_order_seq_cst) > 0; }
 
   // No task is launched from now on: the queued ones, and those made ready later, fail with
   // `failure` at once. Idempotent.
@@ -160,7 +164,8 @@ class GpuProcessor final : public TaskProcessor {
   int spin_us_;
   ReadyQueue queue_;
   std::atomic<bool> stopping_{false};
-  std::atomic<int> active_{0};  // tasks from launch() until their lane has reported them
+  std::atomic<int> taken_{0};           // tasks off the queue until launch() returns (0 or 1)
+  std::atomic<int> in_lanes_{0};        // launched tasks until their lane has reported them
   std::atomic<int> blocked_bodies_{0};  // 1 while the launcher's body is in Event::wait
   std::vector<std::unique_ptr<Lane>> lanes_;
   unsigned next_low_ = 0, next_high_ = 0;  // launcher thread only

@@ -131,7 +131,7 @@ void RuntimeImpl::shutdown() {
     }
     for (detail::GpuProcessor* g : gpus) g->stop(failure);
   };
-  if (cpu_) stop_cpu(failure, stop_gpus);
+  if (cpu_) stop_cpu(failure);
   // After the CPU: a CPU task that waits for a GPU task still sees it finish.
   unblock_gpu_bodies(failure);
   stop_gpus();
@@ -182,7 +182,7 @@ bool RuntimeImpl::gpus_busy() {
   return false;
 }
 
-void RuntimeImpl::stop_cpu(const FailureCause& failure, const std::function<void()>& stop_gpus) {
+void RuntimeImpl::stop_cpu(const FailureCause& failure) {
   // No task starts from here on; queued ones fail now, so a running task waiting on one returns.
   cpu_->request_stop(failure);
   // The tasks running now return first. One that waits on an event nothing will trigger any more
@@ -207,9 +207,10 @@ void RuntimeImpl::stop_cpu(const FailureCause& failure, const std::function<void
                        } else if (step == 1) {
                          log::get("runtime")->warn(
                              "shutdown: {} CPU task(s) still blocked in Event::wait with nothing else running; "
-                             "stopping the GPUs and poisoning every pending event",
+                             "stopping the GPUs' queues and poisoning every pending event",
                              live);
-                         stop_gpus();
+                         // Not joining the GPUs here: a GPU body may be blocked too, until the poisoning below.
+                         request_stop_gpus(failure);
                          events_->poison_all_pending(failure);
                        } else {
                          events_->poison_all_pending(failure);  // events made since by the blocked tasks' dependents
@@ -218,28 +219,38 @@ void RuntimeImpl::stop_cpu(const FailureCause& failure, const std::function<void
   cpu_->stop(failure);  // joins
 }
 
+void RuntimeImpl::request_stop_gpus(const FailureCause& failure) {
+  std::vector<detail::GpuProcessor*> gpus;
+  {
+    std::lock_guard lock(gpus_mutex_);
+    for (auto& g : gpus_)
+      if (g) gpus.push_back(g.get());
+  }
+  // Outside the lock: failing a queued task runs its dependents' callbacks.
+  for (detail::GpuProcessor* g : gpus) g->request_stop(failure);
+}
+
 void RuntimeImpl::unblock_gpu_bodies(const FailureCause& failure) {
-  // The same for a GPU task's body blocked in Event::wait on its launcher thread, which stopping
-  // that GPU would otherwise join forever (the CPU workers have returned by now).
-  const auto blocked = [&] {
-    std::vector<detail::GpuProcessor*> stuck;
-    {
-      std::lock_guard lock(gpus_mutex_);
-      for (auto& g : gpus_)
-        if (g && g->body_blocked()) stuck.push_back(g.get());
-    }
-    // What is queued behind the body fails now, as on the CPU (outside the lock: failing a task
-    // runs its dependents' callbacks).
-    for (detail::GpuProcessor* g : stuck) g->request_stop(failure);
-    return !stuck.empty();
+  // The CPU workers have returned. No GPU task is launched from here on (queued ones fail), and a
+  // body running on a launcher is waited for as the CPU tasks were: one blocked in Event::wait
+  // with nothing else moving is freed by poisoning, so that joining its launcher cannot hang.
+  request_stop_gpus(failure);
+  const auto each_gpu = [&](const auto& predicate) {
+    std::lock_guard lock(gpus_mutex_);
+    for (auto& g : gpus_)
+      if (g && !predicate(*g)) return false;
+    return true;
   };
   unblock_when_quiet(
       [&] {
-        if (!blocked()) return true;
+        if (each_gpu([](const detail::GpuProcessor& g) { return !g.launching(); })) return true;
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         return false;
       },
-      [&] { return !gpus_busy(); },
+      [&] {
+        return each_gpu([](const detail::GpuProcessor& g) { return !g.launching() || g.body_blocked(); }) &&
+               !gpus_busy();
+      },
       [&](int step) {
         if (step == 0) {
           const std::size_t poisoned = events_->poison_pending_user_events(failure);
@@ -430,6 +441,7 @@ Runtime::~Runtime() {
     // Destroyed on a worker thread: nothing can be stopped from here, so the runtime is left
     // running (and leaked) rather than the process terminated.
     log::get("runtime")->error("~Runtime: {}", e.what());
+    impl_->forget_owner();
     (void)impl_.release();
   }
 }
@@ -437,6 +449,9 @@ Runtime::~Runtime() {
 Runtime& Runtime::current() {
   RuntimeImpl* rt = RuntimeImpl::current();
   if (!rt) throw Error(Errc::shut_down, "no Caravan runtime is running (create a caravan::Runtime first)");
+  if (!rt->owner())
+    throw Error(Errc::shut_down,
+                "the running Caravan runtime's Runtime object was destroyed on one of its own threads");
   return *rt->owner();
 }
 

@@ -50,7 +50,9 @@ class RuntimeImpl {
   // `make` provides. Before any GPU processor has started.
   using GpuStreamsFactory = std::function<std::unique_ptr<detail::GpuStreams>(int device)>;
   void use_gpu_streams(int count, GpuStreamsFactory make);
-  Runtime* owner() const { return owner_; }
+  Runtime* owner() const { return owner_; }  // null once forget_owner() ran
+  // ~Runtime on one of the runtime's own threads leaks the runtime: its Runtime is gone.
+  void forget_owner() { owner_ = nullptr; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   const std::vector<RankInfo>& ranks() const { return ranks_; }
@@ -82,7 +84,9 @@ class RuntimeImpl {
  private:
   // shutdown()'s CPU step: stops the workers without hanging on a task blocked on an event that
   // can no longer trigger (see the definition).
-  void stop_cpu(const FailureCause& failure, const std::function<void()>& stop_gpus);
+  void stop_cpu(const FailureCause& failure);
+  // Every GPU processor's request_stop (no join).
+  void request_stop_gpus(const FailureCause& failure);
   // Before the GPUs stop: frees a GPU task body blocked in Event::wait the same way.
   void unblock_gpu_bodies(const FailureCause& failure);
   // Polls finished() until it says so; whenever all_blocked() has held, and no event has

@@ -31,13 +31,18 @@ ReadyQueue::PushResult ReadyQueue::push(TaskRecord* task) {
   return sleepers_ > 0 ? PushResult::queued_wake_worker : PushResult::queued;
 }
 
-TaskRecord* ReadyQueue::pop_locked() {
+TaskRecord* ReadyQueue::pop_locked(bool to_run) {
   if (buckets_.empty()) return nullptr;
   Bucket& top = buckets_.front();
   TaskRecord* task = top.head;
   top.head = task->next_ready_;
   if (!top.head) buckets_.erase(buckets_.begin());
-  size_.fetch_sub(1, std::memory_order_relaxed);
+  if (pop_counter_ && to_run) {
+    pop_counter_->fetch_add(1, std::memory_order_seq_cst);
+    size_.fetch_sub(1, std::memory_order_seq_cst);
+  } else {
+    size_.fetch_sub(1, std::memory_order_relaxed);
+  }
   return task;
 }
 
@@ -93,7 +98,7 @@ void ReadyQueue::stop() {
 std::vector<TaskRecord*> ReadyQueue::take_all() {
   std::lock_guard lock(mutex_);
   std::vector<TaskRecord*> out;
-  while (TaskRecord* task = pop_locked()) out.push_back(task);
+  while (TaskRecord* task = pop_locked(/*to_run=*/false)) out.push_back(task);
   return out;
 }
 

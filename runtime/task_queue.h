@@ -102,6 +102,12 @@ class ReadyQueue {
   TaskRecord* pop_after_polling(int spin_us);
   void stop();
   bool maybe_nonempty() const { return size_.load(std::memory_order_relaxed) > 0; }
+  // Queued tasks, read in the order that makes "queued or counted" exact with count_pops_into.
+  std::size_t size_ordered() const { return size_.load(std::memory_order_seq_cst); }
+  // Every task popped to run is counted into `*counter` under the lock, before it leaves the
+  // queue's size: a reader of size_ordered() and then the counter never misses it (a task
+  // taken by take_all is not counted).
+  void count_pops_into(std::atomic<int>* counter) { pop_counter_ = counter; }
   std::vector<TaskRecord*> take_all();
   void wake_one() { cv_.notify_one(); }
 
@@ -111,7 +117,7 @@ class ReadyQueue {
     TaskRecord* head;
     TaskRecord* tail;
   };
-  TaskRecord* pop_locked();
+  TaskRecord* pop_locked(bool to_run = true);
 
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -120,6 +126,7 @@ class ReadyQueue {
   std::atomic<bool> stop_requested_{false};  // stopped_, for polling without the lock
   int sleepers_ = 0;
   bool stopped_ = false;
+  std::atomic<int>* pop_counter_ = nullptr;  // set before any task is queued
 };
 
 // The context a body of `task` sees on `processor` (the caller adds processor-specific fields).

@@ -82,7 +82,8 @@ class Event {
 // default-constructed UserEvent is "no event", and as a precondition it holds nothing back.
 // trigger() and poison() may be called from any thread; a user event still pending when the
 // runtime shuts down may be poisoned with Errc::shut_down (see Runtime::shutdown), and a
-// trigger() after that throws Error(already_done). A handle received from another rank
+// trigger() after that throws Error(already_done) on the owning rank (from another rank the
+// request is dropped, and the owner logs it). A handle received from another rank
 // (from_event) may name any event of that rank, not only a user event.
 class UserEvent : public Event {
  public:

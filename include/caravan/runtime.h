@@ -53,7 +53,7 @@ class Runtime {
   // Starts the runtime. Throws Error(already_done) if one is running in this process and
   // Error(invalid_argument) for bad options.
   explicit Runtime(RuntimeOptions options = {});
-  ~Runtime();  // shutdown()
+  ~Runtime();  // shutdown(); on one of the runtime's own threads it logs an error and leaks it
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
@@ -92,13 +92,14 @@ class Runtime {
 
   // Stops the workers after the tasks running now return. Work that has not run (queued tasks,
   // tasks waiting on preconditions, pending user events) is poisoned with Error(shut_down), so
-  // nobody waits forever: queued tasks fail at once; when nothing moves any more (every task
-  // still running blocked in Event::wait, no GPU work queued or in flight, no event triggering)
-  // for 20 ms (CARAVAN_SHUTDOWN_TIMEOUT_S with several ranks), pending user events fail, and if
-  // that is not enough, the GPUs stop and every pending event fails (the same for a GPU task's
-  // body blocked in Event::wait). A task that computes, or waits on work that progresses, is
-  // waited for, as is one blocked in anything but Event::wait. Throws Error(invalid_argument)
-  // when called from a task. With several ranks it
+  // nobody waits forever. Queued CPU tasks fail at once; GPU tasks keep launching until the CPU
+  // tasks have returned (one may wait on them), then queued GPU tasks fail. When nothing moves
+  // any more (every task body still running blocked in Event::wait, no GPU work in flight, no
+  // event triggering) for 20 ms (CARAVAN_SHUTDOWN_TIMEOUT_S with several ranks), pending user
+  // events fail; after another such spell, every pending event fails. A task that computes, or
+  // waits on work that progresses, is waited for, as is one blocked in anything but
+  // Event::wait. Call it from a thread of the application, not from a task body or an event
+  // callback: from a task body it throws Error(invalid_argument). With several ranks it
   // then waits (at most CARAVAN_SHUTDOWN_TIMEOUT_S) until every live rank has shut down too, serving their requests
   // meanwhile. Idempotent.
   void shutdown();

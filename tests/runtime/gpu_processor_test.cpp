@@ -396,14 +396,7 @@ TEST(TaskOnGpuProcessor, ShutdownFinishesLaunchedWorkAndPoisonsTheRest) {
     gpus.rt.spawn(slow, {}, SpawnOptions{.precondition = waiting, .processor = gpu(0), .order_on_gpu = true}).on_trigger(count);
   }
   std::this_thread::sleep_for(10ms);
-  std::atomic<bool> stopped{false};
-  std::thread stopper([&] {
-    gpus.rt.shutdown();
-    stopped = true;
-  });
-  for (int i = 0; i < 10000 && !stopped.load(); ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_TRUE(stopped.load()) << "shutdown did not return within 10 s";
-  stopper.join();
+  ASSERT_TRUE(test::shuts_down_within(gpus.rt, 10s)) << "shutdown did not return within 10 s";
   EXPECT_EQ(succeeded + shut_down + other, 70) << "some completion never triggered";
   EXPECT_EQ(other.load(), 0);
   EXPECT_EQ(succeeded.load(), ran.load()) << "a launched task must finish, and only launched ones run";
@@ -626,11 +619,44 @@ TEST(TaskOnGpuProcessor, ChainsOrderedOnTheGpuKeepTheirOrder) {
   for (int i = 0; i < kLinks; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
 }
 
+// test::shuts_down_within (10 s) for simulated GPUs this test owns: on a hang they are leaked with
+// `keep` (what their tasks write to), so that nothing is destroyed under the hung shutdown.
+bool shuts_down_within_10s(std::unique_ptr<SimulatedGpus>& gpus, std::shared_ptr<void> keep) {
+  if (test::shuts_down_within(gpus->rt, 10s)) return true;
+  (void)gpus.release();
+  new std::shared_ptr<void>(std::move(keep));  // leaked on purpose
+  return false;
+}
+
+// What the shutdown tests' tasks write: whether they started, and how their wait ended (1 ok,
+// 2 poisoned with shut_down, 3 otherwise).
+struct WaitState {
+  std::atomic<int> started{0};
+  std::atomic<int> outcome{0};
+  std::atomic<int> behind_code{-1};
+};
+
+struct WaitArgs {
+  Event event;
+  WaitState* state;
+};
+
+void wait_and_record(TaskContext& ctx) {
+  const auto a = ctx.args_as<WaitArgs>();
+  a.state->started.store(1);
+  try {
+    a.event.wait();
+    a.state->outcome.store(1);
+  } catch (const EventPoisoned& e) {
+    a.state->outcome.store(e.cause() && e.cause()->code() == Errc::shut_down ? 2 : 3);
+  }
+}
+
 // Shutdown while a CPU task waits on a chain of GPU tasks that is still running: the CPU worker
 // is blocked, but the GPU work progresses, so shutdown lets the chain finish instead of poisoning
 // the GPU tasks not yet launched (each waits on the one before on the host).
 TEST(TaskOnGpuProcessor, ShutdownLetsACpuTaskWaitOnGpuWorkThatProgresses) {
-  SimulatedGpus gpus(1, /*cpu_workers=*/1);
+  auto gpus = std::make_unique<SimulatedGpus>(1, /*cpu_workers=*/1);
   static std::atomic<int> gpu_ran{0};
   gpu_ran = 0;
   TaskId slow = test::task("gpu_processor_test.slow_link", [](TaskContext& ctx) {
@@ -640,86 +666,77 @@ TEST(TaskOnGpuProcessor, ShutdownLetsACpuTaskWaitOnGpuWorkThatProgresses) {
       return true;
     });
   });
-  struct WaitArgs {
-    Event last;
-    std::atomic<int>* started;
-    std::atomic<int>* outcome;  // 1 ok, 2 poisoned
-  };
-  TaskId wait_on = test::task("gpu_processor_test.wait_on_chain", [](TaskContext& ctx) {
-    const auto a = ctx.args_as<WaitArgs>();
-    a.started->store(1);
-    try {
-      a.last.wait();
-      a.outcome->store(1);
-    } catch (const EventPoisoned&) {
-      a.outcome->store(2);
-    }
-  });
+  TaskId wait_on = test::task("gpu_processor_test.wait_and_record", wait_and_record);
   constexpr int kLinks = 4;
   Event link;
   for (int i = 0; i < kLinks; ++i)
-    link = gpus.rt.spawn(slow, {}, SpawnOptions{.precondition = link, .processor = gpu(0)});
-  auto started = std::make_shared<std::atomic<int>>(0);
-  auto outcome = std::make_shared<std::atomic<int>>(0);
-  gpus.rt.spawn(wait_on, task_args(WaitArgs{link, started.get(), outcome.get()}));
-  for (int i = 0; i < 5000 && started->load() == 0; ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_EQ(started->load(), 1);
-  std::atomic<bool> stopped{false};
-  std::thread stopper([&] {
-    gpus.rt.shutdown();
-    stopped = true;
-  });
-  for (int i = 0; i < 10000 && !stopped.load(); ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_TRUE(stopped.load()) << "shutdown did not return within 10 s";
-  stopper.join();
+    link = gpus->rt.spawn(slow, {}, SpawnOptions{.precondition = link, .processor = gpu(0)});
+  auto state = std::make_shared<WaitState>();
+  gpus->rt.spawn(wait_on, task_args(WaitArgs{link, state.get()}));
+  for (int i = 0; i < 5000 && state->started.load() == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(state->started.load(), 1);
+  ASSERT_TRUE(shuts_down_within_10s(gpus, state)) << "shutdown did not return within 10 s";
   EXPECT_EQ(gpu_ran.load(), kLinks) << "GPU tasks of a progressing chain were cut short";
-  EXPECT_EQ(outcome->load(), 1) << "the CPU task's wait on the chain should have succeeded";
+  EXPECT_EQ(state->outcome.load(), 1) << "the CPU task's wait on the chain should have succeeded";
 }
 
 // A GPU task's body blocked in Event::wait on a user event nobody triggers (it runs on the
 // launcher thread, which stopping the GPU joins): shutdown poisons the user event so that the body
-// returns, instead of hanging; the tasks queued behind it fail with shut_down.
+// returns, instead of hanging; the task queued behind it fails with shut_down.
 TEST(TaskOnGpuProcessor, ShutdownFreesABodyBlockedOnAUserEvent) {
-  SimulatedGpus gpus(1, /*cpu_workers=*/1);
-  struct BodyArgs {
-    Event never;
-    std::atomic<int>* started;
-    std::atomic<int>* outcome;  // 1 ok, 2 shut_down, 3 other
-  };
-  TaskId blocked = test::task("gpu_processor_test.blocked_body", [](TaskContext& ctx) {
-    const auto a = ctx.args_as<BodyArgs>();
-    a.started->store(1);
-    try {
-      a.never.wait();
-      a.outcome->store(1);
-    } catch (const EventPoisoned& e) {
-      a.outcome->store(e.cause() && e.cause()->code() == Errc::shut_down ? 2 : 3);
-    }
-  });
+  auto gpus = std::make_unique<SimulatedGpus>(1, /*cpu_workers=*/1);
+  TaskId blocked = test::task("gpu_processor_test.wait_and_record", wait_and_record);
   TaskId nothing = test::task("gpu_processor_test.nothing_behind", [](TaskContext&) {});
   UserEvent never = UserEvent::create();
-  auto started = std::make_shared<std::atomic<int>>(0);
-  auto outcome = std::make_shared<std::atomic<int>>(0);
-  gpus.rt.spawn(blocked, task_args(BodyArgs{never, started.get(), outcome.get()}), SpawnOptions{.processor = gpu(0)});
-  std::atomic<int> behind_code{-1};
-  gpus.rt.spawn(nothing, {}, SpawnOptions{.processor = gpu(0)}).on_trigger([&](const FailureCause& f) {
-    behind_code = f ? static_cast<int>(f->code()) : -2;
+  auto state = std::make_shared<WaitState>();
+  gpus->rt.spawn(blocked, task_args(WaitArgs{never, state.get()}), SpawnOptions{.processor = gpu(0)});
+  gpus->rt.spawn(nothing, {}, SpawnOptions{.processor = gpu(0)}).on_trigger([state](const FailureCause& f) {
+    state->behind_code = f ? static_cast<int>(f->code()) : -2;
   });
-  for (int i = 0; i < 5000 && started->load() == 0; ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_EQ(started->load(), 1);
-  std::atomic<bool> stopped{false};
-  std::thread stopper([&] {
-    gpus.rt.shutdown();
-    stopped = true;
+  // Shut down as soon as the body has started: it may not have reached its wait yet.
+  for (int i = 0; i < 5000 && state->started.load() == 0; ++i) std::this_thread::sleep_for(100us);
+  ASSERT_EQ(state->started.load(), 1);
+  ASSERT_TRUE(shuts_down_within_10s(gpus, state)) << "shutdown did not return within 10 s";
+  EXPECT_EQ(state->outcome.load(), 2) << "the body's wait should have ended with Errc::shut_down";
+  EXPECT_EQ(state->behind_code.load(), static_cast<int>(Errc::shut_down)) << "the task queued behind the body";
+}
+
+// A CPU task W waits on GPU task X, whose body waits on W's completion: nothing can ever move, and
+// no user event is pending. Shutdown must fail the pending events without first joining X's
+// launcher (which would wait forever).
+TEST(TaskOnGpuProcessor, ShutdownBreaksACycleThroughAGpuBody) {
+  struct Cycle {
+    WaitState body, cpu;
+    Event w;  // set before X's body runs (X waits on the gate)
+  };
+  struct BodyArgs {
+    Cycle* cycle;
+  };
+  auto gpus = std::make_unique<SimulatedGpus>(1, /*cpu_workers=*/1);
+  TaskId waits = test::task("gpu_processor_test.wait_and_record", wait_and_record);
+  TaskId waits_on_w = test::task("gpu_processor_test.wait_on_w", [](TaskContext& ctx) {
+    Cycle* c = ctx.args_as<BodyArgs>().cycle;
+    c->body.started.store(1);
+    try {
+      c->w.wait();
+      c->body.outcome.store(1);
+    } catch (const EventPoisoned& e) {
+      c->body.outcome.store(e.cause() && e.cause()->code() == Errc::shut_down ? 2 : 3);
+    }
   });
-  for (int i = 0; i < 10000 && !stopped.load(); ++i) std::this_thread::sleep_for(1ms);
-  if (!stopped.load()) {
-    stopper.detach();  // hung: report it rather than hang in join
-    FAIL() << "shutdown did not return within 10 s";
-  }
-  stopper.join();
-  EXPECT_EQ(outcome->load(), 2) << "the body's wait should have ended with Errc::shut_down";
-  EXPECT_EQ(behind_code.load(), static_cast<int>(Errc::shut_down)) << "the task queued behind the body";
+  auto cycle = std::make_shared<Cycle>();
+  UserEvent gate = UserEvent::create();
+  Event x = gpus->rt.spawn(waits_on_w, task_args(BodyArgs{cycle.get()}),
+                           SpawnOptions{.precondition = gate, .processor = gpu(0)});
+  cycle->w = gpus->rt.spawn(waits, task_args(WaitArgs{x, &cycle->cpu}));
+  gate.trigger();
+  for (int i = 0; i < 5000 && (cycle->body.started.load() == 0 || cycle->cpu.started.load() == 0); ++i)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(shuts_down_within_10s(gpus, cycle)) << "shutdown did not return within 10 s";
+  EXPECT_EQ(cycle->cpu.outcome.load(), 2) << "the CPU task's wait on X should have ended with Errc::shut_down";
+  // Poisoning X wakes W, which returns: if that happens before the poisoning reaches W's own
+  // event, W has simply finished, and the body's wait succeeds. Either way it must have ended.
+  EXPECT_TRUE(cycle->body.outcome.load() == 1 || cycle->body.outcome.load() == 2) << cycle->body.outcome.load();
 }
 
 }  // namespace

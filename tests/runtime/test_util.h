@@ -7,7 +7,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <future>
+#include <memory>
 #include <string>
+#include <thread>
 
 namespace caravan::test {
 
@@ -29,6 +32,19 @@ inline bool settles(const Event& e, std::chrono::nanoseconds timeout) {
   } catch (const EventPoisoned&) {
     return true;
   }
+}
+
+// Runs rt.shutdown() on another thread; false if it has not returned after `timeout`. That thread
+// is then detached, and the caller should leak the runtime (and what its tasks write to) rather
+// than destroy it under the hung shutdown: the test reports the failure instead of hanging.
+inline bool shuts_down_within(Runtime& rt, std::chrono::nanoseconds timeout) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> returned = done->get_future();
+  std::thread([&rt, done] {
+    rt.shutdown();
+    done->set_value();
+  }).detach();
+  return returned.wait_for(timeout) == std::future_status::ready;
 }
 
 // This rank's GPU processor `index`.
