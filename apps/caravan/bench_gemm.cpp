@@ -125,8 +125,8 @@ BenchReport run_on_gpu() {
   auto ref = make_buffer<float>(o.check ? count(check_rows, max_n) : 1);
   auto sums = make_buffer<gpu::ErrorSums>(1);
   // "cuBLAS": cuBLAS's own choice of kernel, as PyTorch calls it; "cuBLAS tuned": the fastest of
-  // the candidates Blas::tune times (--tune of them), which Caravan's operations run when
-  // CARAVAN_GPU_GEMM_TUNE asks them to.
+  // the candidates Blas::tune times (--tune of them), which Caravan's operations run unless
+  // CARAVAN_GPU_GEMM_TUNE=0.
   gpu::Blas blas(stream, gpu::GemmTuning::off);
   gpu::Blas tuned_blas(stream);
   // The ring's GEMMs (--ring-parts): its partial, its slots (one per destination's rows) and out,
