@@ -131,9 +131,9 @@ const Definition kTable[] = {
   {"CARAVAN_BOOTSTRAP_TIMEOUT_S", Kind::real, "60",
    "How long the rendezvous waits for every rank to join (seconds)", 0.1, 86400},
   {"CARAVAN_SHUTDOWN_TIMEOUT_S", Kind::real, "30",
-   "How long a rank that shuts down keeps serving peers that are still running, and how long its task bodies "
-   "blocked in Event::wait may stay without progress before each step that poisons pending events so that they "
-   "return (user events, then all; seconds)",
+   "How long a rank that shuts down keeps serving peers that are still running; and, with several ranks, how long "
+   "its task bodies blocked in Event::wait may go without progress before each of the two steps that poison the "
+   "pending events they may wait on (user events, then all; one rank waits 20 ms). Seconds",
    0, 86400},
   {"CARAVAN_NIC_WINDOW", Kind::integer, "4",
    "Requests the nic channel keeps in flight towards one rank (each is one or more UCX puts)", 1, 256},

@@ -4,9 +4,10 @@
 // Run: build/release/apps/examples/example_copy
 #include <caravan/caravan.h>
 
+#include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <cstring>
+#include <exception>
 
 struct Particle {
   float mass;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 namespace {
@@ -55,7 +56,7 @@ int run() {
   caravan::TaskGraph graph;
   const auto made = graph.add_task(produce, caravan::task_args(Pass{&src}));
   const caravan::TaskGraph::NodeId after_made[] = {made};
-  const auto copied = caravan::add_copy(graph, src, dst, 0, after_made);  // checked and planned here
+  const auto copied = caravan::add_copy(graph, src, dst, after_made);  // checked and planned here
   const caravan::TaskGraph::NodeId after_copy[] = {copied};
   graph.add_task(check, caravan::task_args(Pass{&dst}), after_copy);
 

@@ -29,16 +29,19 @@ class InstanceImpl;
 
 // An Instance is a shared handle: copies of it name the same bytes, which are freed when the last
 // handle (and every copy still using it) lets go. Handles may be used from any thread. Destroying
-// one after its runtime has shut down is safe, and host bytes stay readable through data() until
-// then; copies, fills and descriptors need the runtime that made it (Error(shut_down) otherwise).
+// one after its runtime has shut down is safe, and a host instance's data() stays readable until
+// the last handle is gone. Copies, fills and descriptors need a running runtime (Error(shut_down)
+// when none is); use an instance only with the runtime that made it, not a later one.
 class Instance {
  public:
   Instance() = default;
 
   // Allocates an instance in `memory`, a memory of this rank (see `caravan machine show`; on a CPU
   // machine node0/rank0/sys and node0/rank0/dsk; in a job also node<n>/rank<r>/reg, host memory
-  // registered with UCX, which the nic channel reads and writes). Throws Error(invalid_argument) when the layout
-  // does not fit the space, Error(not_found) for a memory this rank does not have.
+  // registered with UCX, which the nic channel reads and writes). Throws Error(invalid_argument)
+  // when the layout does not fit the space, the field space is empty, the footprint exceeds
+  // 2^64 - 1 bytes or the memory is another rank's; Error(not_found) for a memory this rank does
+  // not have; Error(shut_down) when no runtime is running.
   static Instance create(MemoryId memory, IndexSpace space, FieldSpace fields, Layout layout);
   // Wraps `bytes` bytes of caller-owned host memory (sys, zcm or reg) at `data`, which must be at
   // least the layout's footprint and stay alive as long as the instance is used.
@@ -53,7 +56,8 @@ class Instance {
   std::uint64_t footprint_bytes() const;  // TOTAL(layout), padding included
   // Byte offset of (point, field) within the footprint.
   std::uint64_t offset(const Point& point, std::size_t field) const;
-  // The bytes of a host instance; throws Error(invalid_argument) for a file-backed (dsk) one.
+  // The bytes of a host instance; throws Error(invalid_argument) for a file-backed (dsk) or GPU
+  // (fbm) one (use read_bytes/write_bytes, or gpu_data in a GPU task).
   std::byte* data() const;
   // The address a GPU kernel uses for the instance's bytes: GPU memory (fbm<i>), or pinned host
   // memory mapped into the GPUs (zcm). For the work a GPU task enqueues on
@@ -251,8 +255,10 @@ Event fill(const Instance& dst, std::span<const std::byte> point_value, const Co
 
 // Cancels a copy or fill: its event is poisoned with Errc::cancelled, its requests stop at the
 // next request boundary and its buffers go back to their pools (every path of a multi-path
-// copy). Returns false if `copy_event` is not a copy that is still running (also for an event of
-// a task or a user event: tasks cannot be cancelled; poison a UserEvent they wait on instead).
+// copy). A copy still waiting on its precondition is cancelled too. Returns false if
+// `copy_event` is not a copy or fill that is pending or running (also for an event of a task or a
+// user event: tasks cannot be cancelled; poison a UserEvent they wait on instead). A copy node of
+// a TaskGraph exposes no event of its own: cancel its launch by poisoning a UserEvent it waits on.
 bool cancel(Event copy_event);
 
 // The plan copy() would use now, without copying. With PlannerChoice::multipath: the one path
@@ -294,5 +300,8 @@ MemoryId local_memory(MemoryKind kind, std::uint32_t index = 0);
 // it needs a running runtime then (Error(shut_down) otherwise), as Instance::create does.
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority = 0,
                            std::span<const TaskGraph::NodeId> dependencies = {});
+// The same with the dependencies first, as TaskGraph::add_task takes them.
+TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst,
+                           std::span<const TaskGraph::NodeId> dependencies, int priority = 0);
 
 }  // namespace caravan

@@ -91,7 +91,8 @@ class UserEvent : public Event {
   static UserEvent create();
   UserEvent() = default;  // "no event" (has always triggered); trigger() on it throws
 
-  // Triggers it. Throws Error(already_done) if it has triggered already.
+  // Triggers it. Throws Error(already_done) if it has triggered already, Error(invalid_argument)
+  // for the empty UserEvent (poison() likewise).
   // A user event of another rank may be triggered too: the request travels to its owner and
   // takes effect there (asynchronously; a second trigger is then reported in the owner's log).
   void trigger() const;

@@ -1,6 +1,7 @@
-// Task graphs: describe tasks (and, later, copies) with their dependencies once, then launch
-// the whole graph many times. Each launch returns one event that triggers when every node of
-// that launch has finished. Iterative applications build the graph once per loop body.
+// Task graphs: describe tasks and copies (add_copy, copy.h) with their dependencies once, then
+// launch the whole graph many times. Each launch returns one event that triggers when every node
+// of that launch has finished. An iterative application describes one iteration as a graph,
+// builds it once, and launches it once per iteration.
 #pragma once
 
 #include <caravan/event.h>

@@ -147,6 +147,11 @@ MemoryId local_memory(MemoryKind kind, std::uint32_t index) {
   return id;
 }
 
+TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst,
+                           std::span<const TaskGraph::NodeId> dependencies, int priority) {
+  return add_copy(graph, src, dst, priority, dependencies);
+}
+
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority,
                            std::span<const TaskGraph::NodeId> dependencies) {
   if (!src.valid() || !dst.valid()) throw Error(Errc::invalid_argument, "add_copy: an instance is empty");

@@ -373,7 +373,7 @@ TEST_F(CopyTest, CopiesAreTaskGraphNodes) {
   TaskGraph graph;
   auto first = add_copy(graph, a, b);
   std::vector<TaskGraph::NodeId> deps{first};
-  add_copy(graph, b, c, 0, deps);
+  add_copy(graph, b, c, deps);  // dependencies first, as add_task takes them
   for (std::uint64_t seed : {41u, 42u}) {
     test::write_pattern(a, seed);
     test::poison(c);
