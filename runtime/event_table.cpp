@@ -177,7 +177,7 @@ Event EventTable::create(bool user_event) {
   s.user_event.store(user_event, std::memory_order_relaxed);
   std::uint64_t generation = s.issued_generation.load(std::memory_order_relaxed) + 1;
   s.issued_generation.store(generation, std::memory_order_release);
-  pending_.fetch_add(1, std::memory_order_relaxed);
+  created_.fetch_add(1, std::memory_order_relaxed);
   return Event::from_parts(index, rank_, instance_, generation);
 }
 
@@ -197,8 +197,7 @@ bool EventTable::trigger(Event e, FailureCause failure) {
   EventWaiter* waiters = s.waiters;
   s.waiters = nullptr;
   s.lock.unlock();
-  pending_.fetch_sub(1, std::memory_order_relaxed);
-  triggers_.fetch_add(1, std::memory_order_relaxed);
+  triggered_.fetch_add(1, std::memory_order_relaxed);
   push_free(e.slot());  // the slot may be reused from here on; its waiters are already taken
   notify(waiters, failure);
   return true;
@@ -349,7 +348,10 @@ std::size_t EventTable::poison_pending(const FailureCause& failure, bool user_ev
 }
 
 std::size_t EventTable::pending_count() const {
-  auto n = pending_.load(std::memory_order_relaxed);
+  // An estimate while events are made and triggered concurrently (the two counters are read one
+  // after the other), never below 0.
+  const auto triggered = triggered_.load(std::memory_order_relaxed);
+  const auto n = static_cast<std::int64_t>(created_.load(std::memory_order_relaxed) - triggered);
   return n > 0 ? static_cast<std::size_t>(n) : 0;
 }
 

@@ -112,7 +112,7 @@ class EventTable {
 
   std::size_t pending_count() const;
   // How many events have triggered so far (a progress count for shutdown).
-  std::uint64_t trigger_count() const { return triggers_.load(std::memory_order_relaxed); }
+  std::uint64_t trigger_count() const { return triggered_.load(std::memory_order_relaxed); }
 
   // Runs `waiters` (a list taken from a slot) with `failure`. Nested calls on one thread are
   // queued and run by the outermost call, so long dependency chains do not grow the stack.
@@ -154,8 +154,10 @@ class EventTable {
   // Treiber stack of free slots; the upper 32 bits are a tag bumped on every pop so that a
   // slot popped and pushed back between another thread's load and CAS cannot fool it (ABA).
   std::atomic<std::uint64_t> free_head_;
-  std::atomic<std::int64_t> pending_{0};
-  std::atomic<std::uint64_t> triggers_{0};
+  // Events made and triggered so far: pending_count() is their difference, trigger_count() the
+  // second (a progress count for shutdown).
+  std::atomic<std::uint64_t> created_{0};
+  std::atomic<std::uint64_t> triggered_{0};
 };
 
 }  // namespace caravan::detail

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 namespace caravan {
@@ -122,19 +123,10 @@ void RuntimeImpl::shutdown() {
     }
     for (auto it = services.rbegin(); it != services.rend(); ++it) (*it)->shutdown();
   }
-  const auto stop_gpus = [&] {
-    std::vector<detail::GpuProcessor*> gpus;
-    {
-      std::lock_guard lock(gpus_mutex_);  // stopping_ is set: no processor starts after this
-      for (auto& g : gpus_)
-        if (g) gpus.push_back(g.get());
-    }
-    for (detail::GpuProcessor* g : gpus) g->stop(failure);
-  };
   if (cpu_) stop_cpu(failure);
   // After the CPU: a CPU task that waits for a GPU task still sees it finish.
   unblock_gpu_bodies(failure);
-  stop_gpus();
+  for (detail::GpuProcessor* g : started_gpus()) g->stop(failure);
   // Everything still pending (tasks waiting on preconditions, user events) fails now, so that
   // no thread waits forever on work that can no longer happen.
   events_->poison_all_pending(failure);
@@ -175,11 +167,17 @@ void RuntimeImpl::unblock_when_quiet(const std::function<bool()>& finished, cons
   }
 }
 
-bool RuntimeImpl::gpus_busy() {
-  std::lock_guard lock(gpus_mutex_);
+std::vector<detail::GpuProcessor*> RuntimeImpl::started_gpus() {
+  std::vector<detail::GpuProcessor*> gpus;
+  std::lock_guard lock(gpus_mutex_);  // once stopping_ is set, no processor starts after this
   for (auto& g : gpus_)
-    if (g && g->busy()) return true;
-  return false;
+    if (g) gpus.push_back(g.get());
+  return gpus;
+}
+
+bool RuntimeImpl::gpus_busy() {
+  const auto gpus = started_gpus();
+  return std::any_of(gpus.begin(), gpus.end(), [](const detail::GpuProcessor* g) { return g->busy(); });
 }
 
 void RuntimeImpl::stop_cpu(const FailureCause& failure) {
@@ -220,14 +218,8 @@ void RuntimeImpl::stop_cpu(const FailureCause& failure) {
 }
 
 void RuntimeImpl::request_stop_gpus(const FailureCause& failure) {
-  std::vector<detail::GpuProcessor*> gpus;
-  {
-    std::lock_guard lock(gpus_mutex_);
-    for (auto& g : gpus_)
-      if (g) gpus.push_back(g.get());
-  }
-  // Outside the lock: failing a queued task runs its dependents' callbacks.
-  for (detail::GpuProcessor* g : gpus) g->request_stop(failure);
+  // Outside gpus_mutex_: failing a queued task runs its dependents' callbacks.
+  for (detail::GpuProcessor* g : started_gpus()) g->request_stop(failure);
 }
 
 void RuntimeImpl::unblock_gpu_bodies(const FailureCause& failure) {
@@ -236,10 +228,8 @@ void RuntimeImpl::unblock_gpu_bodies(const FailureCause& failure) {
   // with nothing else moving is freed by poisoning, so that joining its launcher cannot hang.
   request_stop_gpus(failure);
   const auto each_gpu = [&](const auto& predicate) {
-    std::lock_guard lock(gpus_mutex_);
-    for (auto& g : gpus_)
-      if (g && !predicate(*g)) return false;
-    return true;
+    const auto gpus = started_gpus();
+    return std::all_of(gpus.begin(), gpus.end(), [&](const detail::GpuProcessor* g) { return predicate(*g); });
   };
   unblock_when_quiet(
       [&] {

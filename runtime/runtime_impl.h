@@ -96,6 +96,8 @@ class RuntimeImpl {
                           const std::function<void(int step)>& step);
   // Whether a GPU processor has work that progresses by itself (GpuProcessor::busy).
   bool gpus_busy();
+  // The GPU processors started so far (they live as long as the runtime).
+  std::vector<detail::GpuProcessor*> started_gpus();
 
   static std::atomic<RuntimeImpl*> g_current;
 
