@@ -9,6 +9,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -401,6 +402,16 @@ MachineDescription resolve_machine(std::string_view spec) {
     return generate_cluster({nodes, gpus});
   }
   if (!detail::builtin_machine_text(spec).empty()) return builtin_machine(spec);
+  std::error_code ignored;
+  if (!std::filesystem::exists(std::filesystem::path(spec), ignored)) {
+    // Most likely a misspelt name: say what the accepted forms are.
+    std::string names;
+    for (const auto& n : builtin_machine_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error(Errc::not_found, fmt::format("machine '{}': no built-in machine has that name and no file is there; "
+                                             "expected local, a built-in machine ({}), generate:NODESxGPUS or the "
+                                             "path of a machine file",
+                                             spec, names));
+  }
   return load_machine_file(std::string(spec));
 }
 

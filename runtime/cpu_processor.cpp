@@ -1,5 +1,8 @@
 #include "runtime/cpu_processor.h"
 
+#include <fmt/format.h>
+
+#include <system_error>
 
 namespace caravan::detail {
 
@@ -7,7 +10,20 @@ CpuProcessor::CpuProcessor(EventTable& events, Processor id, int workers, int sp
     : events_(events), id_(id), spin_us_(spin_us) {
   workers_.reserve(static_cast<std::size_t>(workers));
   live_workers_.store(workers, std::memory_order_relaxed);
-  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { worker_main(); });
+  for (int i = 0; i < workers; ++i) {
+    try {
+      workers_.emplace_back([this] { worker_main(); });
+    } catch (const std::system_error& e) {
+      // The system refused a thread (a pids limit, say): the started ones are stopped and
+      // joined (a joinable std::thread destroyed would end the process), then the error told.
+      live_workers_.fetch_sub(workers - i, std::memory_order_relaxed);
+      stop(make_failure(Errc::shut_down, "the CPU processor failed to start"));
+      throw Error(Errc::invalid_argument,
+                  fmt::format("cannot start CPU worker {} of {}: {} (ask for fewer: RuntimeOptions::cpu_workers or "
+                              "CARAVAN_CPU_WORKERS)",
+                              i + 1, workers, e.what()));
+    }
+  }
 }
 
 CpuProcessor::~CpuProcessor() { stop(make_failure(Errc::shut_down, "the runtime shut down before this task ran")); }

@@ -1,5 +1,6 @@
 // The public Event API: each call finds the event's table through the running runtime.
 #include "runtime/log.h"
+#include "runtime/deadline.h"
 #include "runtime/net/network.h"
 #include "runtime/net/remote_events.h"
 #include "runtime/progress.h"
@@ -19,6 +20,7 @@ class CallbackWaiter final : public EventWaiter {
  public:
   explicit CallbackWaiter(Event::Callback callback) : callback_(std::move(callback)) {}
   void event_triggered(const FailureCause& failure) override {
+    ++detail::t_event_callback_depth;  // Runtime::shutdown refuses to run inside a callback
     try {
       callback_(failure);
     } catch (const std::exception& e) {
@@ -26,6 +28,7 @@ class CallbackWaiter final : public EventWaiter {
     } catch (...) {
       log::get("event")->error("an event callback threw an unknown exception (ignored)");
     }
+    --detail::t_event_callback_depth;
     delete this;
   }
 
@@ -101,7 +104,7 @@ void Event::wait() const {
 
 bool Event::wait_for(std::chrono::nanoseconds timeout) const {
   if (is_none()) return true;
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto deadline = detail::deadline_after(timeout);
   FailureCause failure;
   auto local = RuntimeImpl::local_view(*this);
   if (!local.table->wait(local.event, &deadline, &failure)) return false;

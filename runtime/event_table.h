@@ -71,6 +71,24 @@ int wait_spin_us_for(std::int64_t setting, bool uses_gpu);
 // a task blocked on an event from one still computing.
 extern thread_local std::atomic<int>* t_blocked_wait_count;
 
+// Every other thread the runtime owns (DMA workers, GPU lanes and completion threads, the
+// network's progress thread...) names itself here for its whole life, and an Event::on_trigger
+// callback counts itself while it runs: Runtime::shutdown from either would join the thread it
+// runs on (or one that waits for it), so it is refused with an error instead of hanging.
+extern thread_local const char* t_runtime_thread_role;
+extern thread_local int t_event_callback_depth;
+
+class RuntimeThreadRole {
+ public:
+  explicit RuntimeThreadRole(const char* role) : previous_(t_runtime_thread_role) { t_runtime_thread_role = role; }
+  ~RuntimeThreadRole() { t_runtime_thread_role = previous_; }
+  RuntimeThreadRole(const RuntimeThreadRole&) = delete;
+  RuntimeThreadRole& operator=(const RuntimeThreadRole&) = delete;
+
+ private:
+  const char* previous_;
+};
+
 class EventTable {
  public:
   EventTable(std::uint16_t rank, std::uint16_t instance, int wait_spin_us);

@@ -253,6 +253,7 @@ void GpuProcessor::launch(TaskRecord* task) {
 }
 
 void GpuProcessor::lane_main(int index) {
+  const RuntimeThreadRole role("a GPU processor's lane");
   // Waiting on a marker needs no current device, so lanes do not bind one.
   using Clock = std::chrono::steady_clock;
   Lane& lane = *lanes_[static_cast<std::size_t>(index)];

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <thread>
 
 namespace caravan {
@@ -34,9 +35,9 @@ bool instance_was_issued(std::uint16_t instance) {
 
 int resolve_worker_count(const RuntimeOptions& options) {
   if (options.cpu_workers) {
-    if (*options.cpu_workers <= 0)
+    if (*options.cpu_workers <= 0 || *options.cpu_workers > 4096)
       throw Error(Errc::invalid_argument,
-                  fmt::format("RuntimeOptions::cpu_workers = {}: the CPU processor needs at least 1 worker",
+                  fmt::format("RuntimeOptions::cpu_workers = {}: must be in [1, 4096] (as CARAVAN_CPU_WORKERS)",
                               *options.cpu_workers));
     return *options.cpu_workers;
   }
@@ -73,8 +74,14 @@ RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_
   RuntimeImpl* expected = nullptr;
   if (!g_current.compare_exchange_strong(expected, this))
     throw Error(Errc::already_done, "a Caravan runtime is already running in this process (one per process; shut it down first)");
-  cpu_ = std::make_unique<detail::CpuProcessor>(*events_, Processor{ProcessorKind::cpu, static_cast<std::uint16_t>(rank()), 0},
-                                                workers, worker_spin);
+  try {
+    cpu_ = std::make_unique<detail::CpuProcessor>(
+        *events_, Processor{ProcessorKind::cpu, static_cast<std::uint16_t>(rank()), 0}, workers, worker_spin);
+  } catch (...) {
+    RuntimeImpl* self = this;
+    g_current.compare_exchange_strong(self, nullptr);  // so that a later Runtime may start
+    throw;
+  }
   if (world_size_ > 1) {
     try {
       net_ = std::make_unique<net::Network>(*this, *launch);
@@ -104,12 +111,21 @@ RuntimeImpl::~RuntimeImpl() {
 
 void RuntimeImpl::shutdown() {
   if (stopped_.load()) return;
-  // A worker cannot wait for itself to return.
+  // A thread cannot wait for itself to return (nor a callback for the thread that runs it).
+  if (detail::t_event_callback_depth > 0)
+    throw Error(Errc::invalid_argument,
+                "Runtime::shutdown called from an Event::on_trigger callback; callbacks must not block: call it "
+                "from outside the callback");
   if (detail::t_blocked_wait_count)
     throw Error(
         Errc::invalid_argument,
         "Runtime::shutdown called from a task (a CPU worker or a GPU launcher thread); call it from outside the "
         "runtime's tasks");
+  if (detail::t_runtime_thread_role)
+    throw Error(Errc::invalid_argument,
+                fmt::format("Runtime::shutdown called on one of the runtime's own threads ({}); call it from outside "
+                            "the runtime's threads",
+                            detail::t_runtime_thread_role));
   if (stopped_.exchange(true)) return;
   stopping_.store(true, std::memory_order_release);
   auto failure = make_failure(Errc::shut_down, "the runtime shut down before this work ran");
@@ -359,45 +375,61 @@ detail::GpuProcessor& RuntimeImpl::gpu(int index) {
 
 void RuntimeImpl::note_uses_gpu() { events_->set_wait_spin_us(detail::wait_spin_us_for(wait_spin_setting_, true)); }
 
+Processor RuntimeImpl::check_processor(std::string_view call, std::string_view task, Processor processor) {
+  // The message's subject, built only when there is an error (spawn is a hot path).
+  const auto who = [&] { return fmt::format("{}('{}')", call, task); };
+  if (processor.rank == Processor::kThisRank) processor.rank = static_cast<std::uint16_t>(rank_);
+  if (processor.rank >= world_size_)
+    throw Error(Errc::invalid_argument, fmt::format("{}: processor {} does not exist (this job has {} rank(s))", who(),
+                                                    processor.to_string(), world_size_));
+  if (processor.rank != rank_) {
+    // Every rank has one CPU processor, checked here before anything is sent. How many GPUs a
+    // rank sees is its own business: the target checks a GPU processor, and a missing one
+    // poisons the completion with its error.
+    if (processor.kind == ProcessorKind::cpu && processor.index != 0)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("{}: processor {} does not exist (each rank has one CPU processor, cpu0)", who(),
+                              processor.to_string()));
+    return processor;
+  }
+  if (processor == cpu_->id() || (processor.kind == ProcessorKind::gpu && processor.index < gpu_count()))
+    return processor;
+  const int gpus = gpu_count();
+  throw Error(Errc::invalid_argument,
+              fmt::format("{}: processor {} does not exist on this rank (it has {}{})", who(), processor.to_string(),
+                          cpu_->id().to_string(),
+                          gpus == 0 ? fmt::format(" and no GPU processor: {}", no_gpu_reason())
+                                    : fmt::format(" and GPU processors gpu0..gpu{}", gpus - 1)));
+}
+
 Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options) {
   const detail::TaskEntry* entry = detail::lookup_task(task);
   if (!entry) throw Error(Errc::not_found, fmt::format("spawn: no task has id {}", task.value));
   if (options.priority < kMinPriority || options.priority > kMaxPriority)
     throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): priority {} is outside [{}, {}]", entry->name,
                                                     options.priority, kMinPriority, kMaxPriority));
-  Processor processor = options.processor;
-  if (processor.rank == Processor::kThisRank) processor.rank = static_cast<std::uint16_t>(rank_);
-  if (processor.rank != rank_ && processor.rank < world_size_) {
-    // Every rank has one CPU processor, checked here before anything is sent. How many GPUs a
-    // rank sees is its own business: the target checks a GPU processor, and a missing one
-    // poisons the completion with its error.
-    if (processor.kind == ProcessorKind::cpu && processor.index != 0)
-      throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): processor {} does not exist (each rank has one CPU "
-                                                      "processor, cpu0)", entry->name, processor.to_string()));
+  const Processor processor = check_processor("spawn", entry->name, options.processor);
+  if (processor.rank != rank_) {
     if (!accepting_work())
       throw Error(Errc::shut_down, fmt::format("spawn('{}'): the runtime is shutting down", entry->name));
+    // The message carries the arguments' length in 32 bits.
+    if (args.size() > std::numeric_limits<std::uint32_t>::max())
+      throw Error(Errc::invalid_argument,
+                  fmt::format("spawn('{}'): {} bytes of arguments for rank {}; a task on another rank takes at most "
+                              "4 GiB - 1 (pass an Instance or a symmetric heap region instead)",
+                              entry->name, args.size(), processor.rank));
     if (!options.precondition.is_none() && options.precondition.owner_rank() == rank_) table_for(options.precondition);
     SpawnOptions remote = options;
     remote.processor = processor;
     return net_->events().spawn(processor.rank, entry->name, args, remote);
   }
-  if (processor.rank >= world_size_)
-    throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): processor {} does not exist (this job has {} rank(s))",
-                                                    entry->name, processor.to_string(), world_size_));
   detail::TaskProcessor* target = nullptr;
   if (processor == cpu_->id()) {
     target = cpu_.get();
-  } else if (processor.kind == ProcessorKind::gpu && processor.index < gpu_count()) {
+  } else {
     if (!accepting_work())
       throw Error(Errc::shut_down, fmt::format("spawn('{}'): the runtime is shutting down", entry->name));
     target = &gpu(processor.index);
-  } else {
-    const int gpus = gpu_count();
-    throw Error(Errc::invalid_argument,
-                fmt::format("spawn('{}'): processor {} does not exist on this rank (it has {}{})", entry->name,
-                            processor.to_string(), cpu_->id().to_string(),
-                            gpus == 0 ? fmt::format(" and no GPU processor: {}", no_gpu_reason())
-                                      : fmt::format(" and GPU processors gpu0..gpu{}", gpus - 1)));
   }
   if (!accepting_work())
     throw Error(Errc::shut_down, fmt::format("spawn('{}'): the runtime is shutting down", entry->name));

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace caravan::net {
@@ -62,6 +63,10 @@ class RuntimeImpl {
   bool accepting_work() const { return !stopping_.load(std::memory_order_acquire); }
 
   Event spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options);
+  // `processor` with kThisRank resolved, if it exists: any rank's cpu0, a GPU processor of
+  // another rank (that rank checks it), or one of this rank's GPUs. Else Error(invalid_argument)
+  // starting with "call('task')".
+  Processor check_processor(std::string_view call, std::string_view task, Processor processor);
   void shutdown();
 
   // The service registered as `name`, created by `make` on first use. Throws Error(shut_down)

@@ -30,6 +30,9 @@ TaskGraph::NodeId TaskGraph::add_task(TaskId task, std::span<const std::byte> ar
   if (priority < kMinPriority || priority > kMaxPriority)
     throw Error(Errc::invalid_argument, fmt::format("TaskGraph: task '{}' has priority {}, outside [{}, {}]", name,
                                                     priority, kMinPriority, kMaxPriority));
+  // A processor that does not exist fails here, not at every launch (when a runtime is
+  // running: a graph may be built before one starts).
+  if (RuntimeImpl* rt = RuntimeImpl::current()) (void)rt->check_processor("TaskGraph::add_task", name, processor);
   std::vector<std::byte> bytes(args.begin(), args.end());
   Starter start = [task, bytes = std::move(bytes), priority, processor](Event precondition) {
     return Runtime::current().spawn(task, bytes, SpawnOptions{precondition, priority, processor});

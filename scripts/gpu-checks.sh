@@ -4,11 +4,10 @@
 # docs/gpu.md, "Running the GPU tests and benchmark on the GPU machine").
 #
 #   usage: scripts/gpu-checks.sh [BIN_DIR] [OUT_DIR] [STEP...]
-#     BIN_DIR: where caravan, overlap_gpu_tests, gpu_tests, ipc_heap_gpu_tests and
-#              remote_gpu_copy_tests are
+#     BIN_DIR: where caravan and the GPU test binaries are (what scripts/gpu-carry.sh carries)
 #              (default .devcarry; the Debian libraries they need are looked up there too)
 #     OUT_DIR: where each step's log goes (default gpu-checks)
-#     STEP:    any of tests run-ahead ipc remote copies overlap llm (default: all, in that order),
+#     STEP:    any of tests kernels run-ahead ipc remote copies overlap llm (default: all, in that order),
 #              or scatter: the GEMMs that store to the peers themselves (tile tests, GEMM+RS and
 #              GEMM+AS at M = 8192, the layer, the layer test six times for the TP 4 hang, and the
 #              pacing tests five times)
@@ -20,7 +19,7 @@ bin=${1:-.devcarry}
 out=${2:-gpu-checks}
 shift $(( $# > 2 ? 2 : $# ))
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests run-ahead ipc remote copies overlap llm)
+[ ${#steps[@]} -eq 0 ] && steps=(tests kernels run-ahead ipc remote copies overlap llm)
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0 CARAVAN_CACHE_DIR=${CARAVAN_CACHE_DIR:-/tmp/caravan-cache}
@@ -56,6 +55,13 @@ for step in "${steps[@]}"; do
     tests)
       run overlap-tests 240 "$bin/overlap_gpu_tests" --gtest_shuffle --gtest_repeat=2
       ;;
+    kernels)
+      # One GPU: the tile GEMMs, tuned cuBLAS, attention and the layer's kernels, then their benchmarks.
+      run flag-gemm-tests 150 "$bin/flag_gemm_gpu_tests"
+      run attention-tests 150 "$bin/attention_gpu_tests"
+      run bench-gemm 240 "$bin/caravan" bench gemm
+      run bench-attention 240 "$bin/caravan" bench attention
+      ;;
     run-ahead)
       # The run-ahead hang (docs/overlap.md): with pacing (the default, around pulls) it should
       # pass; with none, the snapshots say where the rank threads are.
@@ -78,7 +84,9 @@ for step in "${steps[@]}"; do
     ipc)
       for n in 2 4; do
         run "ipc-heap-$n" 240 "$bin/caravan" run -n "$n" --grace 20 "$bin/ipc_heap_gpu_tests"
+        run "ipc-copy-$n" 240 "$bin/caravan" run -n "$n" --grace 20 "$bin/ipc_copy_gpu_tests"
       done
+      run bench-ipc 240 "$bin/caravan" bench ipc
       ;;
     remote)
       # GPU memory across two logical nodes: fbm -> reg -> UCX -> reg -> fbm, tested, then timed
@@ -91,13 +99,14 @@ for step in "${steps[@]}"; do
       ;;
     copies)
       run gpu-tests 300 "$bin/gpu_tests"
+      run net-copy-tests 120 "$bin/net_copy_tests"
       run bench-gpu 300 "$bin/caravan" bench gpu
+      run bench-gpu-tasks 180 "$bin/caravan" bench gpu-tasks
       ;;
     overlap)
       run bench-overlap 420 "$bin/caravan" bench overlap --backend gpu --json "$out/overlap.json"
       ;;
     scatter)
-      run flag-gemm-tests 150 "$bin/flag_gemm_gpu_tests"
       run bench-overlap-scatter 240 "$bin/caravan" bench overlap --backend gpu --op gemm_rs gemm_as --tokens 8192
       run bench-llm-layer 150 "$bin/caravan" bench llm --backend gpu --json "$out/llm.json" --plot "$out/llm.svg"
       for i in 1 2 3 4 5 6; do
@@ -112,7 +121,7 @@ for step in "${steps[@]}"; do
       run bench-llm 500 "$bin/caravan" bench llm --sweep --iterations 6 --warmup 2 --json "$out/llm-sweep.json"
       ;;
     *)
-      echo "gpu-checks: unknown step '$step' (tests run-ahead ipc remote copies overlap llm scatter)" >&2
+      echo "gpu-checks: unknown step '$step' (tests kernels run-ahead ipc remote copies overlap llm scatter)" >&2
       exit 2
       ;;
   esac

@@ -1117,14 +1117,16 @@ void add_bench_gpu(CLI::App& bench) {
       c.add_flag("--all-to-all-only", g_gpu.all_to_all_only, "Run only the all-to-all case over the peer links")
           ->excludes(multipath_only)
           ->excludes(priority_only);
-  c.add_flag("--conversion-only", g_gpu.conversion_only, "Run only the layout-conversion case within GPU 0")
-      ->excludes(multipath_only)
-      ->excludes(priority_only)
-      ->excludes(all_to_all_only);
+  CLI::Option* conversion_only =
+      c.add_flag("--conversion-only", g_gpu.conversion_only, "Run only the layout-conversion case within GPU 0")
+          ->excludes(multipath_only)
+          ->excludes(priority_only)
+          ->excludes(all_to_all_only);
   c.add_flag("--idle-only", g_gpu.idle_only, "Run only the small copies after idle time (service threads asleep)")
       ->excludes(multipath_only)
       ->excludes(priority_only)
-      ->excludes(all_to_all_only);
+      ->excludes(all_to_all_only)
+      ->excludes(conversion_only);
   c.add_option("--idle-ms", g_gpu.idle_ms, "Idle time before each copy of the idle case (ms)")->capture_default_str();
   c.add_option("--priority-mib", g_gpu.priority_mib, "MiB of the high-priority copy")->capture_default_str();
   c.add_option("--priority-load-copies", g_gpu.priority_load_copies, "Low-priority copies queued before it")

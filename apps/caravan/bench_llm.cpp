@@ -108,6 +108,9 @@ void validate(const LlmOptions& o, int world, bool gpu = false) {
     throw Error(Errc::invalid_argument, fmt::format("--nodes {}: must be in [1, --world {}]", o.nodes, world));
   if (o.tokens < 1 || o.tokens % world != 0)
     throw Error(Errc::invalid_argument, fmt::format("--tokens {}: must be a positive multiple of the world size {}", o.tokens, world));
+  if (o.hidden < 1)
+    throw Error(Errc::invalid_argument,
+                fmt::format("--hidden {}{}: must be positive", o.hidden, from(o.filled.hidden)));
   if (o.heads < 1 || o.heads % world != 0 || o.hidden % o.heads != 0)
     throw Error(Errc::invalid_argument,
                 fmt::format("--heads {}{}: must divide --hidden {}{} and be a multiple of the world size {}", o.heads,

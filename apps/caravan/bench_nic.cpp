@@ -322,6 +322,13 @@ BenchReport run_nic_bench() {
   for (const auto& s : g_nic.sizes) sizes.push_back(parse_size(s, "--sizes"));
   for (std::uint64_t s : sizes)
     if (s == 0) throw Error(Errc::invalid_argument, "--sizes: every size must be at least 1 byte");
+  // Every byte count is read now, not when the run reaches the transport that uses it (after
+  // minutes of measurements, which a bad value would then throw away).
+  for (const auto& [text, option] :
+       {std::pair{g_nic.shm_bytes, "--shm-bytes"}, std::pair{g_nic.net_bytes, "--net-bytes"},
+        std::pair{g_path_shm_bytes, "--path-shm-bytes"}, std::pair{g_path_net_bytes, "--path-net-bytes"}})
+    if (parse_size(text, option) == 0)
+      throw Error(Errc::invalid_argument, fmt::format("{} {}: must be at least 1 byte", option, text));
   // Both ranks run on this host: refuse what it cannot hold before starting them (each would
   // pass its own check, and together they would exhaust the host's memory).
   if (!g_path_only)

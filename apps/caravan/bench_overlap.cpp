@@ -23,6 +23,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
@@ -46,6 +48,7 @@ struct CpuOptions {
   int nodes = 1;      // logical nodes (2: the peers of other nodes are reached through UCX)
   long hidden = 1024;  // K = N of the GEMMs, and the row width of the LL messages
   std::string out;    // overlap-rank: where rank 0 writes its figures
+  bool hidden_given = false, nodes_given = false;  // on the command line (the GPU backend refuses them)
 };
 
 BenchOverlapArgs g_args;
@@ -94,6 +97,7 @@ ShapeInfo shape_of(const std::string& op, long tokens, long hidden, int world) {
 }
 
 void validate(const BenchOverlapArgs& args, const CpuOptions& cpu, int world) {
+  if (args.stamps) throw Error(Errc::invalid_argument, "--stamps: GPU backend only (it times phases on the GPU clock)");
   if (!args.shapes.empty()) {
     (void)parse_overlap_shapes(args.shapes);  // a malformed value is named first
     throw Error(Errc::invalid_argument,
@@ -448,6 +452,19 @@ BenchReport run_overlap_bench(const BenchOverlapArgs& args, const CpuOptions& cp
   const bool gpu_present = args.backend != "cpu" && probe_gpus().device_count > 1;
 #ifdef CARAVAN_HAVE_OVERLAP_GPU
   if (args.backend == "gpu" || (args.backend == "auto" && gpu_present)) {
+    // Checked before the first operation runs (minutes), not when the loop reaches the name.
+    static constexpr std::array kGpuOperations = {"ag_gemm",   "gemm_rs",        "gemm_as",    "ll_allgather",
+                                                  "allgather", "reduce_scatter", "all_scatter"};
+    for (const auto& op : args.operations)
+      if (std::find(kGpuOperations.begin(), kGpuOperations.end(), op) == kGpuOperations.end())
+        throw Error(Errc::invalid_argument,
+                    fmt::format("--op {}: expected ag_gemm, gemm_rs, gemm_as, ll_allgather, allgather, "
+                                "reduce_scatter or all_scatter",
+                                op));
+    if (cpu.hidden_given || cpu.nodes_given)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("{}: CPU backend only (the GPU backend's GEMMs are the Llama shapes or --shape)",
+                              cpu.hidden_given ? "--hidden" : "--nodes"));
     const int status = run_bench_overlap_gpu(args);
     if (status != 0) throw Error(Errc::device, fmt::format("bench overlap: the GPU backend failed (status {})", status));
     BenchReport printed;
@@ -485,7 +502,9 @@ void add_options(CLI::App& sub, BenchOverlapArgs& args, CpuOptions& cpu) {
                "(%globaltimer; a diagnostic: its marks add kernels of their own); gemm_rs and ag_gemm: print the "
                "timelines of the ce-ring variants and of AllGather+GEMM ce-push 2 lanes (device events: when each "
                "chunk's wait, GEMM and push ended)");
-  sub.add_option("--hidden", cpu.hidden, "CPU backend: K = N of the GEMMs (and the LL row width)")->capture_default_str();
+  sub.add_option("--hidden", cpu.hidden, "CPU backend: K = N of the GEMMs (and the LL row width)")
+      ->capture_default_str()
+      ->each([&cpu](const std::string&) { cpu.hidden_given = true; });
 }
 
 }  // namespace
@@ -500,7 +519,8 @@ void add_bench_overlap(CLI::App& bench) {
   sub.add_option("--world", g_args.world, "Ranks (GPUs); 0: CPU: the cores, clamped to [2, 4]; GPU: all")
       ->capture_default_str();
   sub.add_option("--nodes", g_cpu.nodes, "CPU backend: logical nodes the ranks are split into (2+: UCX between them)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([](const std::string&) { g_cpu.nodes_given = true; });
   add_options(sub, g_args, g_cpu);
   // What each rank of the CPU backend runs; not meant for users (no group: hidden).
   CLI::App* rank = bench.add_subcommand("overlap-rank", "One rank of `bench overlap` (internal)");

@@ -14,6 +14,9 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
+#include <exception>
+#include <string>
 
 namespace caravan::app {
 namespace {
@@ -170,7 +173,21 @@ BenchReport run_plan_bench() {
 void add_bench_plan(CLI::App& bench) {
   CLI::App& sub = add_bench_case(bench, "plan", "Planning time: simple, full, cached and multi-path plans, two-node and 64x8 clusters",
                                  run_plan_bench);
-  sub.add_option("--seconds", g_plan_options.seconds_per_case, "Time budget per measurement")->capture_default_str();
+  sub.add_option("--seconds", g_plan_options.seconds_per_case, "Time budget per measurement")
+      ->capture_default_str()
+      ->check([](const std::string& text) -> std::string {
+        double seconds = 0;
+        try {
+          std::size_t used = 0;
+          seconds = std::stod(text, &used);
+          if (used != text.size()) return "expected a number of seconds, got '" + text + "'";
+        } catch (const std::exception&) {
+          return "expected a number of seconds, got '" + text + "'";
+        }
+        if (!std::isfinite(seconds) || seconds <= 0 || seconds > 3600)
+          return "must be a finite number of seconds in (0, 3600], got '" + text + "'";
+        return "";
+      });
   sub.add_option("--nodes", g_plan_options.nodes, "Nodes of the generated cluster")->capture_default_str();
   sub.add_option("--gpus", g_plan_options.gpus, "GPUs per node of the generated cluster")->capture_default_str();
 }

@@ -190,7 +190,8 @@ BenchReport run_tasks_bench() {
   const TasksOptions& o = g_options;
   if (o.tasks <= 0) throw Error(Errc::invalid_argument, fmt::format("--tasks {}: must be at least 1", o.tasks));
   if (o.repetitions <= 0) throw Error(Errc::invalid_argument, fmt::format("--reps {}: must be at least 1", o.repetitions));
-  if (o.workers < 0) throw Error(Errc::invalid_argument, fmt::format("--workers {}: must be >= 0 (0: the setting)", o.workers));
+  if (o.workers < 0 || o.workers > 4096)
+    throw Error(Errc::invalid_argument, fmt::format("--workers {}: must be in [0, 4096] (0: the setting)", o.workers));
   if (o.wakeups <= 0) throw Error(Errc::invalid_argument, fmt::format("--wakeups {}: must be at least 1", o.wakeups));
 
   static TaskId empty = [] {

@@ -5,6 +5,7 @@
 #include <caravan/settings.h>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -72,10 +73,10 @@ int check_command_words(CLI::App& app, int argc, char** argv) {
   return 0;
 }
 
-// A CARAVAN_* setting with an invalid value fails every command at once, named with its rule,
-// even one that would not read it (there a typo in a value would pass unnoticed, and a report
-// would list it among the settings in effect). `caravan config` lists them all itself, and help
-// is always shown.
+// A CARAVAN_* setting with an invalid value, or a CARAVAN_* variable that names no setting (a
+// misspelt name), fails every command at once, named with its rule, even one that would not
+// read it (there a typo would pass unnoticed, and a report would list the setting's default
+// among the settings in effect). `caravan config` lists them all itself, and help is always shown.
 void check_settings(const std::vector<char*>& args) {
   if (args.size() < 2 || std::string_view(args[1]) == "config") return;
   for (std::size_t i = 1; i < args.size(); ++i)
@@ -83,6 +84,10 @@ void check_settings(const std::vector<char*>& args) {
   std::string invalid;
   for (const auto& s : caravan::settings::list())
     if (!s.error.empty()) invalid += (invalid.empty() ? "" : "; ") + s.error;
+  for (const auto& unknown : caravan::settings::unknown_environment_variables())
+    invalid += (invalid.empty() ? "" : "; ") +
+               fmt::format("{}: not a Caravan setting{}", unknown.name,
+                           unknown.suggestion.empty() ? "" : fmt::format(" (did you mean {}?)", unknown.suggestion));
   if (!invalid.empty())
     throw caravan::Error(caravan::Errc::invalid_argument,
                          invalid + " (`caravan config` lists every setting with its rule)");

@@ -44,7 +44,8 @@ class Instance {
   // not have; Error(shut_down) when no runtime is running.
   static Instance create(MemoryId memory, IndexSpace space, FieldSpace fields, Layout layout);
   // Wraps `bytes` bytes of caller-owned host memory (sys, zcm or reg) at `data`, which must be at
-  // least the layout's footprint and stay alive as long as the instance is used.
+  // least the layout's footprint and stay alive as long as the instance is used. zcm memory not
+  // pinned yet is pinned and mapped for the GPUs here (hipHostRegister) until the instance goes.
   static Instance attach(MemoryId memory, IndexSpace space, FieldSpace fields, Layout layout, void* data,
                          std::size_t bytes);
 
@@ -62,8 +63,8 @@ class Instance {
   // The address a GPU kernel uses for the instance's bytes: GPU memory (fbm<i>), or pinned host
   // memory mapped into the GPUs (zcm). For the work a GPU task enqueues on
   // TaskContext::gpu_stream (order it after the copies that fill the instance with their events).
-  // An attached zcm instance (Instance::attach) gives back the caller's pointer: that memory must
-  // be pinned and mapped, as the copy engines also assume. Throws Error(invalid_argument) for
+  // An attached zcm instance (Instance::attach) gives back the caller's pointer, which attach
+  // pinned and mapped if it was not already. Throws Error(invalid_argument) for
   // memory a GPU cannot address this way (sys, reg, dsk) and for another rank's instance.
   void* gpu_data() const;
   // Reads or writes footprint bytes of any instance, synchronously (for set-up and checks).

@@ -48,6 +48,7 @@ class Event {
   // must not block; an exception it throws is logged and dropped. The triggering thread may be
   // one in wait() or query() of another event: waiting threads finish GPU copies whose service
   // threads sleep (CARAVAN_WAIT_HELPS), so a callback must not take a lock its waiters hold.
+  // Runtime::shutdown from a callback throws Error(invalid_argument).
   using Callback = std::function<void(const FailureCause& failure)>;
   void on_trigger(Callback callback) const;
 

@@ -29,7 +29,7 @@ struct LaunchOptions {
 };
 
 struct RuntimeOptions {
-  // Worker threads of this rank's CPU processor. Unset: the CARAVAN_CPU_WORKERS setting
+  // Worker threads of this rank's CPU processor, 1 to 4096. Unset: the CARAVAN_CPU_WORKERS setting
   // (whose default, 0, means one per core).
   std::optional<int> cpu_workers;
   // The job this runtime joins. Unset: read from the environment (RANK, WORLD_SIZE, ...);
@@ -53,7 +53,7 @@ class Runtime {
   // Starts the runtime. Throws Error(already_done) if one is running in this process and
   // Error(invalid_argument) for bad options.
   explicit Runtime(RuntimeOptions options = {});
-  ~Runtime();  // shutdown(); on one of the runtime's own threads it logs an error and leaks it
+  ~Runtime();  // shutdown(); on one of the runtime's own threads or in a callback it logs an error and leaks it
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
@@ -98,9 +98,10 @@ class Runtime {
   // event triggering) for 20 ms (CARAVAN_SHUTDOWN_TIMEOUT_S with several ranks), pending user
   // events fail; after another such spell, every pending event fails. A task that computes, or
   // waits on work that progresses, is waited for, as is one blocked in anything but
-  // Event::wait. Call it from a thread of the application, not from a task body or an event
-  // callback: from a task body it throws Error(invalid_argument). With several ranks it
-  // then waits (at most CARAVAN_SHUTDOWN_TIMEOUT_S) until every live rank has shut down too, serving their requests
+  // Event::wait. Call it from a thread of the application: from a task body, an event callback
+  // or any other thread of the runtime's it throws Error(invalid_argument) (it would wait for
+  // the thread it runs on). With several ranks it then waits (at most
+  // CARAVAN_SHUTDOWN_TIMEOUT_S) until every live rank has shut down too, serving their requests
   // meanwhile. Idempotent.
   void shutdown();
 

@@ -33,7 +33,8 @@ struct UnknownVariable {
   std::string suggestion;  // empty when nothing is close
 };
 // Those of this process's environment, in environment order. CARAVAN_NODE (set by `caravan run`
-// for each rank) is not a setting and not reported.
+// for each rank) and CARAVAN_TEST_* (read by test programs) are not settings and not reported.
+// The `caravan` tool refuses to run with one; a Runtime logs a warning for each.
 std::vector<UnknownVariable> unknown_environment_variables();
 
 // Typed reads. Each throws caravan::Error(invalid_argument) naming the variable, its value and

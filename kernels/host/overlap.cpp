@@ -13,6 +13,7 @@
 //    target of launch e is e * tiles-per-chunk and nothing is reset.
 #include "kernels/host/thread_team.h"
 #include "runtime/cpu_relax.h"
+#include "runtime/deadline.h"
 
 #include <caravan/error.h>
 #include <caravan/kernels/overlap.h>
@@ -158,7 +159,7 @@ struct OpState {
   // of the job failed.
   void wait(const SymmetricRegion& signals, std::size_t index, std::uint64_t value, std::string_view what) const {
     if (heap.read(signals, index, MemoryOrder::acquire) >= value) return;
-    const auto start = Clock::now(), deadline = start + config.timeout;
+    const auto start = Clock::now(), deadline = caravan::detail::deadline_after<Clock>(config.timeout, start);
     for (;;) {
       auto now = Clock::now();
       try {
@@ -801,7 +802,7 @@ struct LowLatencyState : OpState {
     }
     auto* result = static_cast<unsigned char*>(out);
     std::memcpy(result + static_cast<std::size_t>(rank) * bytes, mine, bytes);
-    const auto deadline = Clock::now() + config.timeout;
+    const auto deadline = caravan::detail::deadline_after<Clock>(config.timeout);
     for (int step = 1; step < world; ++step) {
       const int from = (rank - step + world) % world;
       auto* source = reinterpret_cast<std::uint64_t*>(heap.local(buffer) + offset(epoch, from));

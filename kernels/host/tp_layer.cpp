@@ -117,6 +117,12 @@ std::string_view to_string(LayerStep step) {
 }
 
 TpLayerWeights random_layer_weights(const TpLayerShape& s, std::uint64_t seed) {
+  if (s.hidden < 1 || s.ffn < 1 || s.heads < 1 || s.kv_heads < 0)
+    throw Error(
+        Errc::invalid_argument,
+        fmt::format("random_layer_weights: hidden = {}, ffn = {} and heads = {} must be at least 1, kv_heads = {} "
+                    "at least 0",
+                    s.hidden, s.ffn, s.heads, s.kv_heads));
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 17);
   TpLayerWeights w;
   std::uniform_real_distribution<float> near_one(0.8f, 1.2f);

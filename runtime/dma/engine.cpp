@@ -247,6 +247,7 @@ std::string DmaWorker::describe(const Xd& xd) {
 }
 
 void DmaWorker::loop() {
+  const detail::RuntimeThreadRole role("a DMA worker");
   std::unique_lock lock(mutex_);
   bool spun_out = false;  // this idle period already polled for spin_ns_: sleep now
   for (;;) {
@@ -1795,6 +1796,7 @@ EngineStats Engine::stats() {
 // Reports copies that made no progress for CARAVAN_DMA_STALL_S, naming the stuck XD, its
 // channel and what it waits for: users of transfer engines rightly hate silent stalls.
 void Engine::watchdog_main() {
+  const detail::RuntimeThreadRole role("the DMA engine's watchdog");
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     // A quarter of the stall time, at most a second (a never-stall setting must not overflow

@@ -263,6 +263,7 @@ void Engine::post_control(std::function<void()> work) {
 }
 
 void Engine::control_main() {
+  const detail::RuntimeThreadRole role("the DMA engine's remote-copy control thread");
   std::unique_lock lock(control_mutex_);
   for (;;) {
     control_cv_.wait(lock, [&] { return control_stop_ || !control_queue_.empty(); });

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -72,6 +73,11 @@ std::shared_ptr<Storage> Storage::allocate_pinned(MemoryId memory, std::uint64_t
 std::shared_ptr<Storage> Storage::wrap_host(MemoryId memory, void* data, std::uint64_t bytes) {
   std::shared_ptr<Storage> s(new Storage(memory, bytes));
   s->host_ = static_cast<std::byte*>(data);
+  // Attached zcm memory is what GPU kernels and copy engines address directly: plain malloc'd
+  // memory there would fault the device (a fatal, sticky error). So it is pinned and mapped
+  // here for the instance's life, unless it already is (hipHostMalloc'd or registered).
+  if (memory.kind == MemoryKind::zcm && !gpu::topology().devices.empty())
+    s->gpu_pinned_ = gpu::pin_host(s->host_, std::max<std::uint64_t>(bytes, 1));
   return s;
 }
 
@@ -105,6 +111,18 @@ std::shared_ptr<Storage> Storage::allocate_file(MemoryId memory, std::uint64_t b
     throw Error(Errc::invalid_argument, fmt::format("cannot create a file for {} in CARAVAN_DSK_DIR={}: {}",
                                                     memory.to_string(), dir, std::strerror(errno)));
   ::unlink(path.c_str());
+  // The file is sparse: sizing it succeeds whatever the disk holds, and a full disk would only
+  // show as a failed write part-way through a copy. So the free space is checked now.
+  struct statvfs fs {};
+  if (::fstatvfs(fd, &fs) == 0) {
+    const auto free_bytes = static_cast<std::uint64_t>(fs.f_bavail) * static_cast<std::uint64_t>(fs.f_frsize);
+    if (bytes > free_bytes) {
+      ::close(fd);
+      throw Error(Errc::invalid_argument,
+                  fmt::format("a {}-byte instance in {} does not fit: CARAVAN_DSK_DIR={} has {} bytes free", bytes,
+                              memory.to_string(), dir, free_bytes));
+    }
+  }
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     int err = errno;
     ::close(fd);
@@ -128,7 +146,8 @@ Storage::~Storage() {
 }
 
 void Storage::read(std::uint64_t offset, std::span<std::byte> out) const {
-  if (offset + out.size() > bytes_)
+  // Compared so that nothing wraps: an offset near 2^64 must not pass as a small one.
+  if (offset > bytes_ || out.size() > bytes_ - offset)
     throw Error(Errc::invalid_argument, fmt::format("read of {} bytes at {} is outside the {}-byte storage in {}",
                                                     out.size(), offset, bytes_, memory_.to_string()));
   if (remote_ || mapping_)
@@ -145,14 +164,14 @@ void Storage::read(std::uint64_t offset, std::span<std::byte> out) const {
   while (done < out.size()) {
     ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n <= 0)
-      throw Error(Errc::transport, fmt::format("read from {} failed: {}", memory_.to_string(),
-                                               n == 0 ? "unexpected end of file" : std::strerror(errno)));
+      throw Error(Errc::io, fmt::format("read from {} failed: {}", memory_.to_string(),
+                                        n == 0 ? "unexpected end of file" : std::strerror(errno)));
     done += static_cast<std::size_t>(n);
   }
 }
 
 void Storage::write(std::uint64_t offset, std::span<const std::byte> in) const {
-  if (offset + in.size() > bytes_)
+  if (offset > bytes_ || in.size() > bytes_ - offset)
     throw Error(Errc::invalid_argument, fmt::format("write of {} bytes at {} is outside the {}-byte storage in {}",
                                                     in.size(), offset, bytes_, memory_.to_string()));
   if (remote_ || mapping_)
@@ -168,7 +187,7 @@ void Storage::write(std::uint64_t offset, std::span<const std::byte> in) const {
   std::size_t done = 0;
   while (done < in.size()) {
     ssize_t n = ::pwrite(fd_, in.data() + done, in.size() - done, static_cast<off_t>(offset + done));
-    if (n <= 0) throw Error(Errc::transport, fmt::format("write to {} failed: {}", memory_.to_string(), std::strerror(errno)));
+    if (n <= 0) throw Error(Errc::io, fmt::format("write to {} failed: {}", memory_.to_string(), std::strerror(errno)));
     done += static_cast<std::size_t>(n);
   }
 }

@@ -3,6 +3,7 @@
 #include "runtime/dma/interleave.h"
 #include "runtime/gpu/op_kernel.h"
 #include "runtime/cpu_relax.h"
+#include "runtime/event_table.h"
 
 #include "runtime/log.h"
 #include <caravan/settings.h>
@@ -405,6 +406,7 @@ void CopyQueue::help() noexcept {
 }
 
 void CopyQueue::completion_main() {
+  const detail::RuntimeThreadRole role("a GPU copy queue's completion thread");
   if (hipSetDevice(device_) != hipSuccess) (void)hipGetLastError();
   std::unique_lock lock(mutex_);
   for (;;) {

@@ -1,4 +1,5 @@
 #include "runtime/net/host_heap.h"
+#include "runtime/deadline.h"
 
 #include "runtime/cpu_relax.h"
 #include "runtime/log.h"
@@ -310,7 +311,7 @@ std::uint64_t HostHeap::wait_until(const SymmetricRegion& signals, std::size_t i
   // hundred microseconds: the deadline, and whether a rank of the job has failed (the writer
   // may be gone; this wait must not outlive it).
   auto start = Clock::now();
-  auto deadline = timeout ? start + *timeout : Clock::time_point::max();
+  auto deadline = timeout ? detail::deadline_after<Clock>(*timeout, start) : Clock::time_point::max();
   auto sleep = std::chrono::microseconds(1);
   for (unsigned i = 0;; ++i) {
     std::uint64_t word = own.load(mo);

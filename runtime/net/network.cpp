@@ -1,4 +1,5 @@
 #include "runtime/net/network.h"
+#include "runtime/deadline.h"
 
 #include "runtime/log.h"
 #include "runtime/net/launch.h"
@@ -499,7 +500,7 @@ std::vector<std::vector<std::byte>> Network::allgather(std::span<const std::byte
   std::unique_lock lock(mutex_);
   auto done = [&] { return results_.count(seq) > 0 || give_up(); };
   if (timeout) {
-    if (!cv_.wait_for(lock, *timeout, done))
+    if (!cv_.wait_until(lock, detail::deadline_after(*timeout), done))
       throw Error(Errc::timeout,
                   fmt::format("{}: collective #{} did not complete within {:.3f} s on rank {}", what, seq,
                               std::chrono::duration<double>(*timeout).count(), rank_));

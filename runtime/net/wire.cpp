@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 namespace caravan::net {
 
 std::string_view message_name(std::uint16_t id) {
@@ -23,6 +25,10 @@ std::string_view message_name(std::uint16_t id) {
 }
 
 WireWriter& WireWriter::put_bytes(std::span<const std::byte> bytes) {
+  // The length travels in 32 bits; a longer field would be cut and the message misread.
+  if (bytes.size() > std::numeric_limits<std::uint32_t>::max())
+    throw Error(Errc::invalid_argument,
+                fmt::format("a message field of {} bytes: at most 4 GiB - 1 travel in one field", bytes.size()));
   put(static_cast<std::uint32_t>(bytes.size()));
   bytes_.insert(bytes_.end(), bytes.begin(), bytes.end());
   return *this;

@@ -321,6 +321,16 @@ TEST_F(CopyTest, BadInputIsRejectedBeforeAnyByteMoves) {
   Instance file = Instance::create(dsk_memory(), Rect::from_extents({4}), kFields, Layout::parse("F,x"));
   CARAVAN_EXPECT_ERROR(file.gpu_data(), Errc::invalid_argument, "node0/rank0/dsk is not memory a GPU addresses");
   CARAVAN_EXPECT_ERROR(Instance().gpu_data(), Errc::invalid_argument, "empty");
+  // A file instance larger than CARAVAN_DSK_DIR's free space: refused now, not a failed write
+  // part-way through a copy (the file would be sparse).
+  CARAVAN_EXPECT_ERROR(
+      Instance::create(dsk_memory(), Rect::from_extents({std::int64_t{1} << 50}), kFields, Layout::parse("F,x")),
+      Errc::invalid_argument, "does not fit: CARAVAN_DSK_DIR=");
+  // Byte access past the end, also with an offset near 2^64 that would wrap a sum.
+  std::vector<std::byte> bytes(16);
+  CARAVAN_EXPECT_ERROR(src.read_bytes(~std::uint64_t{0} - 7, bytes), Errc::invalid_argument, "is outside");
+  CARAVAN_EXPECT_ERROR(src.write_bytes(~std::uint64_t{0} - 7, bytes), Errc::invalid_argument, "is outside");
+  CARAVAN_EXPECT_ERROR(file.read_bytes(~std::uint64_t{0} - 7, bytes), Errc::invalid_argument, "is outside");
   EXPECT_EQ(test::footprint(other_space), before);
   EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
 }

@@ -106,6 +106,40 @@ TEST_F(GpuCopyTest, ZeroCopyMemoryToGpuAndBack) {
   EXPECT_TRUE(uses(copy_and_verify(space, "F,x", "F,x", fbm(0), zcm()), "sdma"));
 }
 
+#if CARAVAN_HAVE_GPU
+// Plain (pageable) memory attached as zcm: attach pins and maps it for the GPUs while the
+// instance lives (a kernel given gpu_data() would otherwise fault the device), and the copy
+// engines move it both ways. Memory the caller pinned itself is left as it is.
+TEST_F(GpuCopyTest, AttachedPageableZeroCopyMemoryIsPinnedForItsLife) {
+  CARAVAN_REQUIRE_GPUS(1);
+  const Rect space = Rect::from_extents({100003});
+  const std::uint64_t bytes = space.volume() * kFields.total_size();
+  const auto host_type = [](const void* p) {
+    hipPointerAttribute_t attributes{};
+    const hipError_t status = hipPointerGetAttributes(&attributes, p);
+    (void)hipGetLastError();
+    return status == hipSuccess ? attributes.type : hipMemoryTypeUnregistered;
+  };
+  std::vector<std::byte> plain_in(bytes), plain_out(bytes);
+  EXPECT_EQ(host_type(plain_in.data()), hipMemoryTypeUnregistered) << "a std::vector should start pageable";
+  const std::uint64_t seed = fresh_seed();
+  {
+    Instance in = Instance::attach(zcm(), space, kFields, Layout::parse("F,x"), plain_in.data(), bytes);
+    Instance out = Instance::attach(zcm(), space, kFields, Layout::parse("x,F"), plain_out.data(), bytes);
+    EXPECT_EQ(host_type(plain_in.data()), hipMemoryTypeHost) << "attach should pin zcm memory";
+    EXPECT_EQ(in.gpu_data(), plain_in.data());
+    Instance gpu = Instance::create(fbm(0), space, kFields, Layout::parse("F,x"));
+    test::write_pattern(in, seed);
+    test::poison(gpu);
+    test::poison(out);
+    ASSERT_TRUE(copy(in, gpu).wait_for(60s));
+    ASSERT_TRUE(copy(gpu, out).wait_for(60s));
+    EXPECT_EQ(test::count_mismatches(out, seed), 0u) << "seed " << seed;
+  }
+  EXPECT_EQ(host_type(plain_in.data()), hipMemoryTypeUnregistered) << "the instance's end should unpin it";
+}
+#endif
+
 TEST_F(GpuCopyTest, PageableHostMemoryToGpuAndBack) {
   CARAVAN_REQUIRE_GPUS(1);
   const Rect space = Rect::from_extents({300001});

@@ -76,6 +76,21 @@ TEST_F(EventTest, WaitForTimesOutAndLeavesEventPending) {
   EXPECT_TRUE(e.wait_for(0ns));
 }
 
+// A timeout past the clock's range means no limit: now + timeout overflowed and the wait gave
+// up at once. A negative timeout is one already past.
+TEST_F(EventTest, WaitForWithAHugeTimeoutWaitsForTheTrigger) {
+  UserEvent e = UserEvent::create();
+  std::thread t([&] {
+    std::this_thread::sleep_for(20ms);
+    e.trigger();
+  });
+  EXPECT_TRUE(e.wait_for(std::chrono::nanoseconds::max()));
+  t.join();
+  UserEvent pending = UserEvent::create();
+  EXPECT_FALSE(pending.wait_for(-5ms));
+  pending.trigger();
+}
+
 TEST_F(EventTest, OldHandlesKeepTheirStateAfterSlotReuse) {
   // Slots are recycled; an old handle must still read its own generation's outcome.
   std::vector<Event> ok, bad;

@@ -4,9 +4,13 @@
 // hang fails the test instead of stalling the suite.
 #include "tests/runtime/test_util.h"
 
+#include "runtime/event_table.h"
+
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -138,6 +142,61 @@ TEST(RuntimeShutdown, FromATaskIsAnErrorNotAHang) {
     EXPECT_NE(std::string(e.cause()->what()).find("Runtime::shutdown called from a task"), std::string::npos)
         << e.cause()->what();
   }
+  EXPECT_TRUE(Runtime::is_running());
+  ASSERT_TRUE(shuts_down_within(rt, 10s));
+}
+
+// An Event::on_trigger callback runs on whichever thread triggers the event: here a CPU worker
+// (a task's completion) and a plain thread (a user event). Shutdown from either would join the
+// thread it runs on, or wait for it; it fails with an error the callback sees instead.
+TEST(RuntimeShutdown, FromAnEventCallbackIsAnErrorNotAHang) {
+  const TaskId noop = test::task("shutdown_test.noop", [](TaskContext&) {});
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 1});
+  struct Seen {
+    std::atomic<int> calls{0};
+    std::mutex mutex;
+    std::vector<std::string> errors;
+  };
+  auto seen = std::make_shared<Seen>();
+  auto stop_in_callback = [seen](const FailureCause&) {
+    try {
+      Runtime::current().shutdown();
+    } catch (const Error& e) {
+      std::lock_guard lock(seen->mutex);
+      seen->errors.emplace_back(e.what());
+    }
+    seen->calls.fetch_add(1);
+  };
+  UserEvent gate = UserEvent::create();
+  rt->spawn(noop, {}, {.precondition = gate}).on_trigger(stop_in_callback);  // runs on the worker
+  gate.on_trigger(stop_in_callback);                                         // runs on `trigger_thread`
+  std::thread trigger_thread([gate] { gate.trigger(); });
+  trigger_thread.join();
+  ASSERT_TRUE(reaches(seen->calls, 2)) << "a callback that called shutdown did not return";
+  {
+    std::lock_guard lock(seen->mutex);
+    ASSERT_EQ(seen->errors.size(), 2u) << "shutdown from a callback should throw";
+    for (const std::string& e : seen->errors)
+      EXPECT_NE(e.find("called from an Event::on_trigger callback"), std::string::npos) << e;
+  }
+  EXPECT_TRUE(Runtime::is_running());
+  ASSERT_TRUE(shuts_down_within(rt, 10s, seen));
+}
+
+// The runtime's other threads (DMA workers, GPU lanes, the network's progress thread) name
+// themselves; shutdown on one is refused with that name.
+TEST(RuntimeShutdown, OnARuntimeThreadIsAnErrorNamingTheThread) {
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 1});
+  std::string error;
+  std::thread([&] {
+    const detail::RuntimeThreadRole role("a DMA worker");
+    try {
+      rt->shutdown();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }).join();
+  EXPECT_NE(error.find("on one of the runtime's own threads (a DMA worker)"), std::string::npos) << error;
   EXPECT_TRUE(Runtime::is_running());
   ASSERT_TRUE(shuts_down_within(rt, 10s));
 }

@@ -156,6 +156,29 @@ TEST(TaskGraph, BadNodesAreRejected) {
   EXPECT_EQ(graph.size(), 0u);
 }
 
+// With a runtime running, a processor it does not have is refused when the node is added (not
+// at every launch); a graph built before any runtime is checked at launch, as spawn checks.
+TEST(TaskGraph, ProcessorsThatDoNotExistAreRejectedWhenAdded) {
+  TaskId noop = test::task("graph_test.noop", [](TaskContext&) {});
+  TaskGraph early;
+  early.add_task(noop, {}, {}, 0, Processor{ProcessorKind::cpu, Processor::kThisRank, 1});
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  TaskGraph graph;
+  CARAVAN_EXPECT_ERROR(graph.add_task(noop, {}, {}, 0, Processor{ProcessorKind::cpu, Processor::kThisRank, 1}),
+                       Errc::invalid_argument, "TaskGraph::add_task('graph_test.noop'): processor");
+  CARAVAN_EXPECT_ERROR(graph.add_task(noop, {}, {}, 0, Processor{ProcessorKind::gpu, Processor::kThisRank, 64}),
+                       Errc::invalid_argument, "does not exist on this rank");
+  CARAVAN_EXPECT_ERROR(graph.add_task(noop, {}, {}, 0, Processor{ProcessorKind::cpu, 7, 0}), Errc::invalid_argument,
+                       "this job has 1 rank(s)");
+  EXPECT_EQ(graph.size(), 0u);
+  try {
+    early.launch().wait();
+    ADD_FAILURE() << "a launch on a processor that does not exist should fail";
+  } catch (const EventPoisoned& e) {
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TaskGraph, EmptyGraphLaunchIsItsPrecondition) {
   Runtime rt(RuntimeOptions{.cpu_workers = 1});
   TaskGraph graph;

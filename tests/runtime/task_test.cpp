@@ -215,9 +215,12 @@ TEST(TasksBadInput, DuplicateOrEmptyRegistration) {
   CARAVAN_EXPECT_ERROR(register_task("task_test.empty_fn", TaskFn{}), Errc::invalid_argument, "empty");
 }
 
-TEST(TasksBadInput, WorkerCountMustBePositive) {
+TEST(TasksBadInput, WorkerCountMustBeInRange) {
   CARAVAN_EXPECT_ERROR(Runtime(RuntimeOptions{.cpu_workers = 0}), Errc::invalid_argument, "cpu_workers = 0");
   CARAVAN_EXPECT_ERROR(Runtime(RuntimeOptions{.cpu_workers = -3}), Errc::invalid_argument, "cpu_workers = -3");
+  // Past the setting's bound (a thread count the system would refuse part-way).
+  CARAVAN_EXPECT_ERROR(Runtime(RuntimeOptions{.cpu_workers = 100000}), Errc::invalid_argument,
+                       "cpu_workers = 100000: must be in [1, 4096]");
   CARAVAN_EXPECT_ERROR(settings::set_override("CARAVAN_CPU_WORKERS", "-1"), Errc::invalid_argument,
                        "CARAVAN_CPU_WORKERS='-1'");
   // The failed constructions left no runtime behind.
