@@ -8,7 +8,9 @@
 #              (default .devcarry; the Debian libraries they need are looked up there too)
 #     OUT_DIR: where each step's log goes (default gpu-checks)
 #     STEP:    any of tests kernels run-ahead ipc remote copies overlap llm (default: all, in that order),
-#              or scatter: the GEMMs that store to the peers themselves (tile tests, GEMM+RS and
+#              or tuning: the GEMM tuning A/B at the machine's full TP (overlap_gpu_tests, then
+#              bench overlap at 8192 tokens and the 70B layer, each with CARAVAN_GPU_GEMM_TUNE 8
+#              and 0), or scatter: the GEMMs that store to the peers themselves (tile tests, GEMM+RS and
 #              GEMM+AS at M = 8192, the layer, the layer test six times for the TP 4 hang, and the
 #              pacing tests five times)
 #
@@ -108,6 +110,19 @@ for step in "${steps[@]}"; do
     overlap)
       run bench-overlap 420 "$bin/caravan" bench overlap --backend gpu --json "$out/overlap.json"
       ;;
+    tuning)
+      # Tuned GEMMs became the default on 2 x H200 (thirty-sixth session); this is the check at
+      # TP 4 that the tests pass and what the layer gains, both settings in one call.
+      for tune in 8 0; do
+        CARAVAN_GPU_GEMM_TUNE=$tune run "tuning-tests-$tune" 240 "$bin/overlap_gpu_tests" --gtest_shuffle
+      done
+      for tune in 8 0; do  # one round; name the step twice for a second
+        CARAVAN_GPU_GEMM_TUNE=$tune run "tuning-overlap-$tune" 300 "$bin/caravan" bench overlap --backend gpu \
+          --op ag_gemm gemm_rs --tokens 8192
+        CARAVAN_GPU_GEMM_TUNE=$tune run "tuning-llm-$tune" 200 "$bin/caravan" bench llm --backend gpu --model llama3-70b \
+          --tokens 8192
+      done
+      ;;
     scatter)
       run bench-overlap-scatter 240 "$bin/caravan" bench overlap --backend gpu --op gemm_rs gemm_as --tokens 8192
       run bench-llm-layer 150 "$bin/caravan" bench llm --backend gpu --json "$out/llm.json" --plot "$out/llm.svg"
@@ -123,7 +138,7 @@ for step in "${steps[@]}"; do
       run bench-llm 500 "$bin/caravan" bench llm --sweep --iterations 6 --warmup 2 --json "$out/llm-sweep.json"
       ;;
     *)
-      echo "gpu-checks: unknown step '$step' (tests kernels run-ahead ipc remote copies overlap llm scatter)" >&2
+      echo "gpu-checks: unknown step '$step' (tests kernels run-ahead ipc remote copies overlap llm tuning scatter)" >&2
       exit 2
       ;;
   esac
