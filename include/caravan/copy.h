@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -240,11 +241,18 @@ struct CopyOptions {
   PlannerChoice planner = PlannerChoice::automatic;  // see PlannerChoice (multipath: several paths at once)
   CopyReport* report = nullptr;  // optional; must stay alive until the copy's event triggers
   TileSignal signal;             // optional per-tile landing flags (copy() only; see TileSignal)
+  // Optional: copy (or fill) only these points, which must lie inside both instances' index
+  // spaces; the spaces may then differ (a block of a large instance into a small one that holds
+  // the same points, say). Each point keeps its coordinates: point p of src lands at point p of
+  // dst. Tiles (CopyTiling, CopyReport::tiling) are then slabs of the region, and first_point
+  // counts from the region's lo().
+  std::optional<Rect> region;
 };
 
-// Copies every (point, field) of `src` into `dst`. Both must have the same index space and field
-// space; layouts and memories may differ (a layout change is a conversion). Bad input (different
-// spaces or fields, a memory without a path, a priority out of range) throws before any byte moves.
+// Copies every (point, field) of `src` into `dst` (or of CopyOptions::region). Both must have the
+// same index space (or both hold the region) and field space; layouts and memories may differ (a
+// layout change is a conversion). Bad input (different spaces or fields, a region outside
+// either space, a memory without a path, a priority out of range) throws before any byte moves.
 // A copy split over several paths (PlannerChoice::multipath) still has one event: it triggers
 // once every path has finished, poisoned with the first failure's cause if any path fails (the
 // other paths are then stopped with that cause).
@@ -288,7 +296,9 @@ std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& sr
 // copy_tiling, and copy() with a signal, throw Error(invalid_argument) rather than describe
 // tiles that are not ranges of points; give the source a layout whose outermost dimension is
 // the space's last, or use PlannerChoice::full.
-CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner = PlannerChoice::automatic);
+// With `region`, the tiles of copy(src, dst, {.region = region}).
+CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner = PlannerChoice::automatic,
+                       const std::optional<Rect>& region = std::nullopt);
 
 // This rank's memory of `kind` (`index`: which GPU for fbm, else 0), with the node and rank of the
 // running runtime filled in, so that the same code names the right memory on every rank of a
@@ -304,5 +314,10 @@ TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance
 // The same with the dependencies first, as TaskGraph::add_task takes them.
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst,
                            std::span<const TaskGraph::NodeId> dependencies, int priority = 0);
+// With copy options: priority, planner and region are used at every launch. The launch supplies
+// the precondition, and a report or landing flags would be overwritten by each launch, so a
+// precondition, report or signal in `options` is Error(invalid_argument).
+TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, const CopyOptions& options,
+                           std::span<const TaskGraph::NodeId> dependencies = {});
 
 }  // namespace caravan

@@ -135,8 +135,9 @@ std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& sr
   return dma::Engine::current().plan_multipath(src, dst);
 }
 
-CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner) {
-  return dma::Engine::current().tiling(src, dst, planner);
+CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner,
+                       const std::optional<Rect>& region) {
+  return dma::Engine::current().tiling(src, dst, planner, region);
 }
 
 MemoryId local_memory(MemoryKind kind, std::uint32_t index) {
@@ -154,26 +155,42 @@ TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance
 
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, int priority,
                            std::span<const TaskGraph::NodeId> dependencies) {
+  return add_copy(graph, src, dst, CopyOptions{.priority = priority}, dependencies);
+}
+
+TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, const CopyOptions& options,
+                           std::span<const TaskGraph::NodeId> dependencies) {
   if (!src.valid() || !dst.valid()) throw Error(Errc::invalid_argument, "add_copy: an instance is empty");
-  if (priority < kMinPriority || priority > kMaxPriority)
-    throw Error(Errc::invalid_argument, fmt::format("add_copy: priority {} is outside [{}, {}]", priority, kMinPriority, kMaxPriority));
+  if (options.priority < kMinPriority || options.priority > kMaxPriority)
+    throw Error(Errc::invalid_argument,
+                fmt::format("add_copy: priority {} is outside [{}, {}]", options.priority, kMinPriority, kMaxPriority));
+  if (!options.precondition.is_none() || options.report || options.signal.flags)
+    throw Error(Errc::invalid_argument,
+                fmt::format("add_copy: CopyOptions::{} is not for a graph node (each launch gives the precondition, "
+                            "and would overwrite a report or landing flags); take them from copy() instead",
+                            !options.precondition.is_none() ? "precondition"
+                            : options.report                ? "report"
+                                                            : "signal"));
   // The checks and the plan a copy() makes, now: a bad copy fails here, not at a launch that has
   // already started the nodes before it. (The plan is cached; each launch plans again as copy()
   // does, so a later change of route or calibration still applies.)
   try {
-    (void)dma::Engine::current().plan(src, dst, PlannerChoice::automatic);
+    (void)dma::Engine::current().plan(
+        src, dst, options.planner == PlannerChoice::multipath ? PlannerChoice::automatic : options.planner,
+        options.region);
   } catch (const Error& e) {
     throw Error(e.code(), fmt::format("add_copy: {}", e.what()));
   }
   std::string label = fmt::format("copy {} -> {}", src.memory().to_string(), dst.memory().to_string());
-  return graph.add_node(std::move(label),
-                        [src, dst, priority](Event precondition) {
-                          CopyOptions options;
-                          options.precondition = precondition;
-                          options.priority = priority;
-                          return copy(src, dst, options);
-                        },
-                        dependencies);
+  if (options.region) label += " " + options.region->to_string();
+  return graph.add_node(
+      std::move(label),
+      [src, dst, options](Event precondition) {
+        CopyOptions launch = options;
+        launch.precondition = precondition;
+        return copy(src, dst, launch);
+      },
+      dependencies);
 }
 
 }  // namespace caravan

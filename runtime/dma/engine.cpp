@@ -668,19 +668,40 @@ void Engine::check_common(const Instance& inst, const char* what) const {
   graph_->require(inst.memory(), what);
 }
 
-planner::TransferRequest Engine::make_request(const Instance& src, const Instance& dst) const {
+planner::TransferRequest Engine::make_request(const Instance& src, const Instance& dst,
+                                              const std::optional<Rect>& region) const {
   check_common(src, "src memory");
   check_common(dst, "dst memory");
-  if (!(src.space() == dst.space()))
-    throw Error(Errc::invalid_argument, fmt::format("copy: src index space {} differs from dst index space {}",
-                                                    src.space().to_string(), dst.space().to_string()));
+  if (region) {
+    const Rect& r = *region;
+    const auto inside = [&r](const Rect& space) { return space.contains(r.lo()) && space.contains(r.hi()); };
+    if (r.dims() == 0)
+      throw Error(Errc::invalid_argument, "copy: CopyOptions::region is an empty Rect (give the points to copy)");
+    if (r.dims() != src.space().dims() || r.dims() != dst.space().dims())
+      throw Error(Errc::invalid_argument,
+                  fmt::format("copy: CopyOptions::region {} has {} dimension(s); the src index space {} has {} and "
+                              "the dst index space {} has {}",
+                              r.to_string(), r.dims(), src.space().to_string(), src.space().dims(),
+                              dst.space().to_string(), dst.space().dims()));
+    if (!inside(src.space()) || !inside(dst.space()))
+      throw Error(Errc::invalid_argument,
+                  fmt::format("copy: CopyOptions::region {} must lie inside both index spaces; it is not inside the "
+                              "{} index space {}",
+                              r.to_string(), inside(src.space()) ? "dst" : "src",
+                              (inside(src.space()) ? dst : src).space().to_string()));
+  } else if (!(src.space() == dst.space())) {
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: src index space {} differs from dst index space {} (to copy the points both hold, "
+                            "name them in CopyOptions::region)",
+                            src.space().to_string(), dst.space().to_string()));
+  }
   if (!(src.fields() == dst.fields()))
     throw Error(Errc::invalid_argument,
                 fmt::format("copy: src and dst field spaces differ: {}", field_difference(src.fields(), dst.fields())));
   planner::TransferRequest r;
   r.src = src.memory();
   r.dst = dst.memory();
-  r.space = src.space();
+  r.space = region ? *region : src.space();
   r.fields = src.fields();
   r.src_layout = src.layout();
   r.dst_layout = dst.layout();
@@ -688,8 +709,9 @@ planner::TransferRequest Engine::make_request(const Instance& src, const Instanc
   return r;
 }
 
-std::shared_ptr<const planner::Plan> Engine::plan(const Instance& src, const Instance& dst, PlannerChoice choice) {
-  planner::TransferRequest request = make_request(src, dst);
+std::shared_ptr<const planner::Plan> Engine::plan(const Instance& src, const Instance& dst, PlannerChoice choice,
+                                                  const std::optional<Rect>& region) {
+  planner::TransferRequest request = make_request(src, dst, region);
   switch (choice) {
     case PlannerChoice::automatic: return planner_->plan(request);
     case PlannerChoice::simple: return std::make_shared<planner::Plan>(planner::plan_simple(*graph_, request, planner_->options()));
@@ -941,8 +963,7 @@ void check_signal_fields(const TileSignal& signal, const char* call) {
 // consecutive points, i.e. when no dimension above the split one has more than one coordinate.
 // Otherwise refuse: a first_point range that is not the tile would mislead a consumer silently.
 void check_multipath_tiles_consecutive(const planner::MultiPlan& plan, const Instance& src, const Instance& dst,
-                                       const char* call) {
-  const Rect& space = src.space();
+                                       const Rect& space, const char* call) {
   for (int d = plan.split_dim + 1; d < space.dims(); ++d) {
     if (space.extent(d) <= 1) continue;
     throw Error(Errc::invalid_argument,
@@ -966,10 +987,10 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
   std::shared_ptr<const planner::Plan> plan;
   if (wants_multipath(src, dst, options)) {
     std::string learn_key;
-    planner::MultiPlan multi = runnable_multipath_plan(src, dst, &learn_key);
+    planner::MultiPlan multi = runnable_multipath_plan(src, dst, &learn_key, options.region);
     // Copies with landing flags keep the planned cut: their flags were sized by copy_tiling.
     if (multi.shares.size() > 1 && multipath_learn_.load(std::memory_order_relaxed) > 0 && !options.signal.flags)
-      spread_by_learned_rates(multi, learn_key, src.space());
+      spread_by_learned_rates(multi, learn_key, copied_space(src, options));
     else
       learn_key.clear();  // nothing to learn into
     if (multi.shares.size() > 1) return copy_multipath(src, dst, multi, options, called_ns, std::move(learn_key));
@@ -978,14 +999,15 @@ Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& 
     if (options.planner == PlannerChoice::multipath && !multi.shares.empty())
       plan = std::make_shared<planner::Plan>(multi.shares.front().plan);
   }
-  if (!plan) plan = this->plan(src, dst, options.planner);
-  auto op = prepare_copy(src, dst, *plan, src.space(), options, called_ns);
+  if (!plan) plan = this->plan(src, dst, options.planner, options.region);
+  auto op = prepare_copy(src, dst, *plan, copied_space(src, options), options, called_ns);
   return submit(std::move(op), options.precondition);
 }
 
-planner::MultiPlan Engine::runnable_multipath_plan(const Instance& src, const Instance& dst, std::string* key) {
+planner::MultiPlan Engine::runnable_multipath_plan(const Instance& src, const Instance& dst, std::string* key,
+                                                   const std::optional<Rect>& region) {
   std::string scratch;
-  planner::MultiPlan multi = *plan_multipath(src, dst, key ? *key : scratch);
+  planner::MultiPlan multi = *plan_multipath(src, dst, key ? *key : scratch, region);
   // Every slab is whole rows; one that rounded to nothing has no path (the planner drops those
   // already).
   std::erase_if(multi.shares, [](const planner::PathShare& share) { return share.piece.volume() == 0; });
@@ -1019,7 +1041,7 @@ bool Engine::wants_multipath(const Instance& src, const Instance& dst, const Cop
                 fmt::format("copy: PlannerChoice::multipath is for copies within this rank; {} -> {} crosses ranks "
                             "(use PlannerChoice::automatic or full)", src.memory().to_string(), dst.memory().to_string()));
   if (!local) return false;
-  return asked || src.space().volume() * src.fields().total_size() >= multipath_min_bytes_;
+  return asked || copied_space(src, options).volume() * src.fields().total_size() >= multipath_min_bytes_;
 }
 
 std::shared_ptr<CopyOperation> Engine::prepare_copy(const Instance& src, const Instance& dst, const planner::Plan& plan,
@@ -1081,7 +1103,7 @@ class PartWaiter final : public detail::EventWaiter {
 Event Engine::copy_multipath(const Instance& src, const Instance& dst, const planner::MultiPlan& plan,
                              const CopyOptions& options, std::int64_t called_ns, std::string learn_key) {
   check_signal_fields(options.signal, "copy");
-  if (options.signal.flags) check_multipath_tiles_consecutive(plan, src, dst, "copy");
+  if (options.signal.flags) check_multipath_tiles_consecutive(plan, src, dst, copied_space(src, options), "copy");
   auto multi = std::make_shared<MultiCopy>();
   multi->engine = this;
   multi->report = options.report;
@@ -1331,8 +1353,8 @@ std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance&
 }
 
 std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance& src, const Instance& dst,
-                                                                 std::string& key) {
-  planner::TransferRequest request = make_request(src, dst);
+                                                                 std::string& key, const std::optional<Rect>& region) {
+  planner::TransferRequest request = make_request(src, dst, region);
   key = multipath_key(request);
   const std::size_t entries = planner_->options().cache_entries;
   {
@@ -1351,7 +1373,6 @@ std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance&
   }
   return plan;
 }
-
 
 void Engine::check_signal(CopyOperation& op, const TileSignal& signal) const {
   check_signal_fields(signal, "copy");
@@ -1384,19 +1405,21 @@ void Engine::check_signal(CopyOperation& op, const TileSignal& signal) const {
   op.signal_value = signal.value;
 }
 
-CopyTiling Engine::tiling(const Instance& src, const Instance& dst, PlannerChoice choice) {
+CopyTiling Engine::tiling(const Instance& src, const Instance& dst, PlannerChoice choice,
+                          const std::optional<Rect>& region) {
+  const Rect& space = region ? *region : src.space();
   std::shared_ptr<const planner::Plan> plan;
   if (choice == PlannerChoice::multipath) {
-    const planner::MultiPlan multi = runnable_multipath_plan(src, dst);
+    const planner::MultiPlan multi = runnable_multipath_plan(src, dst, nullptr, region);
     if (multi.shares.size() > 1) {
-      check_multipath_tiles_consecutive(multi, src, dst, "copy_tiling");
+      check_multipath_tiles_consecutive(multi, src, dst, space, "copy_tiling");
       // Each slab cut as copy() cuts its part (prepare_pipeline), in slab order, counted in the
       // whole space: tiles[i] is what flag i of the copy's signal guards.
       CopyTiling out;
       for (const planner::PathShare& share : multi.shares) {
         std::vector<std::uint64_t> slot_bytes;
         const std::uint64_t points = choose_tile_points(share.piece, src.fields(), share.plan.hops, slot_bytes);
-        CopyTiling part = describe_tiling(TileGrid(share.piece, points), src.space());
+        CopyTiling part = describe_tiling(TileGrid(share.piece, points), space);
         out.tile_points = std::max(out.tile_points, part.tile_points);
         out.tiles.insert(out.tiles.end(), part.tiles.begin(), part.tiles.end());
       }
@@ -1405,10 +1428,10 @@ CopyTiling Engine::tiling(const Instance& src, const Instance& dst, PlannerChoic
     // One path: the one copy() takes.
     if (!multi.shares.empty()) plan = std::make_shared<planner::Plan>(multi.shares.front().plan);
   }
-  if (!plan) plan = this->plan(src, dst, choice);
+  if (!plan) plan = this->plan(src, dst, choice, region);
   std::vector<std::uint64_t> slot_bytes;
-  const std::uint64_t points = choose_tile_points(src.space(), src.fields(), plan->hops, slot_bytes);
-  return describe_tiling(TileGrid(src.space(), points), src.space());
+  const std::uint64_t points = choose_tile_points(space, src.fields(), plan->hops, slot_bytes);
+  return describe_tiling(TileGrid(space, points), space);
 }
 
 Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const CopyOptions& options) {
@@ -1444,10 +1467,17 @@ Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const 
   op->dst_storage = dst.impl()->storage;
   op->pattern = Storage::allocate_host(host, value.size());
   op->pattern->write(0, value);
-  op->space = dst.space();
+  if (options.region) {
+    const Rect& r = *options.region;
+    if (r.dims() != dst.space().dims() || !dst.space().contains(r.lo()) || !dst.space().contains(r.hi()))
+      throw Error(Errc::invalid_argument,
+                  fmt::format("fill: CopyOptions::region {} must lie inside the instance's index space {}",
+                              r.dims() ? r.to_string() : std::string("(empty)"), dst.space().to_string()));
+  }
+  op->space = options.region ? *options.region : dst.space();
   op->fields = dst.fields();
   op->src_view = View::pattern(op->fields);
-  op->dst_view = View::of_layout(dst.layout(), op->space, op->fields, 0);
+  op->dst_view = View::of_layout(dst.layout(), dst.space(), op->fields, 0);
   planner::Hop hop;
   hop.channel = *channel;
   hop.kind = graph_->channel(*channel).kind;

@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <type_traits>
@@ -336,11 +337,14 @@ class Engine final : public RuntimeService {
   bool cancel(Event copy_event);
   // Stops a copy with `cause` (cancel() uses Errc::cancelled, shutdown Errc::shut_down).
   bool stop_copy(Event copy_event, const FailureCause& cause);
-  std::shared_ptr<const planner::Plan> plan(const Instance& src, const Instance& dst, PlannerChoice choice);
+  // `region`: the points copied (CopyOptions::region); none, the whole space.
+  std::shared_ptr<const planner::Plan> plan(const Instance& src, const Instance& dst, PlannerChoice choice,
+                                            const std::optional<Rect>& region = std::nullopt);
   // The multi-path plan of copying src to dst (plan_copy_multipath).
   std::shared_ptr<const planner::MultiPlan> plan_multipath(const Instance& src, const Instance& dst);
   // The tiles copy(src, dst) with `choice` is cut into (copy_tiling).
-  CopyTiling tiling(const Instance& src, const Instance& dst, PlannerChoice choice);
+  CopyTiling tiling(const Instance& src, const Instance& dst, PlannerChoice choice,
+                    const std::optional<Rect>& region = std::nullopt);
   void shutdown() override;
 
   // Sets CARAVAN_DMA_MULTIPATH_LEARN for this engine from now on (`caravan bench gpu` compares
@@ -388,7 +392,10 @@ class Engine final : public RuntimeService {
     std::deque<std::shared_ptr<CopyOperation>> waiters;
   };
 
-  planner::TransferRequest make_request(const Instance& src, const Instance& dst) const;
+  // Checks a copy's instances (and its region: inside both spaces; without one the spaces must
+  // be equal) and describes it to the planner; the request's space is the points copied.
+  planner::TransferRequest make_request(const Instance& src, const Instance& dst,
+                                        const std::optional<Rect>& region = std::nullopt) const;
   // One DmaWorker per channel of `graph` that has an implementation on this rank (null otherwise).
   std::vector<std::unique_ptr<DmaWorker>> make_workers(const planner::TransferGraph& graph);
   // A copy of `piece` (the whole space, or a slab of a multi-path copy) along `plan`, prepared
@@ -398,12 +405,18 @@ class Engine final : public RuntimeService {
   // Whether copy(src, dst, options) runs as a multi-path copy: asked for, or automatic from
   // CARAVAN_DMA_MULTIPATH_MIN_BYTES. Throws for an explicit request it cannot honour (across ranks).
   bool wants_multipath(const Instance& src, const Instance& dst, const CopyOptions& options) const;
+  // The points a copy moves: its region, or the whole space.
+  static const Rect& copied_space(const Instance& src, const CopyOptions& options) {
+    return options.region ? *options.region : src.space();
+  }
   // The multi-path plan copy() runs (plan_multipath, less any slab that rounded to no row), so
   // that copy() and copy_tiling() cut the copy into the same parts. `key`, if given: set to the
   // plan's key (multipath_key).
-  planner::MultiPlan runnable_multipath_plan(const Instance& src, const Instance& dst, std::string* key = nullptr);
+  planner::MultiPlan runnable_multipath_plan(const Instance& src, const Instance& dst, std::string* key = nullptr,
+                                             const std::optional<Rect>& region = std::nullopt);
   // plan_multipath, also setting `key` to the plan's key among the cached plans.
-  std::shared_ptr<const planner::MultiPlan> plan_multipath(const Instance& src, const Instance& dst, std::string& key);
+  std::shared_ptr<const planner::MultiPlan> plan_multipath(const Instance& src, const Instance& dst, std::string& key,
+                                                           const std::optional<Rect>& region = std::nullopt);
   // The key of src -> dst among the cached multi-path plans and the learned rates.
   static std::string multipath_key(const planner::TransferRequest& request);
   // Cuts `plan` (the runnable plan of `key`) again by the rates its paths were measured at in

@@ -691,8 +691,9 @@ void Engine::on_setup(int source, const std::vector<std::byte>& body) {
     if (hop_count == 0 || op->slots < 1) throw Error(Errc::internal, "a copy setup without hops or slots");
     op->set_route(d.hops);
     // The instances this rank owns are the real ones; the others only describe the far ends.
-    op->src_view = View::of_layout(instances[0]->layout, op->space, op->fields, 0);
-    op->dst_view = View::of_layout(instances[1]->layout, op->space, op->fields, 0);
+    // Over the whole instances: op->space may be a region of them (CopyOptions::region).
+    op->src_view = View::of_layout(instances[0]->layout, instances[0]->space, op->fields, 0);
+    op->dst_view = View::of_layout(instances[1]->layout, instances[1]->space, op->fields, 0);
     if (!instances[0]->remote) {
       d.src_impl = instances[0];
       op->src_storage = instances[0]->storage;

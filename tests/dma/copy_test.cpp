@@ -397,6 +397,113 @@ TEST_F(CopyTest, CopiesAreTaskGraphNodes) {
   EXPECT_EQ(graph.size(), 2u);
 }
 
+// CopyOptions::region: a block of a large instance into a small one holding the same points,
+// and back into another large one, for pairs of layouts; only the region's points move, the
+// rest stay as they were.
+TEST_F(CopyTest, RegionsMoveOnlyTheirPoints) {
+  const Rect whole = Rect::from_extents({64, 48});
+  const Rect block(2, Point{10, 7}, Point{41, 30});
+  std::uint64_t seed = 500;
+  for (const char* a : k2dLayouts)
+    for (const char* b : {"F,x,y", "y,x,F", "x_in=4,F,x_out,y"}) {
+      Instance big = Instance::create(sys_memory(), whole, kFields, Layout::parse(a));
+      Instance small = Instance::create(sys_memory(), block, kFields, Layout::parse(b));
+      Instance back = Instance::create(sys_memory(), whole, kFields, Layout::parse(b));
+      test::write_pattern(big, ++seed);
+      test::poison(small);
+      test::poison(back);
+      CopyReport report;
+      ASSERT_TRUE(copy(big, small, {.report = &report, .region = block}).wait_for(30s)) << a << " -> " << b;
+      EXPECT_EQ(test::count_mismatches(small, seed), 0u) << a << " -> " << b;
+      EXPECT_EQ(report.bytes, block.volume() * kFields.total_size());
+      ASSERT_TRUE(copy(small, back, {.region = block}).wait_for(30s));
+      const test::RegionCheck check = test::check_region(back, seed, block);
+      EXPECT_EQ(check.wrong_inside, 0u) << b << " -> " << b << " inside the region";
+      EXPECT_EQ(check.changed_outside, 0u) << b << " -> " << b << " outside the region";
+    }
+}
+
+// A band of rows between two files of the same space, through host buffers in small tiles.
+TEST(CopyRegion, ThroughBuffersInSmallTiles) {
+  settings::ScopedOverride threshold("CARAVAN_PLANNER_BUFFER_THRESHOLD", "64K");
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  const Rect space = Rect::from_extents({400, 300});
+  const Rect rows(2, Point{0, 50}, Point{399, 249});
+  Instance src = Instance::create(dsk_memory(), space, kFields, Layout::parse("F,x,y"));
+  Instance file = Instance::create(dsk_memory(), space, kFields, Layout::parse("y,x,F"));
+  test::write_pattern(src, 900);
+  test::poison(file);
+  CopyReport report;
+  ASSERT_TRUE(copy(src, file, {.report = &report, .region = rows}).wait_for(60s));
+  EXPECT_GT(report.tiles, 4u) << "the region was not cut into tiles: " << report.route;
+  std::uint64_t covered = 0;
+  for (const CopyTile& t : report.tiling.tiles) {
+    EXPECT_TRUE(rows.contains(t.rect.lo()) && rows.contains(t.rect.hi())) << t.rect.to_string();
+    EXPECT_EQ(t.first_point, covered) << "tiles count points from the region's lo()";
+    covered += t.points;
+  }
+  EXPECT_EQ(covered, rows.volume());
+  const test::RegionCheck check = test::check_region(file, 900, rows);
+  EXPECT_EQ(check.wrong_inside, 0u);
+  EXPECT_EQ(check.changed_outside, 0u);
+}
+
+// fill() of a region, landing flags of a region copy (sized by copy_tiling with the region), a
+// region as a task-graph node, and what a region may not be.
+TEST_F(CopyTest, RegionsForFillFlagsGraphsAndBadInput) {
+  const Rect space = Rect::from_extents({300, 20});
+  const Rect block(2, Point{100, 2}, Point{219, 17});
+  Instance a = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x,y"));
+  std::vector<std::byte> value(kFields.total_size(), std::byte{0x5C});
+  test::poison(a);
+  ASSERT_TRUE(fill(a, value, {.region = block}).wait_for(30s));
+  std::vector<std::byte> bytes = test::footprint(a);
+  std::uint64_t wrong = 0;
+  test::for_each_point(space, [&](const Point& p) {
+    const std::byte want = block.contains(p) ? std::byte{0x5C} : std::byte{0xAB};
+    for (std::size_t f = 0; f < kFields.count(); ++f)
+      if (bytes[a.offset(p, f)] != want) ++wrong;
+  });
+  EXPECT_EQ(wrong, 0u);
+
+  Instance b = Instance::create(sys_memory(), block, kFields, Layout::parse("y,x,F"));
+  test::write_pattern(a, 77);
+  test::poison(b);
+  const CopyTiling tiling = copy_tiling(a, b, PlannerChoice::automatic, block);
+  std::uint64_t points = 0;
+  for (const CopyTile& t : tiling.tiles) points += t.points;
+  EXPECT_EQ(points, block.volume());
+  std::vector<std::uint64_t> flags(tiling.tiles.size(), 0);
+  ASSERT_TRUE(copy(a, b, {.signal = {.flags = flags.data(), .value = 3, .tiles = flags.size()}, .region = block})
+                  .wait_for(30s));
+  EXPECT_EQ(std::count(flags.begin(), flags.end(), 3u), static_cast<std::ptrdiff_t>(flags.size()));
+  EXPECT_EQ(test::count_mismatches(b, 77), 0u);
+
+  TaskGraph graph;
+  Instance c = Instance::create(sys_memory(), space, kFields, Layout::parse("x,y,F"));
+  add_copy(graph, b, c, CopyOptions{.priority = 2, .region = block});
+  test::poison(c);
+  ASSERT_TRUE(graph.launch().wait_for(30s));
+  const test::RegionCheck check = test::check_region(c, 77, block);
+  EXPECT_EQ(check.wrong_inside, 0u);
+  EXPECT_EQ(check.changed_outside, 0u);
+  CopyReport report;
+  CARAVAN_EXPECT_ERROR(add_copy(graph, b, c, CopyOptions{.report = &report, .region = block}), Errc::invalid_argument,
+                       "add_copy: CopyOptions::report is not for a graph node");
+
+  CARAVAN_EXPECT_ERROR(copy(a, c, {.region = Rect(2, Point{290, 0}, Point{310, 3})}), Errc::invalid_argument,
+                       "must lie inside both index spaces; it is not inside the src index space");
+  CARAVAN_EXPECT_ERROR(copy(a, b, {.region = Rect(2, Point{99, 2}, Point{100, 3})}), Errc::invalid_argument,
+                       "it is not inside the dst index space");
+  CARAVAN_EXPECT_ERROR(copy(a, c, {.region = Rect::from_extents({5})}), Errc::invalid_argument,
+                       "has 1 dimension(s); the src index space");
+  CARAVAN_EXPECT_ERROR(copy(a, c, {.region = Rect()}), Errc::invalid_argument, "CopyOptions::region is an empty Rect");
+  CARAVAN_EXPECT_ERROR(copy(a, b), Errc::invalid_argument, "name them in CopyOptions::region");
+  CARAVAN_EXPECT_ERROR(fill(b, value, {.region = space}), Errc::invalid_argument,
+                       "fill: CopyOptions::region [0,299]x[0,19] must lie inside");
+  EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
+}
+
 TEST(CopyShutdown, PendingCopiesArePoisonedAtShutdown) {
   std::atomic<int> code{-1};
   {

@@ -81,6 +81,32 @@ inline std::uint64_t count_mismatches(const Instance& inst, std::uint64_t seed) 
   return bad;
 }
 
+// After a copy of `region` (CopyOptions::region) into `inst`, poisoned with `untouched` before:
+// the (point, field) values inside the region that differ from the pattern, and those outside it
+// that the copy changed (it must leave them alone).
+struct RegionCheck {
+  std::uint64_t wrong_inside = 0;
+  std::uint64_t changed_outside = 0;
+};
+inline RegionCheck check_region(const Instance& inst, std::uint64_t seed, const Rect& region,
+                                std::byte untouched = std::byte{0xAB}) {
+  std::vector<std::byte> bytes = footprint(inst);
+  const FieldSpace& fields = inst.fields();
+  RegionCheck out;
+  for_each_point(inst.space(), [&](const Point& p) {
+    const bool inside = region.contains(p);
+    for (std::size_t f = 0; f < fields.count(); ++f)
+      for (std::size_t k = 0; k < fields.fields()[f].size; ++k) {
+        const std::byte b = bytes[inst.offset(p, f) + k];
+        if (inside ? b != value_byte(seed, p, f, k) : b != untouched) {
+          ++(inside ? out.wrong_inside : out.changed_outside);
+          break;
+        }
+      }
+  });
+  return out;
+}
+
 // The index of point `p` in the order that runs dimension 0 fastest from space.lo() (what
 // CopyTile::first_point counts).
 inline std::uint64_t linear_index(const Rect& space, const Point& p) {

@@ -322,6 +322,39 @@ TEST_F(GpuCopyTest, MultipathHostToGpuZeroAndBack) {
   multipath_copy_and_verify(Rect::from_extents({997, 611}), "x_in=4,y_in=3,x_out,y_out,F", "F,x,y", zcm(), fbm(0));
 }
 
+// A region of a large host instance into a GPU instance holding only the region's points, over
+// several paths (each a slab of the region), then back into the middle of another host instance.
+TEST_F(GpuCopyTest, RegionsOverOnePathAndSeveral) {
+  CARAVAN_REQUIRE_GPUS(1);
+  const Rect whole = Rect::from_extents({4096, 2048});
+  const Rect block(2, Point{512, 256}, Point{3583, 1791});  // 3072 x 1536 points, 63 MiB
+  const std::uint64_t seed = fresh_seed();
+  Instance host = Instance::create(zcm(), whole, kFields, Layout::parse("F,x,y"));
+  Instance gpu = Instance::create(fbm(0), block, kFields, Layout::parse("F,x,y"));
+  Instance back = Instance::create(zcm(), whole, kFields, Layout::parse("F,x,y"));
+  test::write_pattern(host, seed);
+  test::poison(gpu);
+  test::poison(back);
+  const PlannerChoice planner =
+      gpu::topology().devices.size() >= 2 ? PlannerChoice::multipath : PlannerChoice::automatic;
+  CopyReport in_report;
+  ASSERT_TRUE(copy(host, gpu, {.planner = planner, .report = &in_report, .region = block}).wait_for(60s));
+  EXPECT_EQ(test::count_mismatches(gpu, seed), 0u) << in_report.route << " (seed " << seed << ")";
+  if (planner == PlannerChoice::multipath) {
+    EXPECT_GE(in_report.paths.size(), 2u) << in_report.route;
+    std::uint64_t bytes = 0;
+    for (const CopyPathReport& path : in_report.paths) {
+      EXPECT_TRUE(block.contains(path.piece.lo()) && block.contains(path.piece.hi())) << path.piece.to_string();
+      bytes += path.bytes;
+    }
+    EXPECT_EQ(bytes, block.volume() * kFields.total_size());
+  }
+  ASSERT_TRUE(copy(gpu, back, {.planner = planner, .region = block}).wait_for(60s));
+  const test::RegionCheck check = test::check_region(back, seed, block);
+  EXPECT_EQ(check.wrong_inside, 0u) << "seed " << seed;
+  EXPECT_EQ(check.changed_outside, 0u);
+}
+
 TEST_F(GpuCopyTest, FillGpuMemory) {
   CARAVAN_REQUIRE_GPUS(1);
   for (const char* layout : {"F,x", "x,F", "x_in=3,F,x_out"}) {

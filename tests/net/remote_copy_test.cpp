@@ -222,6 +222,37 @@ TEST_F(JobTest, RemoteCopiesInEveryDirectionWithLayoutChanges) {
   rt().barrier(30s);
 }
 
+// CopyOptions::region across ranks: a block of this rank's large instance pushed into the next
+// rank's small one (which holds only the block's points), and the previous rank's block pulled
+// into a large instance here, whose other points must stay as they were.
+TEST_F(JobTest, RegionCopiesBetweenRanks) {
+  const int me = rank(), n = world();
+  const std::uint64_t seed = fresh_seed(rt());
+  FieldSpace fields({{"a", 4}, {"b", 8}, {"c", 2}});
+  const Rect space = Rect::from_extents({96, 40});
+  const Rect block(2, Point{20, 5}, Point{75, 31});
+  auto src = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("F,x,y"));
+  auto small = Instance::create(memory_of(rt(), me, MemoryKind::sys), block, fields, Layout::parse("y,x,F"));
+  auto pulled = Instance::create(memory_of(rt(), me, MemoryKind::sys), space, fields, Layout::parse("x,y,F"));
+  test::write_pattern(src, test::rank_seed(seed, me));
+  test::poison(small);
+  test::poison(pulled);
+  auto srcs = share(rt(), src), smalls = share(rt(), small);
+  rt().barrier(30s);
+  const auto next = static_cast<std::size_t>((me + 1) % n), prev = static_cast<std::size_t>((me + n - 1) % n);
+  Event push = copy(src, smalls[next], {.region = block});
+  Event pull = copy(srcs[prev], pulled, {.region = block});
+  EXPECT_TRUE(push.wait_for(60s));
+  EXPECT_TRUE(pull.wait_for(60s));
+  rt().barrier(30s);
+  EXPECT_EQ(test::count_mismatches(small, test::rank_seed(seed, static_cast<int>(prev))), 0u);
+  const test::RegionCheck check = test::check_region(pulled, test::rank_seed(seed, static_cast<int>(prev)), block);
+  EXPECT_EQ(check.wrong_inside, 0u);
+  EXPECT_EQ(check.changed_outside, 0u);
+  EXPECT_TRUE(engine_drains(10s)) << engine_active_copies() << " copies still active";
+  rt().barrier(30s);
+}
+
 TEST_F(JobTest, PipelinedCrossNodeCopyThroughSmallBuffers) {
   // Buffers far smaller than the instance: the copy must stream tile by tile through
   // SYS -> REG -> REG* -> SYS* with every hop running at once.
