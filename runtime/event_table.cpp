@@ -191,8 +191,13 @@ bool EventTable::trigger(Event e, FailureCause failure) {
     return false;
   }
   if (failure) {
-    if (!s.poison_records) s.poison_records = std::make_unique<std::vector<std::pair<std::uint64_t, FailureCause>>>();
-    s.poison_records->emplace_back(e.generation(), failure);
+    try {
+      if (!s.poison_records) s.poison_records = std::make_unique<std::vector<std::pair<std::uint64_t, FailureCause>>>();
+      s.poison_records->emplace_back(e.generation(), failure);
+    } catch (...) {
+      s.lock.unlock();  // out of memory: the slot must not stay locked for every later access
+      throw;
+    }
     s.has_poison_record.store(true, std::memory_order_release);
   }
   s.triggered_generation.store(e.generation(), std::memory_order_release);
@@ -229,10 +234,18 @@ void EventTable::notify(EventWaiter* waiters, const FailureCause& failure) {
       ordered = next;
     }
   };
-  run_list(waiters, failure);
-  for (std::size_t i = 0; i < state.queue.size(); ++i) {
-    PendingNotification item = std::move(state.queue[i]);
-    run_list(item.waiters, item.failure);
+  try {
+    run_list(waiters, failure);
+    for (std::size_t i = 0; i < state.queue.size(); ++i) {
+      PendingNotification item = std::move(state.queue[i]);
+      run_list(item.waiters, item.failure);
+    }
+  } catch (...) {
+    // A waiter threw (out of memory): this thread must not stay "notifying", or every later
+    // notification on it would be queued and never run.
+    state.queue.clear();
+    state.active = false;
+    throw;
   }
   state.queue.clear();
   state.active = false;

@@ -2,6 +2,8 @@
 
 #include "runtime/log.h"
 
+#include <system_error>
+
 #include <fmt/format.h>
 
 #include <chrono>
@@ -81,9 +83,20 @@ GpuProcessor::GpuProcessor(EventTable& events, GpuFollowTable& follows, Processo
   if (lanes < 2 || lanes % 2 != 0)
     throw Error(Errc::internal, fmt::format("{}: {} streams (needs an even number, at least 2)", id_.to_string(), lanes));
   for (int i = 0; i < lanes; ++i) lanes_.push_back(std::make_unique<Lane>());
-  for (int i = 0; i < lanes; ++i) lanes_[static_cast<std::size_t>(i)]->thread = std::thread([this, i] { lane_main(i); });
   queue_.count_pops_into(&taken_);
-  launcher_ = std::thread([this] { launcher_main(); });
+  try {
+    for (int i = 0; i < lanes; ++i)
+      lanes_[static_cast<std::size_t>(i)]->thread = std::thread([this, i] { lane_main(i); });
+    launcher_ = std::thread([this] { launcher_main(); });
+  } catch (const std::system_error& e) {
+    // The system refused a thread (a pids limit, say): the started ones are stopped and joined
+    // (a joinable std::thread destroyed would end the process), then the error told.
+    stop(make_failure(Errc::shut_down, "the GPU processor failed to start"));
+    throw Error(Errc::invalid_argument,
+                fmt::format("{}: cannot start its {} stream threads and launcher: {} (fewer streams: "
+                            "CARAVAN_GPU_TASK_STREAMS)",
+                            id_.to_string(), lanes, e.what()));
+  }
 }
 
 GpuProcessor::~GpuProcessor() { stop(make_failure(Errc::shut_down, "the runtime shut down before this task ran")); }

@@ -78,6 +78,7 @@ RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_
     cpu_ = std::make_unique<detail::CpuProcessor>(
         *events_, Processor{ProcessorKind::cpu, static_cast<std::uint16_t>(rank()), 0}, workers, worker_spin);
   } catch (...) {
+    mark_failed();
     RuntimeImpl* self = this;
     g_current.compare_exchange_strong(self, nullptr);  // so that a later Runtime may start
     throw;
@@ -88,6 +89,7 @@ RuntimeImpl::RuntimeImpl(Runtime* owner, const RuntimeOptions& options) : owner_
       net_->start();
     } catch (...) {
       auto failure = make_failure(Errc::shut_down, "the runtime failed to start");
+      mark_failed();  // before the workers are joined: a task may wait for the owner in Runtime::current()
       net_.reset();
       cpu_->stop(failure);
       events_->poison_all_pending(failure);
@@ -110,8 +112,12 @@ RuntimeImpl::~RuntimeImpl() {
 }
 
 void RuntimeImpl::shutdown() {
-  if (stopped_.load()) return;
+  // Once shut down, every thread of the runtime has been joined: a later call (from anywhere,
+  // a callback on the application's thread included) has nothing to do.
+  if (stopped_.load(std::memory_order_acquire)) return;
   // A thread cannot wait for itself to return (nor a callback for the thread that runs it).
+  // Checked before anything else, also while another thread is shutting down: that shutdown
+  // would join this thread.
   if (detail::t_event_callback_depth > 0)
     throw Error(Errc::invalid_argument,
                 "Runtime::shutdown called from an Event::on_trigger callback; callbacks must not block: call it "
@@ -126,9 +132,22 @@ void RuntimeImpl::shutdown() {
                 fmt::format("Runtime::shutdown called on one of the runtime's own threads ({}); call it from outside "
                             "the runtime's threads",
                             detail::t_runtime_thread_role));
-  if (stopped_.exchange(true)) return;
+  // One shutdown at a time: a second caller (another application thread, ~Runtime) waits here
+  // until the first has finished, instead of returning while it still runs (and then, say,
+  // destroying the runtime under it).
+  std::lock_guard serial(shutdown_mutex_);
+  if (stopped_.load(std::memory_order_relaxed)) return;
   stopping_.store(true, std::memory_order_release);
   auto failure = make_failure(Errc::shut_down, "the runtime shut down before this work ran");
+  // Each stage runs even if one before it threw (its error is logged): stopping half the
+  // runtime would leave threads that later stages join, or events nobody fails.
+  const auto stage = [](const char* what, const auto& run) {
+    try {
+      run();
+    } catch (const std::exception& e) {
+      log::get("runtime")->error("shutdown: {} failed: {}", what, e.what());
+    }
+  };
   {
     // Services (the DMA engine...) stop their own work first, newest first; later stages may
     // still need the CPU processor and the event table.
@@ -137,23 +156,24 @@ void RuntimeImpl::shutdown() {
       std::lock_guard lock(services_mutex_);
       for (auto& s : services_) services.push_back(s.get());
     }
-    for (auto it = services.rbegin(); it != services.rend(); ++it) (*it)->shutdown();
+    for (auto it = services.rbegin(); it != services.rend(); ++it) stage("a service", [&] { (*it)->shutdown(); });
   }
-  if (cpu_) stop_cpu(failure);
+  if (cpu_) stage("stopping the CPU processor", [&] { stop_cpu(failure); });
   // After the CPU: a CPU task that waits for a GPU task still sees it finish.
-  unblock_gpu_bodies(failure);
-  for (detail::GpuProcessor* g : started_gpus()) g->stop(failure);
+  stage("unblocking GPU task bodies", [&] { unblock_gpu_bodies(failure); });
+  for (detail::GpuProcessor* g : started_gpus()) stage("stopping a GPU processor", [&] { g->stop(failure); });
   // Everything still pending (tasks waiting on preconditions, user events) fails now, so that
   // no thread waits forever on work that can no longer happen.
   events_->poison_all_pending(failure);
   if (net_) {
     // Peers may still need this rank (its events, tasks, memory) until they shut down too;
     // then whatever still waits on them (proxies of their events) fails as well.
-    net_->shutdown();
+    stage("leaving the job", [&] { net_->shutdown(); });
     events_->poison_all_pending(failure);
   }
   RuntimeImpl* self = this;
   g_current.compare_exchange_strong(self, nullptr);
+  stopped_.store(true, std::memory_order_release);
   log::get("runtime")->info("runtime shut down");
 }
 
@@ -454,7 +474,7 @@ Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const Spa
 
 // --- Runtime (the public handle) ---
 
-Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<RuntimeImpl>(this, options)) {}
+Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<RuntimeImpl>(this, options)) { impl_->mark_owned(); }
 
 Runtime::~Runtime() {
   try {
@@ -471,6 +491,8 @@ Runtime::~Runtime() {
 Runtime& Runtime::current() {
   RuntimeImpl* rt = RuntimeImpl::current();
   if (!rt) throw Error(Errc::shut_down, "no Caravan runtime is running (create a caravan::Runtime first)");
+  if (!rt->wait_until_owned())
+    throw Error(Errc::shut_down, "the Caravan runtime failed to start (its constructor threw)");
   if (!rt->owner())
     throw Error(Errc::shut_down,
                 "the running Caravan runtime's Runtime object was destroyed on one of its own threads");

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace caravan::net {
@@ -51,9 +52,20 @@ class RuntimeImpl {
   // `make` provides. Before any GPU processor has started.
   using GpuStreamsFactory = std::function<std::unique_ptr<detail::GpuStreams>(int device)>;
   void use_gpu_streams(int count, GpuStreamsFactory make);
-  Runtime* owner() const { return owner_; }  // null once forget_owner() ran
+  Runtime* owner() const { return owner_.load(std::memory_order_acquire); }  // null once forget_owner() ran
+  // The runtime is visible to its own threads (a task another rank spawned may run) before the
+  // Runtime that owns it has its handle: Runtime::current() waits for the owner's constructor to
+  // finish (mark_owned), and throws Error(shut_down) if it failed (mark_failed).
+  void mark_owned() { owned_.store(1, std::memory_order_release); }
+  void mark_failed() { owned_.store(2, std::memory_order_release); }
+  bool wait_until_owned() const {
+    int state;
+    while ((state = owned_.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
+    return state == 1;
+  }
   // ~Runtime on one of the runtime's own threads leaks the runtime: its Runtime is gone.
-  void forget_owner() { owner_ = nullptr; }
+  // Atomic: ~Runtime on a task's thread clears it while other tasks read it (Runtime::current()).
+  void forget_owner() { owner_.store(nullptr, std::memory_order_release); }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   const std::vector<RankInfo>& ranks() const { return ranks_; }
@@ -106,7 +118,8 @@ class RuntimeImpl {
 
   static std::atomic<RuntimeImpl*> g_current;
 
-  Runtime* owner_;
+  std::atomic<Runtime*> owner_;
+  std::atomic<int> owned_{0};  // 0: the owner's constructor runs; 1: it finished; 2: it failed
   int rank_ = 0;
   int world_size_ = 1;
   int node_count_ = 1;
@@ -125,7 +138,8 @@ class RuntimeImpl {
   std::vector<std::unique_ptr<RuntimeService>> services_;  // in creation order
   std::unique_ptr<net::Network> net_;  // after cpu_: destroyed first (its progress thread uses both)
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> stopped_{false};
+  std::atomic<bool> stopped_{false};  // set once shutdown() has finished
+  std::mutex shutdown_mutex_;         // held for the whole of shutdown()
 };
 
 }  // namespace caravan

@@ -183,6 +183,32 @@ TEST(RuntimeShutdown, FromAnEventCallbackIsAnErrorNotAHang) {
   ASSERT_TRUE(shuts_down_within(rt, 10s, seen));
 }
 
+// Two application threads shut down at once: the second waits until the first has finished
+// (it returned at once before, and could then destroy the runtime under the first).
+TEST(RuntimeShutdown, ConcurrentCallsReturnOnlyOnceItIsDone) {
+  const TaskId waiter = test::task("shutdown_test.wait", wait_and_record);
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 1});
+  UserEvent never = UserEvent::create();
+  auto state = std::make_shared<Counters>();
+  rt->spawn(waiter, task_args(WaitArgs{never, &state->started, &state->outcome}));
+  ASSERT_TRUE(reaches(state->started, 1)) << "the task did not start";
+  // The first shutdown takes at least the 20 ms quiet spell before it fails the user event.
+  std::atomic<bool> first_done{false};
+  std::thread first([&] {
+    rt->shutdown();
+    first_done = true;
+  });
+  std::this_thread::sleep_for(2ms);
+  auto second = std::async(std::launch::async, [&] {
+    rt->shutdown();
+    return first_done.load() || !Runtime::is_running();
+  });
+  ASSERT_EQ(second.wait_for(20s), std::future_status::ready) << "the second shutdown hung";
+  EXPECT_TRUE(second.get()) << "the second shutdown returned while the first was still stopping the runtime";
+  first.join();
+  EXPECT_EQ(state->outcome.load(), shut_down);
+}
+
 // The runtime's other threads (DMA workers, GPU lanes, the network's progress thread) name
 // themselves; shutdown on one is refused with that name.
 TEST(RuntimeShutdown, OnARuntimeThreadIsAnErrorNamingTheThread) {
