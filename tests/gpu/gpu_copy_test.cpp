@@ -114,19 +114,13 @@ TEST_F(GpuCopyTest, AttachedPageableZeroCopyMemoryIsPinnedForItsLife) {
   CARAVAN_REQUIRE_GPUS(1);
   const Rect space = Rect::from_extents({100003});
   const std::uint64_t bytes = space.volume() * kFields.total_size();
-  const auto host_type = [](const void* p) {
-    hipPointerAttribute_t attributes{};
-    const hipError_t status = hipPointerGetAttributes(&attributes, p);
-    (void)hipGetLastError();
-    return status == hipSuccess ? attributes.type : hipMemoryTypeUnregistered;
-  };
   std::vector<std::byte> plain_in(bytes), plain_out(bytes);
-  EXPECT_EQ(host_type(plain_in.data()), hipMemoryTypeUnregistered) << "a std::vector should start pageable";
+  EXPECT_EQ(gpu::pointer_kind(plain_in.data()), gpu::PointerKind::pageable) << "a std::vector should start pageable";
   const std::uint64_t seed = fresh_seed();
   {
     Instance in = Instance::attach(zcm(), space, kFields, Layout::parse("F,x"), plain_in.data(), bytes);
     Instance out = Instance::attach(zcm(), space, kFields, Layout::parse("x,F"), plain_out.data(), bytes);
-    EXPECT_EQ(host_type(plain_in.data()), hipMemoryTypeHost) << "attach should pin zcm memory";
+    EXPECT_EQ(gpu::pointer_kind(plain_in.data()), gpu::PointerKind::pinned) << "attach should pin zcm memory";
     EXPECT_EQ(in.gpu_data(), plain_in.data());
     Instance gpu = Instance::create(fbm(0), space, kFields, Layout::parse("F,x"));
     test::write_pattern(in, seed);
@@ -136,7 +130,7 @@ TEST_F(GpuCopyTest, AttachedPageableZeroCopyMemoryIsPinnedForItsLife) {
     ASSERT_TRUE(copy(gpu, out).wait_for(60s));
     EXPECT_EQ(test::count_mismatches(out, seed), 0u) << "seed " << seed;
   }
-  EXPECT_EQ(host_type(plain_in.data()), hipMemoryTypeUnregistered) << "the instance's end should unpin it";
+  EXPECT_EQ(gpu::pointer_kind(plain_in.data()), gpu::PointerKind::pageable) << "the instance's end should unpin it";
 }
 #endif
 
