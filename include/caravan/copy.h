@@ -274,12 +274,16 @@ bool cancel(Event copy_event);
 // of a multi-path plan that found one; Error(invalid_argument) when it found several (see
 // plan_copy_multipath). PlannerChoice::automatic gives the single-path plan, as copy() uses it
 // below CARAVAN_DMA_MULTIPATH_MIN_BYTES.
+// With `region`, the plan of copy(src, dst, {.region = region}). The planner rates a region as if
+// its points were an instance of their own (its runs within the instances may be shorter).
 std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instance& dst,
-                                               PlannerChoice planner = PlannerChoice::automatic);
+                                               PlannerChoice planner = PlannerChoice::automatic,
+                                               const std::optional<Rect>& region = std::nullopt);
 
 // The multi-path plan copy(src, dst, {.planner = PlannerChoice::multipath}) would run now: its
 // paths with their slabs (PathShare::piece) and rates; one share when it stays on one path.
-std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& src, const Instance& dst);
+std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& src, const Instance& dst,
+                                                              const std::optional<Rect>& region = std::nullopt);
 
 // The tiles copy(src, dst) with this planner choice is cut into, without copying: for sizing a
 // TileSignal's flags and telling its consumer which points each flag guards. Planning is

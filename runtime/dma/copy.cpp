@@ -127,12 +127,14 @@ Event fill(const Instance& dst, std::span<const std::byte> point_value, const Co
 
 bool cancel(Event copy_event) { return dma::Engine::current().cancel(copy_event); }
 
-std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instance& dst, PlannerChoice planner) {
-  return dma::Engine::current().plan(src, dst, planner);
+std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instance& dst, PlannerChoice planner,
+                                               const std::optional<Rect>& region) {
+  return dma::Engine::current().plan(src, dst, planner, region);
 }
 
-std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& src, const Instance& dst) {
-  return dma::Engine::current().plan_multipath(src, dst);
+std::shared_ptr<const planner::MultiPlan> plan_copy_multipath(const Instance& src, const Instance& dst,
+                                                              const std::optional<Rect>& region) {
+  return dma::Engine::current().plan_multipath(src, dst, region);
 }
 
 CopyTiling copy_tiling(const Instance& src, const Instance& dst, PlannerChoice planner,
@@ -164,7 +166,8 @@ TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance
   if (options.priority < kMinPriority || options.priority > kMaxPriority)
     throw Error(Errc::invalid_argument,
                 fmt::format("add_copy: priority {} is outside [{}, {}]", options.priority, kMinPriority, kMaxPriority));
-  if (!options.precondition.is_none() || options.report || options.signal.flags)
+  const bool signal = options.signal.flags || options.signal.value || options.signal.tiles;
+  if (!options.precondition.is_none() || options.report || signal)
     throw Error(Errc::invalid_argument,
                 fmt::format("add_copy: CopyOptions::{} is not for a graph node (each launch gives the precondition, "
                             "and would overwrite a report or landing flags); take them from copy() instead",
@@ -175,9 +178,7 @@ TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance
   // already started the nodes before it. (The plan is cached; each launch plans again as copy()
   // does, so a later change of route or calibration still applies.)
   try {
-    (void)dma::Engine::current().plan(
-        src, dst, options.planner == PlannerChoice::multipath ? PlannerChoice::automatic : options.planner,
-        options.region);
+    dma::Engine::current().check_copy(src, dst, options);
   } catch (const Error& e) {
     throw Error(e.code(), fmt::format("add_copy: {}", e.what()));
   }

@@ -1347,9 +1347,22 @@ void Engine::set_multipath_learn(double weight) {
   multipath_learn_.store(weight);
 }
 
-std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance& src, const Instance& dst) {
+std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance& src, const Instance& dst,
+                                                                 const std::optional<Rect>& region) {
   std::string key;
-  return plan_multipath(src, dst, key);
+  return plan_multipath(src, dst, key, region);
+}
+
+void Engine::check_copy(const Instance& src, const Instance& dst, const CopyOptions& options) {
+  if (options.priority < kMinPriority || options.priority > kMaxPriority)
+    throw Error(Errc::invalid_argument,
+                fmt::format("copy: priority {} is outside [{}, {}]", options.priority, kMinPriority, kMaxPriority));
+  check_signal_fields(options.signal, "copy");
+  if (wants_multipath(src, dst, options)) {  // throws for multipath across ranks
+    (void)runnable_multipath_plan(src, dst, nullptr, options.region);
+    return;
+  }
+  (void)plan(src, dst, options.planner, options.region);
 }
 
 std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance& src, const Instance& dst,

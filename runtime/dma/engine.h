@@ -341,7 +341,11 @@ class Engine final : public RuntimeService {
   std::shared_ptr<const planner::Plan> plan(const Instance& src, const Instance& dst, PlannerChoice choice,
                                             const std::optional<Rect>& region = std::nullopt);
   // The multi-path plan of copying src to dst (plan_copy_multipath).
-  std::shared_ptr<const planner::MultiPlan> plan_multipath(const Instance& src, const Instance& dst);
+  std::shared_ptr<const planner::MultiPlan> plan_multipath(const Instance& src, const Instance& dst,
+                                                           const std::optional<Rect>& region = std::nullopt);
+  // The checks and planning copy(src, dst, options) makes before it starts anything (for
+  // add_copy, which must refuse at add time what every launch would refuse).
+  void check_copy(const Instance& src, const Instance& dst, const CopyOptions& options);
   // The tiles copy(src, dst) with `choice` is cut into (copy_tiling).
   CopyTiling tiling(const Instance& src, const Instance& dst, PlannerChoice choice,
                     const std::optional<Rect>& region = std::nullopt);

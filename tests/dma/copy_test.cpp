@@ -490,6 +490,12 @@ TEST_F(CopyTest, RegionsForFillFlagsGraphsAndBadInput) {
   CopyReport report;
   CARAVAN_EXPECT_ERROR(add_copy(graph, b, c, CopyOptions{.report = &report, .region = block}), Errc::invalid_argument,
                        "add_copy: CopyOptions::report is not for a graph node");
+  CARAVAN_EXPECT_ERROR(add_copy(graph, b, c, CopyOptions{.signal = {.value = 1}, .region = block}),
+                       Errc::invalid_argument, "add_copy: CopyOptions::signal is not for a graph node");
+  EXPECT_EQ(graph.size(), 1u);
+  // The plan of a region copy, as copy() makes it.
+  EXPECT_EQ(plan_copy(b, c, PlannerChoice::automatic, block)->route(), "node0/rank0/sys -[memcpy]-> node0/rank0/sys");
+  CARAVAN_EXPECT_ERROR(plan_copy(b, c), Errc::invalid_argument, "name them in CopyOptions::region");
 
   CARAVAN_EXPECT_ERROR(copy(a, c, {.region = Rect(2, Point{290, 0}, Point{310, 3})}), Errc::invalid_argument,
                        "must lie inside both index spaces; it is not inside the src index space");
