@@ -364,7 +364,7 @@ TEST_F(JobTest, BadRemoteCopiesAreRejectedClearly) {
 }
 
 TEST_F(JobTest, InitiatorShutsDownWhileAPeerStillPuts) {
-  ASSERT_EQ(world(), 3) << "a three-rank test";
+  if (world() != 3) GTEST_SKIP() << "a three-rank test (caravan run -n 3), run with " << world();
   initiator_leaves_while_a_peer_puts(rt(), false);
 }
 
@@ -518,7 +518,7 @@ TEST_F(JobTest, KilledPeerPoisonsCrossRankCopiesWithin10Seconds) {
 // The initiator (rank 2 of 3) dies while rank 1 still puts into rank 0's buffer: rank 0's part
 // is orphaned, and its buffer must stay out of the pool until rank 1's puts are over.
 TEST_F(JobTest, InitiatorKilledWhileAPeerStillPuts) {
-  ASSERT_EQ(world(), 3) << "a three-rank test";
+  if (world() != 3) GTEST_SKIP() << "a three-rank test (caravan run -n 3), run with " << world();
   initiator_leaves_while_a_peer_puts(rt(), true);
 }
 
