@@ -353,8 +353,11 @@ void copy_host_ops(std::span<const TransferOp> ops, const std::byte* src, std::b
 
 namespace caravan::channels {
 
-MemcpyChannel::MemcpyChannel(int threads, std::uint64_t split_bytes)
-    : split_bytes_(split_bytes), stream_bytes_(settings::get_bytes("CARAVAN_MEMCPY_STREAM_BYTES")) {
+MemcpyChannel::MemcpyChannel(int threads, std::uint64_t split_bytes, std::uint64_t inline_bytes)
+    : split_bytes_(split_bytes),
+      // Below the split size submit() uses no state of the channel's, so any thread may run it.
+      inline_bytes_(threads > 1 ? std::min(inline_bytes, split_bytes - 1) : inline_bytes),
+      stream_bytes_(settings::get_bytes("CARAVAN_MEMCPY_STREAM_BYTES")) {
   for (int i = 1; i < threads; ++i) {
     slices_.emplace_back();
     helpers_.emplace_back([this, i] { helper_main(static_cast<std::size_t>(i - 1)); });

@@ -17,19 +17,23 @@ namespace caravan::channels {
 
 class MemcpyChannel final : public dma::Channel {
  public:
-  MemcpyChannel(int threads, std::uint64_t split_bytes);
+  // inline_bytes: requests up to this size may run on the caller's thread (Channel::inline_bytes);
+  // at most split_bytes, below which submit() touches no state of the channel.
+  MemcpyChannel(int threads, std::uint64_t split_bytes, std::uint64_t inline_bytes = 0);
   ~MemcpyChannel() override;
   ChannelKind kind() const noexcept override { return ChannelKind::memcpy; }
   bool serves(MemoryId src, MemoryId dst) const noexcept override;
   // Landing flags: a release store after the request's copies (host memory).
   dma::FlagWriter flag_writer() const noexcept override { return dma::FlagWriter::cpu; }
   void submit(const dma::Request& request, Completion done) override;
+  std::uint64_t inline_bytes() const noexcept override { return inline_bytes_; }
 
  private:
   void helper_main(std::size_t index);
   void run_split(const dma::Request& request);
 
   std::uint64_t split_bytes_;
+  std::uint64_t inline_bytes_;
   std::uint64_t stream_bytes_;  // runs this long use streaming stores (0: never)
   std::vector<std::thread> helpers_;
   std::mutex mutex_;

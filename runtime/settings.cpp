@@ -75,6 +75,10 @@ const Definition kTable[] = {
   // --- DMA engine ---
   {"CARAVAN_DMA_REQUEST_BYTES", Kind::bytes, "256K",
    "Smallest batch of bytes a DMA worker sends to a channel in one request (the priority pre-emption granularity)", 4096, kInf},
+  {"CARAVAN_DMA_INLINE_BYTES", Kind::bytes, "64K",
+   "A one-hop copy of at most this many bytes between host memories (memcpy) runs on the thread that calls copy() "
+   "(or that triggers its precondition) instead of waking the channel's DMA worker, which costs more than such a "
+   "copy; 0 hands every copy to the worker", 0, kInf},
   {"CARAVAN_DMA_TILE_BYTES", Kind::bytes, "4M",
    "Largest tile a copy is cut into for pipelining (also bounded by the buffer threshold / slots)", 4096, kInf},
   {"CARAVAN_DMA_SLOTS", Kind::integer, "3",

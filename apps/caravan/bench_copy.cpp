@@ -33,6 +33,7 @@ struct CopyBenchOptions {
   std::uint64_t mib = 256;
   int repetitions = 5;
   bool timeline = false;  // print where each pipelined run's hops spent their time
+  bool small_only = false;  // only the small copies (what each copy costs the host)
 };
 CopyBenchOptions g_copy;
 
@@ -231,10 +232,76 @@ void add_region_case(BenchReport& out, std::uint64_t bytes, int repetitions) {
                            {"caravan_over_hand_written", s_caravan.median / s_hand.median}};
 }
 
+// Many small copies at once (what a KV-cache transfer issues: blocks of a few KiB): 2048 copies of
+// 4 KiB and of 64 KiB between sys instances, all submitted, then waited for together; and one at
+// a time, each waited for. The baseline is a memcpy of the same blocks in a loop. Small copies are
+// bound by what each copy costs the host (planning from the cache, the descriptor, the worker's
+// hand-off, the event), which this case measures.
+void add_small_copy_cases(BenchReport& out, int repetitions) {
+  constexpr int kCopies = 2048;
+  BenchTable t{fmt::format("{} small copies between sys instances, GB/s moved ({} runs)", kCopies, repetitions),
+               {"copy", "median", "p10", "p90", "min", "max"},
+               {}};
+  nlohmann::json figures = nlohmann::json::object();
+  for (std::uint64_t block : {std::uint64_t{4} << 10, std::uint64_t{64} << 10}) {
+    const Rect space = space_of(block);
+    std::vector<Instance> srcs, dsts;
+    for (int i = 0; i < kCopies; ++i) {
+      srcs.push_back(Instance::create(sys(), space, bench_fields(), Layout::parse("F,x")));
+      dsts.push_back(Instance::create(sys(), space, bench_fields(), Layout::parse("F,x")));
+      std::memset(srcs.back().data(), i & 0xff, block);
+    }
+    const std::uint64_t moved = block * kCopies;
+    std::vector<double> in_flight, one_by_one, by_hand;
+    std::vector<Event> events(kCopies);
+    for (int r = 0; r <= repetitions; ++r) {  // run 0 warms up (plans cached, pages touched)
+      auto start = Clock::now();
+      for (int i = 0; i < kCopies; ++i)
+        events[static_cast<std::size_t>(i)] =
+            copy(srcs[static_cast<std::size_t>(i)], dsts[static_cast<std::size_t>(i)]);
+      merge_events(events).wait();
+      const double all_s = std::chrono::duration<double>(Clock::now() - start).count();
+      start = Clock::now();
+      for (int i = 0; i < kCopies; ++i)
+        copy(srcs[static_cast<std::size_t>(i)], dsts[static_cast<std::size_t>(i)]).wait();
+      const double each_s = std::chrono::duration<double>(Clock::now() - start).count();
+      start = Clock::now();
+      for (int i = 0; i < kCopies; ++i)
+        std::memcpy(dsts[static_cast<std::size_t>(i)].data(), srcs[static_cast<std::size_t>(i)].data(), block);
+      const double hand_s = std::chrono::duration<double>(Clock::now() - start).count();
+      if (r == 0) continue;
+      in_flight.push_back(gbps(moved, all_s));
+      one_by_one.push_back(gbps(moved, each_s));
+      by_hand.push_back(gbps(moved, hand_s));
+    }
+    const Summary s_all = summarize(in_flight), s_each = summarize(one_by_one), s_hand = summarize(by_hand);
+    const std::string size = fmt::format("{} KiB", block >> 10);
+    t.rows.push_back(gbps_row(size + ", all in flight (caravan)", s_all));
+    t.rows.push_back(gbps_row(size + ", one at a time, each waited (caravan)", s_each));
+    t.rows.push_back(gbps_row(size + ", memcpy loop", s_hand));
+    out.headlines.push_back(fmt::format(
+        "{} copies of {}: {:.2f} GB/s in flight, {:.1f} us each one at a time ({:.3f}x a memcpy loop)", kCopies, size,
+        s_all.median, static_cast<double>(block) / s_each.median / 1e3, s_all.median / s_hand.median));
+    figures[size] = {{"copies", kCopies},
+                     {"in_flight", summary_json(s_all)},
+                     {"one_at_a_time", summary_json(s_each)},
+                     {"memcpy_loop", summary_json(s_hand)},
+                     {"in_flight_over_memcpy", s_all.median / s_hand.median}};
+  }
+  out.tables.push_back(t);
+  out.figures["small_copies"] = figures;
+}
+
 BenchReport run_copy_bench() {
   if (g_copy.repetitions <= 0) throw Error(Errc::invalid_argument, fmt::format("--reps {}: must be at least 1", g_copy.repetitions));
   Runtime rt;
   const std::string load_before = load_average();
+  if (g_copy.small_only) {
+    BenchReport out;
+    add_small_copy_cases(out, g_copy.repetitions);
+    out.notes.push_back(fmt::format("load average (1, 5, 15 min): {} before, {} after", load_before, load_average()));
+    return out;
+  }
   const std::uint64_t bytes = g_copy.mib << 20;
   const Rect space = space_of(bytes);
   const std::uint64_t moved = space.volume() * bench_fields().total_size();
@@ -319,6 +386,7 @@ BenchReport run_copy_bench() {
   if (g_copy.timeline) out.figures["timelines"] = timelines;
   add_conversion_cases(out, moved, g_copy.repetitions);
   add_region_case(out, moved, g_copy.repetitions);
+  add_small_copy_cases(out, g_copy.repetitions);
   return out;
 }
 
@@ -387,6 +455,8 @@ void add_bench_copy(CLI::App& bench) {
   c.add_option("--mib", g_copy.mib, "MiB per copy")->check(mebibytes)->capture_default_str();
   c.add_option("--reps", g_copy.repetitions, "Runs of each case")->capture_default_str();
   c.add_flag("--timeline", g_copy.timeline, "Also show where each run's hops spent their time (with --json: every request)");
+  c.add_flag("--small-only", g_copy.small_only, "Run only the small copies (2048 of 4 and 64 KiB: the cost of a copy)")
+      ->excludes("--timeline");
   CLI::App& p = add_bench_case(bench, "priority", "A high-priority copy under load vs alone and vs FIFO", run_priority_bench);
   p.add_option("--low-copies", g_priority.low_copies, "Low-priority copies in the load")->capture_default_str();
   p.add_option("--low-mib", g_priority.low_mib, "MiB per low-priority copy")->check(mebibytes)->capture_default_str();

@@ -64,6 +64,10 @@ class Channel {
   // request itself when the channel is idle, instead of waking the DMA worker. No for channels
   // that do the work inside submit() (it would run on the thread that called copy()).
   virtual bool submits_from_any_thread() const noexcept { return false; }
+  // Requests of at most this many bytes may run on any thread, also while another thread is in
+  // submit(), and finish inside submit(): then a copy that small (one hop, one tile) runs on the
+  // thread that starts it instead of being handed to the DMA worker. 0: never.
+  virtual std::uint64_t inline_bytes() const noexcept { return 0; }
 };
 
 // Executes ops between two host storages (the memcpy channel's inner loop; also used by file

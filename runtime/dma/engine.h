@@ -144,6 +144,10 @@ class DmaWorker {
   Xd::ActiveTile cut_tile(const Xd& xd, std::uint64_t t) const;
   // mutex_ held: the next request of xd's last active tile, counted in flight.
   Issue take_request(Xd* xd);
+  // mutex_ held by `lock`, xd just added: runs a small one-hop, one-tile copy on this thread
+  // (Channel::inline_bytes) and retires it, returning true with the lock released. False, with
+  // the lock still held and nothing done, when the copy does not qualify.
+  bool run_inline(Xd* xd, std::unique_lock<std::mutex>& lock);
   // mutex_ not held: hands the request to the channel, completing through complete().
   void submit(Xd* xd, const Issue& issue);
   void complete(Xd* xd, std::uint64_t tile, std::size_t span, const FailureCause& failure);

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <atomic>
+#include <random>
 #include <thread>
 
 namespace caravan {
@@ -508,6 +510,103 @@ TEST_F(CopyTest, RegionsForFillFlagsGraphsAndBadInput) {
   CARAVAN_EXPECT_ERROR(fill(b, value, {.region = space}), Errc::invalid_argument,
                        "fill: CopyOptions::region [0,299]x[0,19] must lie inside");
   EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u);
+}
+
+// Small one-hop copies between host memories run on the thread that starts them
+// (CARAVAN_DMA_INLINE_BYTES): done when copy() returns, with landing flags and a report, on the
+// thread that triggers a precondition, and not for copies above the limit.
+TEST(CopyInline, SmallHostCopiesFinishBeforeCopyReturns) {
+  Runtime rt(RuntimeOptions{.cpu_workers = 1});
+  const Rect small = Rect::from_extents({1000});  // 14 KB
+  Instance a = Instance::create(sys_memory(), small, kFields, Layout::parse("F,x"));
+  Instance b = Instance::create(sys_memory(), small, kFields, Layout::parse("x,F"));
+  test::write_pattern(a, 61);
+  test::poison(b);
+  CopyReport report;
+  std::uint64_t flag = 0;
+  Event e = copy(a, b, {.report = &report, .signal = {.flags = &flag, .value = 9, .tiles = 1}});
+  EXPECT_EQ(e.query(), EventState::triggered) << "a 14 KB copy should have run inside copy()";
+  EXPECT_EQ(flag, 9u);
+  EXPECT_EQ(report.tiles, 1u);
+  EXPECT_EQ(report.route, "node0/rank0/sys -[memcpy]-> node0/rank0/sys");
+  EXPECT_EQ(test::count_mismatches(b, 61), 0u);
+  // With a precondition: it runs on the thread that triggers it.
+  test::poison(b);
+  UserEvent gate = UserEvent::create();
+  Event after = copy(a, b, {.precondition = gate});
+  EXPECT_EQ(after.query(), EventState::pending);
+  std::thread([gate] { gate.trigger(); }).join();
+  EXPECT_EQ(after.query(), EventState::triggered);
+  EXPECT_EQ(test::count_mismatches(b, 61), 0u);
+  // A poisoned precondition still moves nothing.
+  test::poison(b);
+  UserEvent failing = UserEvent::create();
+  Event never = copy(a, b, {.precondition = failing});
+  failing.poison("upstream failed");
+  EXPECT_THROW(never.wait(), EventPoisoned);
+  EXPECT_EQ(test::count_mismatches(b, 61), small.volume() * kFields.count()) << "nothing should have moved";
+}
+
+// Many threads issue small copies (inline) while large copies keep the channel's worker busy and
+// some copies are cancelled: every copy that succeeds moved every value, none hangs.
+TEST(CopyInline, ConcurrentSmallAndLargeCopiesStress) {
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  const Rect large = Rect::from_extents({1 << 20});  // 14 MiB
+  Instance big_src = Instance::create(sys_memory(), large, kFields, Layout::parse("F,x"));
+  Instance big_dst = Instance::create(sys_memory(), large, kFields, Layout::parse("x,F"));
+  test::write_pattern(big_src, 70);
+  std::atomic<bool> stop{false};
+  std::atomic<int> large_done{0};
+  std::thread background([&] {
+    while (!stop.load()) {
+      Event e = copy(big_src, big_dst, {.priority = -1});
+      if (!e.wait_for(60s)) return;
+      large_done.fetch_add(1);
+    }
+  });
+  constexpr int kThreads = 3, kCopies = 300;
+  std::atomic<int> wrong{0}, hung{0}, cancelled{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 100);
+      for (int i = 0; i < kCopies; ++i) {
+        const Rect space = Rect::from_extents({static_cast<std::int64_t>(1 + rng() % 5000)});
+        Instance src = Instance::create(sys_memory(), space, kFields, Layout::parse(rng() % 2 ? "F,x" : "x,F"));
+        Instance dst = Instance::create(sys_memory(), space, kFields, Layout::parse(rng() % 2 ? "F,x" : "x,F"));
+        const std::uint64_t seed = rng();
+        test::write_pattern(src, seed);
+        test::poison(dst);
+        UserEvent gate = UserEvent::create();
+        const bool gated = rng() % 3 == 0;
+        Event e =
+            copy(src, dst, {.precondition = gated ? Event(gate) : Event(), .priority = static_cast<int>(rng() % 3)});
+        if (gated && rng() % 2) {
+          if (cancel(e)) cancelled.fetch_add(1);
+        }
+        if (gated) gate.trigger();
+        try {
+          if (!e.wait_for(30s)) {
+            hung.fetch_add(1);
+            continue;
+          }
+          if (test::count_mismatches(dst, seed) != 0) wrong.fetch_add(1);
+        } catch (const EventPoisoned& p) {
+          if (!p.cause() || p.cause()->code() != Errc::cancelled) wrong.fetch_add(1);
+        }
+      }
+    });
+  for (auto& t : threads) t.join();
+  stop = true;
+  background.join();
+  EXPECT_EQ(hung.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(large_done.load(), 0);
+  EXPECT_EQ(test::count_mismatches(big_dst, 70), 0u);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (dma::Engine::current().stats().active_copies != 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(dma::Engine::current().stats().active_copies, 0u) << "copies still active";
 }
 
 TEST(CopyShutdown, PendingCopiesArePoisonedAtShutdown) {
