@@ -60,7 +60,10 @@ class SymmetricHeap {
   // is not a power of two, or ranks asked for different things.
   SymmetricRegion allocate(std::uint64_t bytes, std::uint64_t alignment = 64);
   // `count` signal words (8 bytes each), zero.
-  SymmetricRegion allocate_signals(std::size_t count) { return allocate(8 * count, 64); }
+  SymmetricRegion allocate_signals(std::size_t count) {
+    // 8 * count must not wrap to a small size (allocate refuses a size past the heap).
+    return allocate(count > (~std::uint64_t{0}) / 8 ? ~std::uint64_t{0} : 8 * static_cast<std::uint64_t>(count), 64);
+  }
 
   // This rank's copy of `region`.
   std::byte* local(const SymmetricRegion& region) const;

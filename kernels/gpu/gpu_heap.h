@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace caravan::gpu {
@@ -74,7 +75,10 @@ class GpuSymmetricHeap {
   // `rank`'s copy of `region` (a device address every GPU of the team may load and store).
   template <class T = std::byte>
   T* at(const SymmetricRegion& region, int rank) const {
-    return reinterpret_cast<T*>(bases_.at(static_cast<std::size_t>(rank)) + region.offset);
+    if (rank < 0 || static_cast<std::size_t>(rank) >= bases_.size())
+      throw Error(Errc::invalid_argument, "GpuSymmetricHeap: rank " + std::to_string(rank) +
+                                              " is outside the team of " + std::to_string(bases_.size()) + " rank(s)");
+    return reinterpret_cast<T*>(bases_[static_cast<std::size_t>(rank)] + region.offset);
   }
   HeapView view(int rank) const;
 

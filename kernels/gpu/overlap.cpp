@@ -731,6 +731,9 @@ void AllGatherGemm::enqueue(int rank, const bf16* b, bf16* c, AgGemmVariant vari
   const long shard_rows = m_ / world, chunk_rows = shard_rows / splits_;
   const std::size_t chunk_bytes = static_cast<std::size_t>(chunk_rows) * k_ * sizeof(bf16);
   require_call(team_, "AllGatherGemm", rank, lanes);
+  // A null pointer would fault the device inside the GEMM: a sticky error that ends the process's
+  // GPU context (and leaves the peers waiting), not a poisoned event.
+  require(!with_gemm || (b != nullptr && c != nullptr), "AllGatherGemm: b and c must be non-null");
   require((variant != AgGemmVariant::tile_pull && variant != AgGemmVariant::tile_push) ||
               reinterpret_cast<std::uintptr_t>(b) % 16 == 0,
           "AllGatherGemm: the tile variants need b 16-byte aligned");
@@ -1161,7 +1164,9 @@ int GemmReduceScatter::ring_push_group() const {
 
 void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf16* in, bf16* out,
                                 GemmRsVariant variant, hipStream_t stream, int lanes) {
-  require(reinterpret_cast<std::uintptr_t>(out) % 16 == 0, "GemmReduceScatter::run: out must be 16-byte aligned");
+  require(out != nullptr && reinterpret_cast<std::uintptr_t>(out) % 16 == 0,
+          "GemmReduceScatter::run: out must be non-null and 16-byte aligned");
+  require(in != nullptr || (a != nullptr && b != nullptr), "GemmReduceScatter::run: a and b must be non-null");
   const int world = team_.world();
   const long rows = m_ / world, part_rows = rows / splits_;
   const std::size_t chunk_elems = static_cast<std::size_t>(rows) * n_;
@@ -1532,6 +1537,7 @@ void GemmAllScatter::enqueue(int rank, const bf16* a, const bf16* b_shard, GemmA
   const int world = team_.world();
   const long block = n_ / world, rows = m_ / chunks_;
   require_call(team_, "GemmAllScatter", rank, lanes);
+  require(!with_gemm || (a != nullptr && b_shard != nullptr), "GemmAllScatter: a and b_shard must be non-null");
   const bool fused = variant == GemmAsVariant::tile_fused || variant == GemmAsVariant::tile_specialized;
   require(!fused || (world <= FlagGemmParts::kMaxParts && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
                      reinterpret_cast<std::uintptr_t>(b_shard) % 16 == 0),

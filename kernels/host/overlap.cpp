@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 #include <thread>
 
 namespace caravan::kernels {
@@ -358,7 +360,17 @@ AllGather::AllGather(SymmetricHeap heap, std::int64_t rows_per_rank, std::int64_
 AllGather::~AllGather() = default;
 AllGather::AllGather(AllGather&&) noexcept = default;
 
+namespace {
+// The buffers a call names must exist: a null one (data() of an empty vector, say) would crash
+// inside the operation, after the ranks began it.
+void require_buffers(const char* call, std::initializer_list<std::pair<const char*, const void*>> buffers) {
+  for (const auto& [name, pointer] : buffers)
+    if (!pointer) throw Error(Errc::invalid_argument, fmt::format("{}: {} is null", call, name));
+}
+}  // namespace
+
 const Bf16* AllGather::run(const Bf16* mine) {
+  require_buffers("AllGather::run", {{"mine", mine}});
   auto& s = static_cast<detail::GatherState&>(*state_);
   s.begin();
   if (s.mode == GatherMode::pull) {
@@ -463,11 +475,15 @@ AllGatherGemm::AllGatherGemm(SymmetricHeap heap, std::int64_t m, std::int64_t n,
 AllGatherGemm::~AllGatherGemm() = default;
 AllGatherGemm::AllGatherGemm(AllGatherGemm&&) noexcept = default;
 void AllGatherGemm::set_weights(const Bf16* b) {
+  require_buffers("AllGatherGemm::set_weights", {{"b", b}});
   auto& s = static_cast<detail::AgGemmState&>(*state_);
   if (s.weights.k() == 0) s.weights = PackedB(b, s.k, s.n_local, s.n_local);
   else s.weights.repack(b, s.n_local);
 }
-void AllGatherGemm::run(const Bf16* a, Bf16* out) { static_cast<detail::AgGemmState&>(*state_).run(a, out); }
+void AllGatherGemm::run(const Bf16* a, Bf16* out) {
+  require_buffers("AllGatherGemm::run", {{"a", a}, {"out", out}});
+  static_cast<detail::AgGemmState&>(*state_).run(a, out);
+}
 
 // ---------------------------------------------------------------------------------------------
 // ReduceScatter and GEMM + ReduceScatter
@@ -592,6 +608,7 @@ ReduceScatter::ReduceScatter(SymmetricHeap heap, std::int64_t rows, std::int64_t
 ReduceScatter::~ReduceScatter() = default;
 ReduceScatter::ReduceScatter(ReduceScatter&&) noexcept = default;
 void ReduceScatter::run(const Bf16* mine, Bf16* out) {
+  require_buffers("ReduceScatter::run", {{"mine", mine}, {"out", out}});
   auto& s = static_cast<detail::ScatterReduceState&>(*state_);
   s.begin();
   s.reduce_work.reset();
@@ -611,11 +628,15 @@ GemmReduceScatter::GemmReduceScatter(SymmetricHeap heap, std::int64_t m, std::in
 GemmReduceScatter::~GemmReduceScatter() = default;
 GemmReduceScatter::GemmReduceScatter(GemmReduceScatter&&) noexcept = default;
 void GemmReduceScatter::set_weights(const Bf16* b) {
+  require_buffers("GemmReduceScatter::set_weights", {{"b", b}});
   auto& s = static_cast<detail::ScatterReduceState&>(*state_);
   if (s.weights.k() == 0) s.weights = PackedB(b, s.k_local, s.n, s.n);
   else s.weights.repack(b, s.n);
 }
-void GemmReduceScatter::run(const Bf16* a, Bf16* out) { static_cast<detail::ScatterReduceState&>(*state_).run_gemm(a, out); }
+void GemmReduceScatter::run(const Bf16* a, Bf16* out) {
+  require_buffers("GemmReduceScatter::run", {{"a", a}, {"out", out}});
+  static_cast<detail::ScatterReduceState&>(*state_).run_gemm(a, out);
+}
 
 // ---------------------------------------------------------------------------------------------
 // All-Scatter and GEMM + All-Scatter
@@ -722,6 +743,7 @@ AllScatter::AllScatter(SymmetricHeap heap, std::int64_t rows, std::int64_t cols_
 AllScatter::~AllScatter() = default;
 AllScatter::AllScatter(AllScatter&&) noexcept = default;
 void AllScatter::run(const Bf16* mine, Bf16* out) {
+  require_buffers("AllScatter::run", {{"mine", mine}, {"out", out}});
   auto& s = static_cast<detail::AllScatterState&>(*state_);
   s.begin();
   s.unpack_work.reset();
@@ -750,11 +772,15 @@ GemmAllScatter::GemmAllScatter(SymmetricHeap heap, std::int64_t m, std::int64_t 
 GemmAllScatter::~GemmAllScatter() = default;
 GemmAllScatter::GemmAllScatter(GemmAllScatter&&) noexcept = default;
 void GemmAllScatter::set_weights(const Bf16* b) {
+  require_buffers("GemmAllScatter::set_weights", {{"b", b}});
   auto& s = static_cast<detail::AllScatterState&>(*state_);
   if (s.weights.k() == 0) s.weights = PackedB(b, s.k, s.n_local, s.n_local);
   else s.weights.repack(b, s.n_local);
 }
-void GemmAllScatter::run(const Bf16* a, Bf16* out) { static_cast<detail::AllScatterState&>(*state_).run_gemm(a, out); }
+void GemmAllScatter::run(const Bf16* a, Bf16* out) {
+  require_buffers("GemmAllScatter::run", {{"a", a}, {"out", out}});
+  static_cast<detail::AllScatterState&>(*state_).run_gemm(a, out);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Low-latency AllGather
@@ -766,6 +792,8 @@ struct LowLatencyState : OpState {
   LowLatencyState(SymmetricHeap heap_, std::size_t bytes_, const OverlapOptions& options)
       : OpState(heap_, options, "LowLatencyAllGather", false), bytes(bytes_), words((bytes_ + 3) / 4) {
     require(bytes >= 1, name, "bytes per rank must be at least 1");
+    // Past this the sizes below would wrap (the symmetric heap holds far less anyway).
+    require(bytes <= (std::uint64_t{1} << 40), name, fmt::format("{} bytes per rank: at most 2^40", bytes));
     buffer = heap.allocate(2 * static_cast<std::uint64_t>(world) * words * 8, 64);
     packed.resize(words);
   }
@@ -838,6 +866,9 @@ LowLatencyAllGather::LowLatencyAllGather(SymmetricHeap heap, std::size_t bytes_p
     : state_(std::make_unique<detail::LowLatencyState>(heap, bytes_per_rank, options)) {}
 LowLatencyAllGather::~LowLatencyAllGather() = default;
 LowLatencyAllGather::LowLatencyAllGather(LowLatencyAllGather&&) noexcept = default;
-void LowLatencyAllGather::run(const void* mine, void* out) { static_cast<detail::LowLatencyState&>(*state_).run(mine, out); }
+void LowLatencyAllGather::run(const void* mine, void* out) {
+  require_buffers("LowLatencyAllGather::run", {{"mine", mine}, {"out", out}});
+  static_cast<detail::LowLatencyState&>(*state_).run(mine, out);
+}
 
 }  // namespace caravan::kernels

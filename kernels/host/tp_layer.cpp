@@ -193,9 +193,20 @@ void TensorParallelLayer::set_weights(const TpLayerWeights& w) {
   State& s = *state_;
   const std::int64_t hd = s.shape.hidden, f = s.shape.ffn, hl = s.h_local, kvl = s.kv_local, fl = s.f_local, r = s.rank;
   const std::int64_t width = s.shape.qkv_width(), local = hl + 2 * kvl, d = s.shape.head_dim();
-  if (w.norm1.size() != static_cast<std::size_t>(hd) || w.qkv.size() != static_cast<std::size_t>(hd * width) ||
-      w.down.size() != static_cast<std::size_t>(f * hd))
-    throw Error(Errc::invalid_argument, "TensorParallelLayer::set_weights: the weights do not match the layer's shape");
+  // Every weight, by name: one too small would be read past its end below.
+  const auto expect = [](const char* name, std::size_t size, std::int64_t wanted) {
+    if (size != static_cast<std::size_t>(wanted))
+      throw Error(Errc::invalid_argument,
+                  fmt::format("TensorParallelLayer::set_weights: {} has {} values; the layer's shape needs {}", name,
+                              size, wanted));
+  };
+  expect("norm1", w.norm1.size(), hd);
+  expect("norm2", w.norm2.size(), hd);
+  expect("qkv", w.qkv.size(), hd * width);
+  expect("out", w.out.size(), hd * hd);
+  expect("up", w.up.size(), hd * f);
+  expect("gate", w.gate.size(), hd * f);
+  expect("down", w.down.size(), f * hd);
   s.norm1 = w.norm1;
   s.norm2 = w.norm2;
   // This rank's columns of Q, K and V (its query heads and its key/value heads), side by side:

@@ -16,6 +16,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <limits>
+#include <string>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -154,27 +157,47 @@ std::uint64_t HostHeap::used() const {
 }
 
 SymmetricRegion HostHeap::allocate(std::uint64_t bytes, std::uint64_t alignment) {
-  if (bytes == 0) throw Error(Errc::invalid_argument, "SymmetricHeap::allocate: bytes must be at least 1");
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0)
-    throw Error(Errc::invalid_argument, fmt::format("SymmetricHeap::allocate: alignment {} is not a power of two", alignment));
+  // One allocation at a time on this rank: two threads allocating at once would both read the
+  // same next offset and get the same region.
+  std::lock_guard serial(allocate_mutex_);
+  std::string refused;
+  if (bytes == 0)
+    refused = "SymmetricHeap::allocate: bytes must be at least 1";
+  else if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+    refused = fmt::format("SymmetricHeap::allocate: alignment {} is not a power of two", alignment);
+  if (!refused.empty() && !network_) throw Error(Errc::invalid_argument, refused);
   std::uint64_t offset = 0;
-  {
+  if (refused.empty()) {
     std::lock_guard lock(mutex_);
     offset = round_up(next_offset_, alignment);
   }
   if (network_) {
     // The ranks must agree before anyone uses the region; a mismatch is a program error that
-    // would otherwise corrupt the other ranks' data silently.
+    // would otherwise corrupt the other ranks' data silently. A rank whose own arguments are bad
+    // still takes part (saying so), so that its peers fail with it instead of waiting for it.
     struct Ask {
-      std::uint64_t offset, bytes, alignment;
-    } mine{offset, bytes, alignment};
+      std::uint64_t tag, offset, bytes, alignment, refused;
+    } mine{kAllocateTag, offset, bytes, alignment, refused.empty() ? 0u : 1u};
     auto parts = network_->allgather(std::as_bytes(std::span<const Ask, 1>(&mine, 1)), std::nullopt,
                                      "SymmetricHeap::allocate");
-    Ask first{};
-    std::memcpy(&first, parts[0].data(), sizeof(Ask));
+    if (!refused.empty()) throw Error(Errc::invalid_argument, refused);
+    std::vector<Ask> asks(parts.size());
+    for (std::size_t r = 0; r < parts.size(); ++r) {
+      if (parts[r].size() != sizeof(Ask) ||
+          (std::memcpy(&asks[r], parts[r].data(), sizeof(Ask)), asks[r].tag != kAllocateTag))
+        throw Error(Errc::invalid_argument,
+                    fmt::format("SymmetricHeap::allocate: rank {} called another collective (barrier, a heap "
+                                "creation...) at this point; every rank must make the same calls in the same order",
+                                r));
+      if (asks[r].refused)
+        throw Error(Errc::invalid_argument,
+                    fmt::format("SymmetricHeap::allocate: rank {} gave bad arguments ({} bytes aligned to {}); every "
+                                "rank must allocate the same, in the same order",
+                                r, asks[r].bytes, asks[r].alignment));
+    }
+    const Ask& first = asks[0];
     for (std::size_t r = 1; r < parts.size(); ++r) {
-      Ask other{};
-      std::memcpy(&other, parts[r].data(), sizeof(Ask));
+      const Ask& other = asks[r];
       if (other.offset != first.offset || other.bytes != first.bytes || other.alignment != first.alignment)
         throw Error(Errc::invalid_argument,
                     fmt::format("SymmetricHeap::allocate: rank {} asked for {} bytes aligned to {} at offset {}, but rank 0 "
@@ -222,6 +245,8 @@ void HostHeap::put(const SymmetricRegion& dst, std::uint64_t offset, const void*
   check_rank(rank, "SymmetricHeap::put");
   check_region(dst, offset, bytes, "SymmetricHeap::put");
   if (bytes == 0) return;
+  if (!src)
+    throw Error(Errc::invalid_argument, fmt::format("SymmetricHeap::put: src is null ({} bytes to put)", bytes));
   if (std::byte* target = peer(dst, rank)) {
     std::memcpy(target + offset, src, bytes);  // plain stores; a release signal publishes them
     return;
@@ -236,6 +261,8 @@ void HostHeap::get(void* dst, const SymmetricRegion& src, std::uint64_t offset, 
   check_rank(rank, "SymmetricHeap::get");
   check_region(src, offset, bytes, "SymmetricHeap::get");
   if (bytes == 0) return;
+  if (!dst)
+    throw Error(Errc::invalid_argument, fmt::format("SymmetricHeap::get: dst is null ({} bytes to get)", bytes));
   if (const std::byte* source = peer(src, rank)) {
     std::memcpy(dst, source + offset, bytes);
     return;
@@ -247,6 +274,8 @@ void HostHeap::get(void* dst, const SymmetricRegion& src, std::uint64_t offset, 
 
 std::uint64_t* HostHeap::word(const SymmetricRegion& signals, std::size_t index, int rank, std::string_view what) const {
   check_rank(rank, what);
+  if (index > (std::numeric_limits<std::uint64_t>::max() - 8) / 8)
+    throw Error(Errc::invalid_argument, fmt::format("{}: signal index {} is past any region", what, index));
   check_region(signals, 8 * static_cast<std::uint64_t>(index), 8, what);
   if (signals.offset % 8 != 0)
     throw Error(Errc::invalid_argument, fmt::format("{}: signal words must be 8-byte aligned (region offset {})", what, signals.offset));

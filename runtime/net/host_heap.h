@@ -78,6 +78,10 @@ class HostHeap {
   std::unique_ptr<std::atomic<bool>[]> dirty_;  // rank -> RMA issued since the last quiet()
   mutable std::mutex mutex_;
   std::uint64_t next_offset_ = 0;          // guarded by mutex_
+  std::mutex allocate_mutex_;              // held for the whole of allocate()
+  // Marks allocate()'s part of its collective, so that a rank that made another collective call
+  // at the same point (and sent other bytes) is named instead of misread.
+  static constexpr std::uint64_t kAllocateTag = 0x43524148'45415041ull;
 };
 
 }  // namespace caravan::net

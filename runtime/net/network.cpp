@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <random>
 
@@ -260,8 +261,24 @@ void Network::start() {
   // to listen on MASTER_PORT again in the next job on this host.
   if (rank_ != 0) close_rendezvous_endpoints();
   worker_->stop_listening();
-  if (auto bytes = settings::get_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES"); bytes > 0)
-    heap_ = std::make_unique<HostHeap>(this, bytes);
+  // Every rank must size its part of the heap alike: a rank with another size (or none) would
+  // place the parts of its node elsewhere and write into its neighbours' data, or skip the
+  // heap's collectives and pair every later one wrongly.
+  const std::uint64_t bytes = settings::get_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES");
+  {
+    const auto parts = allgather(std::as_bytes(std::span<const std::uint64_t, 1>(&bytes, 1)),
+                                 std::max(left, std::chrono::nanoseconds(std::chrono::seconds(1))), "the heap size");
+    for (std::size_t r = 0; r < parts.size(); ++r) {
+      std::uint64_t theirs = 0;
+      if (parts[r].size() == sizeof theirs) std::memcpy(&theirs, parts[r].data(), sizeof theirs);
+      if (theirs != bytes)
+        throw Error(Errc::invalid_argument,
+                    fmt::format("CARAVAN_SYMMETRIC_HEAP_BYTES differs between ranks: rank {} has {}, rank {} has {}; "
+                                "every rank of a job must set the same",
+                                rank_, bytes, r, theirs));
+    }
+  }
+  if (bytes > 0) heap_ = std::make_unique<HostHeap>(this, bytes);
   log::get("net")->info("rank {}/{} joined job {} ({} node(s), {})", rank_, world_size_, job_id_, node_count_,
                         worker_->transports());
 }

@@ -21,6 +21,16 @@ void fill(std::byte* data, std::size_t n, std::uint64_t seed) {
   for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<std::byte>((seed * 131 + i * 7 + (i >> 8)) & 0xFF);
 }
 
+// Ranks that size the heap differently would place their node's parts differently and write
+// into each other's data: every rank's runtime refuses to start, naming the setting.
+TEST(HeapJob, RanksThatSizeTheHeapDifferentlyAreRefused) {
+  const char* rank = std::getenv("RANK");
+  if (!std::getenv("WORLD_SIZE") || !rank) GTEST_SKIP() << "not started as a rank (run under caravan run)";
+  settings::ScopedOverride bytes("CARAVAN_SYMMETRIC_HEAP_BYTES", std::string(rank) == "0" ? "2M" : "3M");
+  CARAVAN_EXPECT_ERROR(Runtime(RuntimeOptions{.cpu_workers = 1}), Errc::invalid_argument,
+                       "CARAVAN_SYMMETRIC_HEAP_BYTES differs between ranks");
+}
+
 TEST_F(JobTest, HeapAllocationIsCollectiveZeroedAndChecked) {
   SymmetricHeap heap = SymmetricHeap::current();
   SymmetricRegion a = heap.allocate(1000);

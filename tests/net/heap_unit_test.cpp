@@ -2,8 +2,10 @@
 // job, on an anonymous shared mapping.
 #include "tests/runtime/test_util.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 namespace caravan {
 namespace {
@@ -56,6 +58,36 @@ TEST_F(HeapAlone, AllocatePutGetSignalWait) {
 
 TEST(HeapWithoutRuntime, SaysSo) {
   CARAVAN_EXPECT_ERROR(SymmetricHeap::current(), Errc::shut_down, "no Caravan runtime is running");
+}
+
+// Threads of one rank allocating at once get disjoint regions (two read the same next offset
+// before); and what the heap refuses: null buffers, a signal index past any region, a signal
+// count whose byte size wraps.
+TEST_F(HeapAlone, ConcurrentAllocationsAreDisjointAndBadCallsAreRefused) {
+  settings::ScopedOverride heap_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES", "4M");
+  SymmetricHeap heap = SymmetricHeap::current();
+  constexpr int kThreads = 4, kEach = 200;
+  std::vector<std::vector<SymmetricRegion>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) got[static_cast<std::size_t>(t)].push_back(heap.allocate(1 + (i % 7) * 100, 8));
+    });
+  for (auto& t : threads) t.join();
+  std::vector<SymmetricRegion> all;
+  for (const auto& g : got) all.insert(all.end(), g.begin(), g.end());
+  std::sort(all.begin(), all.end(),
+            [](const SymmetricRegion& a, const SymmetricRegion& b) { return a.offset < b.offset; });
+  for (std::size_t i = 1; i < all.size(); ++i)
+    EXPECT_GE(all[i].offset, all[i - 1].offset + all[i - 1].bytes) << "regions " << i - 1 << " and " << i << " overlap";
+  SymmetricRegion data = heap.allocate(64);
+  std::vector<std::byte> buffer(64);
+  CARAVAN_EXPECT_ERROR(heap.put(data, 0, nullptr, 8, 0), Errc::invalid_argument, "SymmetricHeap::put: src is null");
+  CARAVAN_EXPECT_ERROR(heap.get(nullptr, data, 0, 8, 0), Errc::invalid_argument, "SymmetricHeap::get: dst is null");
+  SymmetricRegion flags = heap.allocate_signals(2);
+  CARAVAN_EXPECT_ERROR(heap.signal(flags, std::size_t{1} << 62, SignalOp::set, 1, 0), Errc::invalid_argument,
+                       "is past any region");
+  CARAVAN_EXPECT_ERROR(heap.allocate_signals(std::size_t{1} << 62), Errc::invalid_argument, "do not fit");
 }
 
 }  // namespace
