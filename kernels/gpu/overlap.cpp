@@ -1,5 +1,8 @@
 #include "kernels/gpu/overlap.h"
 
+#include "runtime/net/network.h"
+#include "runtime/runtime_impl.h"
+
 #include <caravan/error.h>
 #include <caravan/runtime.h>
 #include <caravan/settings.h>
@@ -132,10 +135,24 @@ std::vector<int> GpuTeam::driven_ranks() const {
   return out;
 }
 
-void GpuTeam::construction_done() {
-  if (heap_->own_rank() >= 0 && Runtime::is_running())
-    Runtime::current().barrier(std::chrono::duration_cast<std::chrono::nanoseconds>(
-        std::chrono::duration<double>(settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S"))));
+void GpuTeam::construction_done(const std::string& signature) {
+  if (heap_->own_rank() < 0 || !Runtime::is_running()) return;
+  net::Network* network = RuntimeImpl::current()->network();
+  if (!network) return;  // one rank alone: nobody to disagree with
+  const std::string mine = fmt::format("{} (heap at {} bytes)", signature, heap_->used());
+  const auto parts =
+      network->allgather(std::as_bytes(std::span<const char>(mine.data(), mine.size())),
+                         std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::duration<double>(settings::get_double("CARAVAN_OVERLAP_TIMEOUT_S"))),
+                         "an overlap operation's construction");
+  for (std::size_t r = 0; r < parts.size(); ++r) {
+    const std::string theirs(reinterpret_cast<const char*>(parts[r].data()), parts[r].size());
+    if (theirs != mine)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("rank {} built {}, but rank {} built {}: every rank must build the same operations, "
+                              "with the same shapes, in the same order",
+                              heap_->own_rank(), mine, r, theirs));
+  }
 }
 
 void GpuTeam::leave() { heap_->leave(); }
@@ -569,7 +586,7 @@ AllGatherGemm::AllGatherGemm(GpuTeam& team, long m, long k, long n, int splits)
   tile_orders_.assign(static_cast<std::size_t>(world), nullptr);
   try {
     build_tile_orders(tiles, shard_rows);
-    team.construction_done();
+    team.construction_done(fmt::format("AllGatherGemm m={} k={} n={} splits={}", m, k, n, splits));
   } catch (...) {
     free_tile_orders();  // the destructor does not run for a constructor that throws
     throw;
@@ -1042,7 +1059,7 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
                 {m / world / splits, n, k, n, 1.0f},
                 {m / world / splits, n, k, n, 1.0f, true}};
     warm_up(team, shapes, static_cast<std::size_t>(m / world) * n);
-    team.construction_done();
+    team.construction_done(fmt::format("GemmReduceScatter m={} k={} n={} splits={}", m, k, n, splits));
   } catch (...) {
     free_partials();
     throw;
@@ -1510,7 +1527,7 @@ GemmAllScatter::GemmAllScatter(GpuTeam& team, long m, long k, long n, int chunks
   std::vector<GemmShape> shapes;
   if (k > 0) shapes = {{m, n / world, k, n}, {m / chunks, n / world, k, n}};
   warm_up(team, shapes);
-  team.construction_done();
+  team.construction_done(fmt::format("GemmAllScatter m={} k={} n={} chunks={}", m, k, n, chunks));
 }
 
 GemmAllScatter::~GemmAllScatter() = default;
@@ -1727,7 +1744,7 @@ LowLatencyAllGather::LowLatencyAllGather(GpuTeam& team, std::size_t bytes_per_ra
     preload_kernels();
   }
   sync_ = make_sync(team, 0, /*pace=*/false);
-  team.construction_done();
+  team.construction_done(fmt::format("LowLatencyAllGather bytes_per_rank={}", bytes_per_rank));
 }
 
 LowLatencyAllGather::~LowLatencyAllGather() = default;

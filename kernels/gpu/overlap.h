@@ -57,10 +57,13 @@ class GpuTeam {
   // Whether this process drives `rank` (every rank in-process; its own one cross-process).
   bool drives(int rank) const;
   std::vector<int> driven_ranks() const;
-  // Called at the end of an operation's construction: cross-process, a barrier of the job, so
+  // Called at the end of an operation's construction: cross-process, a gather of the job, so
   // that no rank's first call finds a peer still allocating or loading kernels (see overlap.md,
-  // the rules); in-process nothing.
-  void construction_done();
+  // the rules), which also checks that every rank built the same operation (`signature`: its kind
+  // and shape) at the same heap offset: a process that built another shape, or operations in
+  // another order, would have its peers write into the wrong buffers and flags.
+  // Error(invalid_argument) naming both; in-process nothing.
+  void construction_done(const std::string& signature);
   // Cross-process: the collective teardown of the heap (GpuSymmetricHeap::leave); call it on
   // every rank once no operation is in flight. In-process nothing.
   void leave();

@@ -174,7 +174,8 @@ GpuTpLayer::GpuTpLayer(GpuTeam& team, const kernels::TpLayerShape& s, LayerCommu
     swiglu(r.up_gate, m, f_local_, r.act, stream);
     CARAVAN_HIP_CHECK(hipStreamSynchronize(stream));
   }
-  team.construction_done();
+  team.construction_done(fmt::format("GpuTpLayer tokens={} hidden={} heads={} kv_heads={} ffn={} query_block={}",
+                                     s.tokens, s.hidden, s.heads, s.kv(), s.ffn, query_block));
 }
 
 GpuTpLayer::~GpuTpLayer() = default;

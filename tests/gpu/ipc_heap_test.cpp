@@ -268,6 +268,15 @@ class OverlapAcrossProcesses : public JobTest {
   std::vector<void*> buffers_;
 };
 
+// Processes that build different shapes (or operations in another order) would have their peers
+// write into the wrong buffers and flags: every rank's construction fails, naming both.
+TEST_F(OverlapAcrossProcesses, RanksBuildingDifferentShapesAreTold) {
+  const int world = team_->world();
+  const long m = 64L * world, k = 128, n = local_ == 0 ? 192 : 256;
+  CARAVAN_EXPECT_ERROR(AllGatherGemm(*team_, m, k, n), Errc::invalid_argument,
+                       "every rank must build the same operations, with the same shapes, in the same order");
+}
+
 TEST_F(OverlapAcrossProcesses, AllGatherGemmEveryVariantMatchesTheReference) {
   const int world = team_->world(), r = local_;
   const long m = 64L * world, k = 128, n = 192, rows = m / world;
