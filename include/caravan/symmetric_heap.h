@@ -85,8 +85,11 @@ class SymmetricHeap {
                   const SymmetricRegion& signals, std::size_t index, SignalOp op, std::uint64_t value, int rank);
 
   // Waits until this rank's signal word `index` compares `cmp` with `value`; returns the word.
-  // Throws Error(timeout) after `timeout`, and Error(transport) naming the rank when a rank
-  // of the job fails meanwhile (a writer may be gone). Orders: acquire (default) or relaxed.
+  // Throws Error(timeout) after `timeout`, Error(transport) naming the rank when a rank of the
+  // job fails meanwhile (a writer may be gone), and Error(shut_down) once this rank's runtime is
+  // shutting down (a task waiting here would otherwise hold the shutdown up). Orders: acquire
+  // (default) or relaxed. A writer that shut down normally is not noticed: give a timeout where
+  // that can happen.
   std::uint64_t wait_until(const SymmetricRegion& signals, std::size_t index, SignalCompare cmp, std::uint64_t value,
                            std::optional<std::chrono::nanoseconds> timeout = std::nullopt,
                            MemoryOrder order = MemoryOrder::acquire) const;

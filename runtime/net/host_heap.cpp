@@ -337,8 +337,8 @@ std::uint64_t HostHeap::wait_until(const SymmetricRegion& signals, std::size_t i
   const std::memory_order mo = order == MemoryOrder::relaxed ? std::memory_order_relaxed : std::memory_order_acquire;
   // Spin first (a flag that flips within microseconds costs no syscall), then back off to
   // short sleeps so that a long wait leaves the core to the rank's other threads. Every few
-  // hundred microseconds: the deadline, and whether a rank of the job has failed (the writer
-  // may be gone; this wait must not outlive it).
+  // hundred microseconds: the deadline, whether this rank's runtime is shutting down, and whether
+  // a rank of the job has failed (the writer may be gone; this wait must not outlive it).
   auto start = Clock::now();
   auto deadline = timeout ? detail::deadline_after<Clock>(*timeout, start) : Clock::time_point::max();
   auto sleep = std::chrono::microseconds(1);
@@ -355,6 +355,12 @@ std::uint64_t HostHeap::wait_until(const SymmetricRegion& signals, std::size_t i
         throw Error(Errc::timeout, fmt::format("SymmetricHeap::wait_until: signal {} is {}, still not {} {} after {:.3f} s",
                                                index, word, compare_name(cmp), value,
                                                std::chrono::duration<double>(now - start).count()));
+      // This rank shutting down: nothing will be delivered now, and a task waiting here would hold
+      // up the shutdown (which waits for task bodies blocked anywhere but Event::wait).
+      if (const RuntimeImpl* rt = RuntimeImpl::current(); rt && !rt->accepting_work())
+        throw Error(Errc::shut_down, fmt::format("SymmetricHeap::wait_until: signal {} is {}, waiting for {} {}: the "
+                                                 "runtime is shutting down",
+                                                 index, word, compare_name(cmp), value));
       if (network_) {
         if (FailureCause failure = network_->any_failure())
           throw Error(Errc::transport, fmt::format("SymmetricHeap::wait_until: signal {} is {}, waiting for {} {}: {}", index,

@@ -209,6 +209,34 @@ TEST(RuntimeShutdown, ConcurrentCallsReturnOnlyOnceItIsDone) {
   EXPECT_EQ(state->outcome.load(), shut_down);
 }
 
+// A task waiting on a heap signal nobody raises (a wait outside Event::wait, which shutdown waits
+// for) ends with Error(shut_down) once shutdown begins.
+TEST(RuntimeShutdown, ReturnsWhileATaskWaitsOnAHeapSignal) {
+  settings::ScopedOverride heap_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES", "1M");
+  struct HeapWait {
+    SymmetricRegion flags;
+    std::atomic<int>* started;
+    std::atomic<int>* outcome;
+  };
+  const TaskId waiter = test::task("shutdown_test.heap_wait", [](TaskContext& ctx) {
+    const auto a = ctx.args_as<HeapWait>();
+    a.started->fetch_add(1);
+    try {
+      SymmetricHeap::current().wait_until(a.flags, 0, SignalCompare::ge, 1);
+      a.outcome->store(ok);
+    } catch (const Error& e) {
+      a.outcome->store(e.code() == Errc::shut_down ? shut_down : other);
+    }
+  });
+  auto rt = std::make_unique<Runtime>(RuntimeOptions{.cpu_workers = 1});
+  auto state = std::make_shared<Counters>();
+  const SymmetricRegion flags = SymmetricHeap::current().allocate_signals(1);
+  rt->spawn(waiter, task_args(HeapWait{flags, &state->started, &state->outcome}));
+  ASSERT_TRUE(reaches(state->started, 1)) << "the task did not start";
+  ASSERT_TRUE(shuts_down_within(rt, 10s, state)) << "shutdown hung on a task waiting on a heap signal";
+  EXPECT_EQ(state->outcome.load(), shut_down);
+}
+
 // The runtime's other threads (DMA workers, GPU lanes, the network's progress thread) name
 // themselves; shutdown on one is refused with that name.
 TEST(RuntimeShutdown, OnARuntimeThreadIsAnErrorNamingTheThread) {
