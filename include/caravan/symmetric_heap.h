@@ -102,8 +102,11 @@ class SymmetricHeap {
   void barrier();
 
  private:
-  explicit SymmetricHeap(net::HostHeap* impl) : impl_(impl) {}
+  SymmetricHeap(net::HostHeap* impl, std::uint16_t runtime) : impl_(impl), runtime_(runtime) {}
+  // The heap, if the runtime it belongs to still runs; else Error(shut_down) (the heap went with it).
+  net::HostHeap& checked(const char* call) const;
   net::HostHeap* impl_;
+  std::uint16_t runtime_;  // the runtime's instance number (Event::runtime_instance)
 };
 
 }  // namespace caravan

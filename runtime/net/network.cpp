@@ -266,8 +266,12 @@ void Network::start() {
   // heap's collectives and pair every later one wrongly.
   const std::uint64_t bytes = settings::get_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES");
   {
-    const auto parts = allgather(std::as_bytes(std::span<const std::uint64_t, 1>(&bytes, 1)),
-                                 std::max(left, std::chrono::nanoseconds(std::chrono::seconds(1))), "the heap size");
+    // The whole bootstrap timeout again, not what is left of it: on a loaded machine the ranks
+    // may arrive here with little left, and the exchange must not fail the start for that.
+    const auto parts = allgather(
+        std::as_bytes(std::span<const std::uint64_t, 1>(&bytes, 1)),
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(bootstrap_timeout_s_)),
+        "the heap size");
     for (std::size_t r = 0; r < parts.size(); ++r) {
       std::uint64_t theirs = 0;
       if (parts[r].size() == sizeof theirs) std::memcpy(&theirs, parts[r].data(), sizeof theirs);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -88,6 +89,25 @@ TEST_F(HeapAlone, ConcurrentAllocationsAreDisjointAndBadCallsAreRefused) {
   CARAVAN_EXPECT_ERROR(heap.signal(flags, std::size_t{1} << 62, SignalOp::set, 1, 0), Errc::invalid_argument,
                        "is past any region");
   CARAVAN_EXPECT_ERROR(heap.allocate_signals(std::size_t{1} << 62), Errc::invalid_argument, "do not fit");
+}
+
+// A handle kept past its runtime's end is refused, not a dangling pointer into a freed heap, also
+// once another runtime runs.
+TEST(HeapAfterItsRuntime, IsRefusedWithShutDown) {
+  if (std::getenv("WORLD_SIZE")) GTEST_SKIP() << "runs as a runtime alone; WORLD_SIZE is set";
+  settings::ScopedOverride heap_bytes("CARAVAN_SYMMETRIC_HEAP_BYTES", "1M");
+  std::optional<SymmetricHeap> kept;
+  SymmetricRegion region;
+  {
+    Runtime rt(RuntimeOptions{.cpu_workers = 1});
+    kept = SymmetricHeap::current();
+    region = kept->allocate(64);
+  }
+  std::byte value{1};
+  CARAVAN_EXPECT_ERROR(kept->put(region, 0, &value, 1, 0), Errc::shut_down, "SymmetricHeap::put: the runtime");
+  Runtime next(RuntimeOptions{.cpu_workers = 1});
+  CARAVAN_EXPECT_ERROR(kept->local(region), Errc::shut_down, "SymmetricHeap::local: the runtime");
+  EXPECT_NE(SymmetricHeap::current().local(SymmetricHeap::current().allocate(64)), nullptr);
 }
 
 }  // namespace
