@@ -49,6 +49,10 @@ struct DistanceRecorder : boost::default_bfs_visitor {
   }
 };
 
+// How much faster an SM-driven copy (gpu_convert) must be predicted to be, for a plain copy
+// within a GPU memory, before it is chosen over the copy engine.
+constexpr double kSmCopyMargin = 1.15;
+
 std::optional<std::uint32_t> self_loop_of(const TransferGraph& g, std::uint32_t v, ChannelKind kind) {
   std::optional<std::uint32_t> best;
   for (auto e : g.out_channels(v)) {
@@ -74,6 +78,14 @@ Plan plan_simple(const TransferGraph& graph, const TransferRequest& request, con
     if (!loop) {
       for (auto e : graph.out_channels(ctx.src))
         if (graph.channel(e).self_loop() && (!loop || graph.channel(e).peak_gbps > graph.channel(*loop).peak_gbps)) loop = e;
+      // A plain copy within one GPU memory: the copy engine unless the kernel is clearly faster
+      // (by kSmCopyMargin). A kernel takes SMs from the computation that copies are meant to hide
+      // behind, and the calibrated peaks of the two are close on an H200 (a near-tie that flipped
+      // the route from machine to machine).
+      if (!converts && loop && graph.channel(*loop).kind == ChannelKind::gpu_convert)
+        if (auto engine = self_loop_of(graph, ctx.src, ChannelKind::sdma);
+            engine && graph.channel(*engine).peak_gbps * kSmCopyMargin >= graph.channel(*loop).peak_gbps)
+          loop = engine;
     }
     if (!loop) return plan_full(graph, request, options);  // a copy within one memory without a self-loop: search
     path.push_back(*loop);

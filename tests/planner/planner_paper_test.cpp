@@ -129,6 +129,28 @@ TEST(PaperExample, AosToSoaConvertsOnMemcpyNotOnTheSlowChannel) {
   }
 }
 
+// A plain copy within one GPU memory takes the copy engine unless the SM-driven copy is clearly
+// faster: a kernel takes SMs from the computation copies hide behind, and the two calibrated
+// peaks are close on an H200 (the route flipped from machine to machine).
+TEST(PlannerPolicy, CopiesWithinAGpuPreferTheCopyEngineUnlessTheKernelIsClearlyFaster) {
+  const auto plan_with_kernel_peak = [](double convert_peak, const Layout& to) {
+    MachineDescription m = generate_cluster({1, 1});
+    for (auto& c : m.channels)
+      if (c.kind == ChannelKind::gpu_convert)
+        c.tp = ThroughputFunction::scaled({{4096, 1.0}}, convert_peak);
+      else if (c.kind == ChannelKind::sdma && c.src == c.dst)
+        c.tp = ThroughputFunction::scaled({{4096, 1.0}}, 2000.0);
+    TransferGraph g(m);
+    TransferRequest r{M("node0/rank0/fbm"),      M("node0/rank0/fbm"), Rect::from_extents({1 << 18}),
+                      FieldSpace::uniform(4, 4), Layout::aos(1),       to};
+    return plan_simple(g, r);
+  };
+  EXPECT_EQ(plan_with_kernel_peak(2100.0, Layout::aos(1)).hops.at(0).kind, ChannelKind::sdma) << "a near-tie";
+  EXPECT_EQ(plan_with_kernel_peak(3000.0, Layout::aos(1)).hops.at(0).kind, ChannelKind::gpu_convert)
+      << "the kernel is clearly faster";
+  EXPECT_EQ(plan_with_kernel_peak(1900.0, Layout::aos(1)).hops.at(0).kind, ChannelKind::sdma);
+}
+
 TEST(PlannerErrors, BadInputIsRejectedWithTheRule) {
   TransferGraph g = two_node();
   auto message = [&](const TransferRequest& r, PlannerOptions o = {}) {
