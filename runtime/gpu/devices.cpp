@@ -13,6 +13,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -179,19 +180,45 @@ void free_pinned(void* ptr) noexcept {
   log_failed_release(hipHostFree(ptr), "hipHostFree");
 }
 
+namespace {
+// The ranges Caravan pinned, with how many owners hold each: two instances attached over the same
+// memory share its registration, and only the last to go unregisters it (the first used to, under
+// the second's feet).
+struct PinnedRanges {
+  std::mutex mutex;
+  std::map<void*, std::pair<std::uint64_t, int>> ranges;  // start -> (bytes, owners)
+};
+PinnedRanges& pinned_ranges() {
+  static PinnedRanges* ranges = new PinnedRanges();  // never destroyed: unpins may run at exit
+  return *ranges;
+}
+}  // namespace
+
 bool pin_host(void* ptr, std::uint64_t bytes) {
   if (!ptr || bytes == 0) return false;
+  PinnedRanges& pinned = pinned_ranges();
+  std::lock_guard lock(pinned.mutex);
+  if (auto it = pinned.ranges.find(ptr); it != pinned.ranges.end() && it->second.first >= bytes) {
+    ++it->second.second;
+    return true;
+  }
   hipError_t status = hipHostRegister(ptr, bytes, hipHostRegisterPortable | hipHostRegisterMapped);
   if (status == hipErrorHostMemoryAlreadyRegistered) {
     (void)hipGetLastError();
-    return false;
+    return false;  // pinned by the application (or a wider range of ours): not ours to unpin
   }
   CARAVAN_HIP_CHECK(status);
+  pinned.ranges[ptr] = {bytes, 1};
   return true;
 }
 
 void unpin_host(void* ptr) noexcept {
   if (!ptr) return;
+  PinnedRanges& pinned = pinned_ranges();
+  std::lock_guard lock(pinned.mutex);
+  auto it = pinned.ranges.find(ptr);
+  if (it != pinned.ranges.end() && --it->second.second > 0) return;  // another owner still uses it
+  if (it != pinned.ranges.end()) pinned.ranges.erase(it);
   log_failed_release(hipHostUnregister(ptr), "hipHostUnregister");
 }
 

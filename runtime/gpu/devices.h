@@ -49,7 +49,9 @@ void free_pinned(void* ptr) noexcept;
 // Pins host memory allocated elsewhere (REG memory that UCX allocated or registered) for every
 // device, so the copy engines reach it directly instead of staging it as pageable memory.
 // Returns false, changing nothing, where the GPU runtime already knows the range (pinned by
-// someone else: leave it to them). Throws Error(device) on any other HIP failure.
+// someone else: leave it to them). Throws Error(device) on any other HIP failure. A range this
+// function pinned before is shared: it returns true again, and the range stays pinned until every
+// caller that got true has called unpin_host.
 bool pin_host(void* ptr, std::uint64_t bytes);
 void unpin_host(void* ptr) noexcept;
 // GPU memory shared between the processes of a node (IPC), for copies between ranks: the owner

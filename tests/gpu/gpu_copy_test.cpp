@@ -131,6 +131,13 @@ TEST_F(GpuCopyTest, AttachedPageableZeroCopyMemoryIsPinnedForItsLife) {
     EXPECT_EQ(test::count_mismatches(out, seed), 0u) << "seed " << seed;
   }
   EXPECT_EQ(gpu::pointer_kind(plain_in.data()), gpu::PointerKind::pageable) << "the instance's end should unpin it";
+  // Two instances over the same memory share its pinning: the first to go leaves it pinned.
+  {
+    Instance first = Instance::attach(zcm(), space, kFields, Layout::parse("F,x"), plain_in.data(), bytes);
+    { Instance second = Instance::attach(zcm(), space, kFields, Layout::parse("F,x"), plain_in.data(), bytes); }
+    EXPECT_EQ(gpu::pointer_kind(plain_in.data()), gpu::PointerKind::pinned) << "the other instance still uses it";
+  }
+  EXPECT_EQ(gpu::pointer_kind(plain_in.data()), gpu::PointerKind::pageable);
 }
 #endif
 
