@@ -183,8 +183,8 @@ SymmetricRegion HostHeap::allocate(std::uint64_t bytes, std::uint64_t alignment)
     if (!refused.empty()) throw Error(Errc::invalid_argument, refused);
     std::vector<Ask> asks(parts.size());
     for (std::size_t r = 0; r < parts.size(); ++r) {
-      if (parts[r].size() != sizeof(Ask) ||
-          (std::memcpy(&asks[r], parts[r].data(), sizeof(Ask)), asks[r].tag != kAllocateTag))
+      if (parts[r].size() == sizeof(Ask)) std::memcpy(&asks[r], parts[r].data(), sizeof(Ask));
+      if (parts[r].size() != sizeof(Ask) || asks[r].tag != kAllocateTag)
         throw Error(Errc::invalid_argument,
                     fmt::format("SymmetricHeap::allocate: rank {} called another collective (barrier, a heap "
                                 "creation...) at this point; every rank must make the same calls in the same order",
