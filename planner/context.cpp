@@ -35,6 +35,14 @@ void TransferRequest::validate() const {
   if (fields.count() == 0) throw Error(Errc::invalid_argument, "transfer: the field space is empty");
   src_layout.validate(space.dims(), "src layout");
   dst_layout.validate(space.dims(), "dst layout");
+  for (const auto& [instance, side] : {std::pair{&src_instance_space, "src"}, std::pair{&dst_instance_space, "dst"}}) {
+    if (!*instance) continue;
+    const IndexSpace& whole = **instance;
+    if (whole.dims() != space.dims() || !whole.contains(space.lo()) || !whole.contains(space.hi()))
+      throw Error(Errc::invalid_argument,
+                  fmt::format("transfer: the index space {} must lie inside the {} instance's index space {}",
+                              space.to_string(), side, whole.to_string()));
+  }
 }
 
 std::string Plan::route() const {
@@ -53,6 +61,10 @@ Context::Context(const TransferGraph& g, const TransferRequest& r, const Planner
   dst = g.require(r.dst, "dst memory");
   if (o.buffer_threshold == 0) throw Error(Errc::invalid_argument, "buffer threshold (TH) is 0 bytes; it must be positive");
   if (o.max_hops < 1) throw Error(Errc::invalid_argument, fmt::format("max hops is {}; it must be at least 1", o.max_hops));
+  if (r.src_instance_space)
+    src_run = static_cast<double>(region_run_bytes(r.src_layout, *r.src_instance_space, r.space, r.fields));
+  if (r.dst_instance_space)
+    dst_run = static_cast<double>(region_run_bytes(r.dst_layout, *r.dst_instance_space, r.space, r.fields));
   auto n = static_cast<std::uint32_t>(g.memory_count());
   allowed.assign(n, 0);
   limit.assign(n, 0);
@@ -169,6 +181,8 @@ Plan make_plan(const Context& ctx, PlannerKind planner, std::span<const Step> st
     h.src_is_buffer = i > 0;
     h.dst_is_buffer = i + 1 < n;
     h.prefix_bytes = prefix_bytes(h.src_layout, h.dst_layout, r.space, r.fields);
+    const double run_cap = ctx.run_cap(h.src_is_buffer, h.dst_is_buffer);
+    if (run_cap < static_cast<double>(h.prefix_bytes)) h.prefix_bytes = static_cast<std::uint64_t>(run_cap);
     h.shuffle_bytes = shuffle_bytes(h.src_layout, h.dst_layout, r.space, r.fields);
     double cap = kInf;
     if (h.src_is_buffer) cap = std::min(cap, ctx.limit[c.src]);

@@ -29,6 +29,14 @@ struct Context {
   std::vector<int> distance;       // fewest hops from each vertex to dst (-1: unreachable)
   double dst_self_loop_peak = 0;   // best self-loop at dst (to finish from a buffer in dst)
   double upper_bound = 0;          // U
+  // The longest runs the region's points keep in the source and destination instances
+  // (region_run_bytes; infinity when the request is a whole instance): a hop reading the source or
+  // writing the destination cannot send larger requests than these.
+  double src_run = kInf, dst_run = kInf;
+
+  double run_cap(bool from_buffer, bool to_buffer) const {
+    return std::min(from_buffer ? kInf : src_run, to_buffer ? kInf : dst_run);
+  }
 
   bool buffer_ok(std::uint32_t v) const { return allowed[v] && limit[v] >= static_cast<double>(request.fields.max_size()); }
   // Error(invalid_argument) explaining why no plan exists (unreachable, or the threshold).

@@ -132,7 +132,8 @@ class FullSearch {
       if (w == ctx_.dst) {
         bool allowed = self ? true : !on_path(index, w, /*skip_root=*/ctx_.src == ctx_.dst);
         if (allowed) {
-          double bound = std::min(cur.bound, hop_bound(c, cur.layout, m_.dst, cap_from));
+          double bound = std::min(
+              cur.bound, hop_bound(c, cur.layout, m_.dst, std::min(cap_from, ctx_.run_cap(cur_is_buffer, false))));
           if (bound > best_ * (1 + 1e-9)) complete(index, e, bound);
           if (done()) return;
         }
@@ -143,7 +144,7 @@ class FullSearch {
       double ahead = w == ctx_.dst ? ctx_.dst_self_loop_peak : ctx_.reach[w];
       if (w == ctx_.dst && self) continue;  // already in dst's buffer: only finishing remains
       if (!(ahead > best_ * (1 + 1e-9))) continue;
-      double cap = std::min(cap_from, ctx_.limit[w]);
+      double cap = std::min({cap_from, ctx_.limit[w], ctx_.run_cap(cur_is_buffer, true)});
       double base = std::min(cur.bound, ahead);
       int remaining = w == ctx_.dst ? 1 : std::max(ctx_.distance[w], 0);
       for (int b = 0; b < m_.count; ++b) {
@@ -182,6 +183,7 @@ class FullSearch {
       h.request = &p.request;
       if (from_buffer) h.cap = std::min(h.cap, ctx_.limit[prev_vertex]);
       if (to_buffer) h.cap = std::min(h.cap, ctx_.limit[vertex]);
+      h.cap = std::min(h.cap, ctx_.run_cap(from_buffer, to_buffer));  // a region's runs in its instances
       if (from_buffer && to_buffer) {
         h.shuffle = &p.shuffle;
         h.shuffle_limit = h.cap;

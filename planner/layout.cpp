@@ -493,4 +493,62 @@ std::uint64_t total_bytes(const Layout& layout, const IndexSpace& space, const F
   return product;
 }
 
+std::uint64_t region_run_bytes(const Layout& layout, const IndexSpace& instance_space, const IndexSpace& region,
+                               const FieldSpace& fields) {
+  layout.validate(instance_space.dims());
+  if (region.dims() != instance_space.dims() || !instance_space.contains(region.lo()) ||
+      !instance_space.contains(region.hi()))
+    throw Error(Errc::invalid_argument, fmt::format("region_run_bytes: the region {} is not inside the index space {}",
+                                                    region.to_string(), instance_space.to_string()));
+  std::uint64_t run = 1;
+  bool has_fields = false;
+  // Per blocked dimension the region does not span: how many whole blocks it holds (0 until its
+  // inner part is seen). The run may go on past the inner part through one of those blocks.
+  std::array<std::uint64_t, kMaxDims> whole_blocks{};
+  for (std::size_t k = 0; k < layout.size(); ++k) {
+    const LayoutComponent& c = layout[k];
+    if (c.kind == LayoutComponent::Kind::fields) {
+      run *= fields.total_size();
+      has_fields = true;
+      continue;
+    }
+    const auto extent = static_cast<std::uint64_t>(instance_space.extent(c.dim));
+    const auto part = static_cast<std::uint64_t>(region.extent(c.dim));
+    // x_in=C directly followed by x_out orders the points as x does.
+    const bool linear = c.kind == LayoutComponent::Kind::dim_in && k + 1 < layout.size() &&
+                        layout[k + 1].kind == LayoutComponent::Kind::dim_out && layout[k + 1].dim == c.dim;
+    if (part != extent && linear) {
+      run *= part;
+      break;
+    }
+    if (part == extent) {  // spanned: the run takes the whole component and goes on
+      run *= c.kind == LayoutComponent::Kind::dim      ? extent
+             : c.kind == LayoutComponent::Kind::dim_in ? std::min(c.block, extent)
+                                                       : ceil_div(extent, block_of(layout, c.dim));
+      continue;
+    }
+    if (c.kind == LayoutComponent::Kind::dim) {
+      run *= part;
+      break;
+    }
+    const std::uint64_t block = block_of(layout, c.dim);
+    if (c.kind == LayoutComponent::Kind::dim_out) {
+      run *= whole_blocks[c.dim] ? whole_blocks[c.dim] : ceil_div(part, block);
+      break;
+    }
+    // dim_in, the region narrower than the dimension: blocks count from the instance's lo.
+    const auto first = static_cast<std::uint64_t>(region.lo()[c.dim] - instance_space.lo()[c.dim]);
+    const std::uint64_t last = first + part - 1;
+    const std::uint64_t aligned_from = ceil_div(first, block), aligned_to = (last + 1) / block;
+    if (aligned_to > aligned_from) {  // at least one whole block: through it the run goes on
+      run *= block;
+      whole_blocks[c.dim] = aligned_to - aligned_from;
+      continue;
+    }
+    run *= first / block == last / block ? part : std::max(block - first % block, last % block + 1);
+    break;
+  }
+  return has_fields ? run : run * fields.min_size();
+}
+
 }  // namespace caravan

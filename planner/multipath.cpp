@@ -198,7 +198,7 @@ std::optional<Plan> plan_on_path(const Context& ctx, const detail::Model& m, con
     double cap = kInf;
     if (i > 0) cap = std::min(cap, ctx.limit[at[i]]);
     if (i + 1 < n) cap = std::min(cap, ctx.limit[at[i + 1]]);
-    return cap;
+    return std::min(cap, ctx.run_cap(i > 0, i + 1 < n));  // a region's runs in its instances
   };
   auto set_hop = [&](std::size_t i) {
     const auto& p = m.pair(layouts[i], layouts[i + 1]);

@@ -17,21 +17,30 @@ PathCacheKey PathCacheKey::of(const TransferRequest& request, PlannerKind planne
                request.fields.max_size();
   key.dims = static_cast<std::uint8_t>(request.space.dims());
   key.size_class = static_cast<std::uint8_t>(std::bit_width(request.bytes()));
+  if (request.src_instance_space)
+    key.src_run_class = static_cast<std::uint8_t>(std::bit_width(
+        region_run_bytes(request.src_layout, *request.src_instance_space, request.space, request.fields)));
+  if (request.dst_instance_space)
+    key.dst_run_class = static_cast<std::uint8_t>(std::bit_width(
+        region_run_bytes(request.dst_layout, *request.dst_instance_space, request.space, request.fields)));
   key.planner = planner;
   return key;
 }
 
 bool PathCacheKey::operator==(const PathCacheKey& o) const noexcept {
   return src == o.src && dst == o.dst && fields == o.fields && dims == o.dims && size_class == o.size_class &&
-         planner == o.planner && src_layout == o.src_layout && dst_layout == o.dst_layout;
+         src_run_class == o.src_run_class && dst_run_class == o.dst_run_class && planner == o.planner &&
+         src_layout == o.src_layout && dst_layout == o.dst_layout;
 }
 
 std::size_t PathCacheKeyHash::operator()(const PathCacheKey& k) const noexcept {
   std::uint64_t h = k.src * 0x9e3779b97f4a7c15ull;
   h ^= k.dst + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
   h ^= k.fields + (h << 6) + (h >> 2);
-  h ^= (static_cast<std::uint64_t>(k.dims) << 16 | static_cast<std::uint64_t>(k.size_class) << 8 |
-        static_cast<std::uint64_t>(k.planner)) + (h << 6) + (h >> 2);
+  h ^= (static_cast<std::uint64_t>(k.src_run_class) << 32 | static_cast<std::uint64_t>(k.dst_run_class) << 24 |
+        static_cast<std::uint64_t>(k.dims) << 16 | static_cast<std::uint64_t>(k.size_class) << 8 |
+        static_cast<std::uint64_t>(k.planner)) +
+       (h << 6) + (h >> 2);
   h ^= k.src_layout.hash() + (h << 6) + (h >> 2);
   h ^= k.dst_layout.hash() + (h << 6) + (h >> 2);
   return static_cast<std::size_t>(h);

@@ -50,7 +50,9 @@ std::shared_ptr<const Plan> Planner::plan(const TransferRequest& request) {
   PlannerKind kind = request.bytes() >= options_.full_min_bytes ? PlannerKind::full : PlannerKind::simple;
   auto key = PathCacheKey::of(request, kind);
   if (auto hit = cache_.lookup(key)) {
-    if (hit->space == request.space) return hit->plan;
+    // The same space (and whole instances): the cached plan as it is. A region's instances may
+    // differ within the key's run classes, so its predictions are recomputed below.
+    if (hit->space == request.space && !request.src_instance_space && !request.dst_instance_space) return hit->plan;
     if (auto fitted = retarget(*graph_, request, options_, *hit->plan)) return std::make_shared<const Plan>(std::move(*fitted));
   }
   auto plan = std::make_shared<const Plan>(kind == PlannerKind::full ? plan_full(*graph_, request, options_)

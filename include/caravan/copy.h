@@ -274,8 +274,9 @@ bool cancel(Event copy_event);
 // of a multi-path plan that found one; Error(invalid_argument) when it found several (see
 // plan_copy_multipath). PlannerChoice::automatic gives the single-path plan, as copy() uses it
 // below CARAVAN_DMA_MULTIPATH_MIN_BYTES.
-// With `region`, the plan of copy(src, dst, {.region = region}). The planner rates a region as if
-// its points were an instance of their own (its runs within the instances may be shorter).
+// With `region`, the plan of copy(src, dst, {.region = region}). The hops that read src or write
+// dst are rated by the runs the region keeps there (a region narrower than an instance along a
+// dimension leaves its rows apart: planner::region_run_bytes).
 std::shared_ptr<const planner::Plan> plan_copy(const Instance& src, const Instance& dst,
                                                PlannerChoice planner = PlannerChoice::automatic,
                                                const std::optional<Rect>& region = std::nullopt);

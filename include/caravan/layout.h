@@ -208,6 +208,19 @@ class Linearization {
 std::uint64_t prefix_bytes(const Layout& l1, const Layout& l2, const IndexSpace& space, const FieldSpace& fields);
 std::uint64_t shuffle_bytes(const Layout& l1, const Layout& l2, const IndexSpace& space, const FieldSpace& fields);
 std::uint64_t total_bytes(const Layout& layout, const IndexSpace& space, const FieldSpace& fields);
+// The longest run of bytes that the points of `region` occupy contiguously in an instance of
+// `instance_space` laid out by `layout` (counted as prefix_bytes counts: in one field's values
+// until F is reached). Components are taken fastest first while the region spans the whole
+// extent; the first one it does not span ends the run, which then holds the region's extent
+// there. A blocked dimension the region does not span goes on through one of the whole blocks
+// it holds (blocks count from the instance's lo), and ends at its outer part with the number of
+// those blocks; a region holding no whole block ends at the inner part with its longest piece
+// within one block. Equals prefix_bytes(layout, layout, region, fields) when the region is the
+// whole space.
+// Throws Error(invalid_argument) when the layout does not fit the space or the region is not
+// inside it.
+std::uint64_t region_run_bytes(const Layout& layout, const IndexSpace& instance_space, const IndexSpace& region,
+                               const FieldSpace& fields);
 
 // Dimension names used by the text form: x, y, z, w.
 char dim_name(int d);

@@ -774,6 +774,10 @@ planner::TransferRequest Engine::make_request(const Instance& src, const Instanc
   r.fields = src.fields();
   r.src_layout = src.layout();
   r.dst_layout = dst.layout();
+  // A region narrower than an instance reads or writes it in runs shorter than the region: the
+  // planner rates the first and last hop by those runs.
+  if (region && !(*region == src.space())) r.src_instance_space = src.space();
+  if (region && !(*region == dst.space())) r.dst_instance_space = dst.space();
   r.validate();
   return r;
 }
@@ -1351,6 +1355,10 @@ std::string Engine::multipath_key(const planner::TransferRequest& request) {
   std::string key = fmt::format("{} {} {} {} {}", request.src.to_string(), request.dst.to_string(), request.space.to_string(),
                                 request.src_layout.to_string(), request.dst_layout.to_string());
   for (const Field& f : request.fields.fields()) key += fmt::format(" {}", f.size);
+  // A region's instances bound its first and last hop's requests: the same rect in other
+  // instances is another plan.
+  if (request.src_instance_space) key += fmt::format(" in {}", request.src_instance_space->to_string());
+  if (request.dst_instance_space) key += fmt::format(" out {}", request.dst_instance_space->to_string());
   return key;
 }
 

@@ -497,6 +497,10 @@ TEST_F(CopyTest, RegionsForFillFlagsGraphsAndBadInput) {
   EXPECT_EQ(graph.size(), 1u);
   // The plan of a region copy, as copy() makes it.
   EXPECT_EQ(plan_copy(b, c, PlannerChoice::automatic, block)->route(), "node0/rank0/sys -[memcpy]-> node0/rank0/sys");
+  // It is rated by the runs the region keeps in its instances: rows of 120 of their 300 points.
+  Instance d = Instance::create(sys_memory(), space, kFields, Layout::parse("F,x,y"));
+  EXPECT_EQ(plan_copy(a, d, PlannerChoice::automatic, block)->hops.front().prefix_bytes, 120u * kFields.total_size());
+  EXPECT_EQ(plan_copy(a, d)->hops.front().prefix_bytes, space.volume() * kFields.total_size());
   CARAVAN_EXPECT_ERROR(plan_copy(b, c), Errc::invalid_argument, "name them in CopyOptions::region");
 
   CARAVAN_EXPECT_ERROR(copy(a, c, {.region = Rect(2, Point{290, 0}, Point{310, 3})}), Errc::invalid_argument,

@@ -51,6 +51,32 @@ TEST(PathCache, SameClassOtherExtentsKeepsThePathAndFitsTheBlocks) {
   EXPECT_EQ(b->bytes, other.bytes());
 }
 
+// A region of a larger instance is not the dense instance of the same space: its rows bound the
+// first and last hop, so it gets a plan of its own, rated by those rows.
+TEST(PathCache, ARegionOfALargerInstanceIsNotTheDenseCopysPlan) {
+  PlannerOptions o;
+  Planner planner(two_node(), o);
+  TransferRequest dense{MemoryId::parse("node0/rank0/sys"),
+                        MemoryId::parse("node1/rank1/sys"),
+                        Rect(2, Point{0, 0}, Point{15, 4095}),
+                        FieldSpace::uniform(2, 4),
+                        Layout::aos(2),
+                        Layout::aos(2)};
+  TransferRequest band = dense;
+  band.src_instance_space = band.dst_instance_space = Rect::from_extents({4096, 4096});
+  auto a = planner.plan(dense);
+  auto b = planner.plan(band);
+  EXPECT_NE(a.get(), b.get());
+  EXPECT_GT(a->hops.front().request_bytes, 128u);
+  EXPECT_LE(b->hops.front().request_bytes, 128u);
+  EXPECT_LT(b->predicted_gbps, a->predicted_gbps);
+  // The same band again hits the cache and is rated the same.
+  auto c = planner.plan(band);
+  EXPECT_EQ(c->route(), b->route());
+  EXPECT_DOUBLE_EQ(c->predicted_gbps, b->predicted_gbps);
+  EXPECT_EQ(planner.cache().size(), 2u);
+}
+
 TEST(PathCache, EvictsTheLeastRecentlyUsed) {
   PathCache cache(2);
   auto plan = std::make_shared<const Plan>();

@@ -195,6 +195,81 @@ TEST(PrefixSuffix, FieldUnitsWhenFIsNotShared) {
   EXPECT_EQ(prefix_bytes(L("F,x"), L("F,x_in=3,x_out"), s, f), 12u);
 }
 
+// A region's points in a larger instance: contiguous while the region spans each component,
+// fastest first; the first component it does not span ends the run.
+TEST(PrefixSuffix, RegionRunsEndWhereTheRegionIsNarrowerThanItsInstance) {
+  IndexSpace whole = Rect::from_extents({8, 8});
+  FieldSpace f = FieldSpace::uniform(4, 4);  // 16 bytes a point
+  const auto rect = [](std::int64_t x0, std::int64_t y0, std::int64_t x1, std::int64_t y1) {
+    return Rect(2, Point{x0, y0}, Point{x1, y1});
+  };
+  Layout aos = L("F,x,y");
+  EXPECT_EQ(region_run_bytes(aos, whole, whole, f), prefix_bytes(aos, aos, whole, f));
+  EXPECT_EQ(region_run_bytes(aos, whole, rect(0, 0, 3, 7), f), 16u * 4);      // half rows
+  EXPECT_EQ(region_run_bytes(aos, whole, rect(0, 2, 7, 5), f), 16u * 8 * 4);  // whole rows: one run
+  EXPECT_EQ(region_run_bytes(aos, whole, rect(5, 5, 5, 5), f), 16u);          // one point
+  // SOA: runs of one field's values.
+  EXPECT_EQ(region_run_bytes(L("x,y,F"), whole, rect(0, 0, 3, 7), f), 4u * 4);
+  EXPECT_EQ(region_run_bytes(L("x,y,F"), whole, whole, f), 16u * 64);
+  // Column-major: a band of whole columns is one run, a band of whole rows is not.
+  EXPECT_EQ(region_run_bytes(L("F,y,x"), whole, rect(2, 0, 3, 7), f), 16u * 8 * 2);
+  EXPECT_EQ(region_run_bytes(L("F,y,x"), whole, rect(0, 2, 7, 3), f), 16u * 2);
+  // Blocked: a whole block of a dimension the region does not span keeps the run going until
+  // that dimension's outer part, which takes the region's whole blocks.
+  Layout blocked = L("F,x_in=4,y_in=2,x_out,y_out");
+  EXPECT_EQ(region_run_bytes(blocked, whole, rect(0, 0, 3, 7), f), 16u * 4 * 2);          // one 4 x 2 tile
+  EXPECT_EQ(region_run_bytes(blocked, whole, rect(0, 0, 7, 1), f), 16u * 4 * 2 * 2);      // a row of tiles
+  EXPECT_EQ(region_run_bytes(blocked, whole, rect(0, 0, 7, 3), f), 16u * 4 * 2 * 2 * 2);  // y_out: 2 blocks
+  // Straddling two blocks without holding one: the longest piece within a block.
+  EXPECT_EQ(region_run_bytes(blocked, whole, rect(2, 0, 5, 7), f), 16u * 2);
+  EXPECT_EQ(region_run_bytes(blocked, whole, rect(1, 0, 2, 7), f), 16u * 2);
+  EXPECT_EQ(region_run_bytes(L("F,x_in=4,x_out,y"), whole, rect(2, 0, 7, 7), f), 16u * 6);  // ordered as x
+  expect_invalid([&] { region_run_bytes(aos, whole, rect(0, 0, 8, 7), f); }, "is not inside the index space");
+}
+
+// Against the bytes themselves: for every rectangle of an 8 x 8 instance, the longest run of
+// region bytes in the footprint. Exact for unblocked layouts; for blocked ones never more than
+// the real run, and at least half of it here (a run through whole blocks may also take partial
+// blocks at its ends, which region_run_bytes leaves out).
+TEST(PrefixSuffix, RegionRunsMatchTheFootprintsBytes) {
+  IndexSpace whole = Rect::from_extents({8, 8});
+  FieldSpace f = FieldSpace::uniform(4, 4);
+  for (const char* text : {"F,x,y", "F,y,x", "x,F,y", "x,y,F", "y,x,F", "F,x_in=4,y_in=2,x_out,y_out",
+                           "x_in=2,F,x_out,y", "F,x_in=4,x_out,y", "y_in=4,x,F,y_out"}) {
+    const Layout l = L(text);
+    const bool blocked = std::string_view(text).find("_in") != std::string_view::npos;
+    const Linearization lin(l, whole, f);
+    std::uint64_t exact = 0, below = 0;
+    double worst = 1;
+    for (std::int64_t x0 = 0; x0 < 8; ++x0)
+      for (std::int64_t x1 = x0; x1 < 8; ++x1)
+        for (std::int64_t y0 = 0; y0 < 8; ++y0)
+          for (std::int64_t y1 = y0; y1 < 8; ++y1) {
+            const Rect region(2, Point{x0, y0}, Point{x1, y1});
+            std::vector<char> in(lin.total_bytes(), 0);
+            for (std::int64_t y = y0; y <= y1; ++y)
+              for (std::int64_t x = x0; x <= x1; ++x)
+                for (std::size_t field = 0; field < f.count(); ++field)
+                  for (std::uint64_t b = 0; b < 4; ++b) in[lin.offset({x, y}, field) + b] = 1;
+            std::uint64_t longest = 0, current = 0;
+            for (char c : in) {
+              current = c ? current + 1 : 0;
+              longest = std::max(longest, current);
+            }
+            const std::uint64_t run = region_run_bytes(l, whole, region, f);
+            if (blocked) {
+              ASSERT_LE(run, longest) << text << " " << region.to_string();
+            } else {
+              ASSERT_EQ(run, longest) << text << " " << region.to_string();
+            }
+            ++(run == longest ? exact : below);
+            worst = std::max(worst, static_cast<double>(longest) / static_cast<double>(run));
+          }
+    if (blocked) EXPECT_LE(worst, 2.0) << text;  // 8 x 8 has partial ends of at most one block each
+    EXPECT_GT(exact, 0u) << text;
+  }
+}
+
 // Sizes that do not fit 64 bits are errors, not wrapped numbers (a wrapped footprint would
 // allocate too little and every copy into it would write past the end).
 TEST(Layout, SizesThatOverflowAreErrors) {

@@ -151,6 +151,60 @@ TEST(PlannerPolicy, CopiesWithinAGpuPreferTheCopyEngineUnlessTheKernelIsClearlyF
   EXPECT_EQ(plan_with_kernel_peak(1900.0, Layout::aos(1)).hops.at(0).kind, ChannelKind::sdma);
 }
 
+// A region of a larger instance (CopyOptions::region) is read in its rows, not as one run: a
+// narrow band between the nodes' system memories is rated by its 128-byte rows. The full planner
+// gathers it into whole buffers before the network (which is slow for small requests); the
+// simple planner's direct path is rated at the rows' rate.
+TEST(PlannerRegions, ANarrowBandIsRatedByItsRowsAndGatheredBeforeTheNetwork) {
+  TransferGraph g = two_node();
+  const Rect band(2, Point{0, 0}, Point{15, 4095});  // 16 points of 8 bytes: 128-byte rows
+  TransferRequest dense{M("node0/rank0/sys"),      M("node1/rank1/sys"), band,
+                        FieldSpace::uniform(2, 4), Layout::aos(2),       Layout::aos(2)};
+  TransferRequest region = dense;
+  region.src_instance_space = Rect::from_extents({4096, 4096});
+  region.dst_instance_space = Rect::from_extents({4096, 4096});
+  for (PlannerKind kind : {PlannerKind::full, PlannerKind::simple}) {
+    Plan d = kind == PlannerKind::full ? plan_full(g, dense) : plan_simple(g, dense);
+    Plan p = kind == PlannerKind::full ? plan_full(g, region) : plan_simple(g, region);
+    SCOPED_TRACE(to_text(d) + "\n" + to_text(p));
+    EXPECT_LE(p.hops.front().prefix_bytes, 128u);
+    EXPECT_LE(p.hops.back().prefix_bytes, 128u);
+    EXPECT_LE(p.hops.front().request_bytes, 128u);
+    if (kind == PlannerKind::full) {
+      // memcpy gathers the rows fast enough that the network stays the bottleneck.
+      EXPECT_NEAR(p.predicted_gbps, d.predicted_gbps, 1e-9);
+      int nic_hops = 0;
+      for (const auto& h : p.hops)
+        if (h.kind == ChannelKind::nic) {
+          ++nic_hops;
+          EXPECT_TRUE(h.src_is_buffer && h.dst_is_buffer) << "the network moves gathered buffers";
+          EXPECT_GT(h.request_bytes, 4096u);
+        }
+      EXPECT_EQ(nic_hops, 1);
+    } else {
+      EXPECT_LT(p.predicted_gbps, d.predicted_gbps / 2) << "the network sent the rows one by one";
+    }
+  }
+  // A region that spans whole rows keeps long runs: the band's rate is the dense rate.
+  TransferRequest rows = dense;
+  rows.space = Rect(2, Point{0, 0}, Point{4095, 15});
+  TransferRequest rows_region = rows;
+  rows_region.src_instance_space = Rect::from_extents({4096, 4096});
+  rows_region.dst_instance_space = Rect::from_extents({4096, 4096});
+  EXPECT_NEAR(plan_full(g, rows_region).predicted_gbps, plan_full(g, rows).predicted_gbps, 1e-9);
+  // An instance space that does not hold the region is refused by name.
+  TransferRequest outside = region;
+  outside.dst_instance_space = Rect::from_extents({8, 4096});
+  try {
+    plan_full(g, outside);
+    ADD_FAILURE() << "planned a region outside its instance";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("must lie inside the dst instance's index space"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(PlannerErrors, BadInputIsRejectedWithTheRule) {
   TransferGraph g = two_node();
   auto message = [&](const TransferRequest& r, PlannerOptions o = {}) {

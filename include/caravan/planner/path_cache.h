@@ -24,6 +24,9 @@ struct PathCacheKey {
   std::uint64_t fields = 0;  // |F|, smallest and largest field size
   std::uint8_t dims = 0;
   std::uint8_t size_class = 0;  // bit width of the payload byte count
+  // For a region of larger instances: bit widths of the runs it keeps in each (region_run_bytes;
+  // 0 for a whole instance), which bound the first and last hop's requests.
+  std::uint8_t src_run_class = 0, dst_run_class = 0;
   PlannerKind planner = PlannerKind::full;
 
   static PathCacheKey of(const TransferRequest& request, PlannerKind planner);

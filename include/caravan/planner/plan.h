@@ -10,6 +10,7 @@
 #include <caravan/machine.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,11 @@ struct TransferRequest {
   IndexSpace space;
   FieldSpace fields;
   Layout src_layout, dst_layout;
+  // When `space` is a region of larger instances (CopyOptions::region): their index spaces, which
+  // the layouts describe. A region narrower than its instance along a dimension leaves its rows
+  // apart there, and that bounds the runs the first hop can read and the last can write (see
+  // region_run_bytes). Unset: that instance is `space` itself.
+  std::optional<IndexSpace> src_instance_space, dst_instance_space;
 
   // Payload bytes: points x |F| (padding excluded).
   std::uint64_t bytes() const noexcept { return space.volume() * fields.total_size(); }
