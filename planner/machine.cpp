@@ -57,10 +57,10 @@ MemoryId MemoryId::parse(std::string_view text) {
   if (digits < kind.size()) {
     std::string_view number = kind.substr(digits);
     auto [ptr, ec] = std::from_chars(number.data(), number.data() + number.size(), id.index);
-    if (ec != std::errc() || id.index > 0xffff)
+    if (ec != std::errc() || id.index > max_index)
       throw Error(Errc::invalid_argument, fmt::format("memory '{}': index '{}' out of range (0..65535)", text, number));
   }
-  if (id.node >= (1u << 20) || id.rank >= (1u << 24))
+  if (id.node > max_node || id.rank > max_rank)
     throw Error(Errc::invalid_argument, fmt::format("memory '{}': node must be < 2^20 and rank < 2^24", text));
   return id;
 }

@@ -7,13 +7,16 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
+#include <initializer_list>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 namespace caravan::planner {
 namespace detail {
@@ -34,14 +37,41 @@ struct Context {
   }
 };
 
+// The keys an object of the format may hold. Any other is an error: a misspelt "shares" or
+// "capacity" would otherwise drop a channel's resource or a memory's bound without a word.
+void check_keys(const json& object, std::initializer_list<const char*> allowed, const Context& ctx,
+                const std::string& where) {
+  if (!object.is_object()) ctx.fail(where, fmt::format("expected a JSON object, got {}", object.type_name()));
+  for (const auto& item : object.items()) {
+    const std::string& key = item.key();
+    if (std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; })) continue;
+    std::string expected;
+    for (const char* a : allowed) expected += (expected.empty() ? "" : ", ") + std::string(a);
+    ctx.fail(where, fmt::format("unknown key \"{}\" (expected {})", key, expected));
+  }
+}
+
+// A byte count held in a double, checked before it becomes a whole number: a cast of a
+// non-finite value or of one at or above 2^64 is undefined, and a fraction of a byte would read
+// as 0 (unbounded for a capacity).
+std::uint64_t whole_bytes(double bytes, const std::string& shown, const Context& ctx, const std::string& where) {
+  constexpr double kTwoTo64 = 18446744073709551616.0;
+  if (!std::isfinite(bytes)) ctx.fail(where, fmt::format("{} is not a byte count (a size must be finite)", shown));
+  if (bytes < 0) ctx.fail(where, fmt::format("{}: a size cannot be negative", shown));
+  if (bytes >= kTwoTo64) ctx.fail(where, fmt::format("{} is too large (a size is at most 2^64 - 1 bytes)", shown));
+  if (bytes > 0 && bytes < 1)
+    ctx.fail(where, fmt::format("{} is a fraction of a byte (it would be read as 0; sizes are whole bytes)", shown));
+  return static_cast<std::uint64_t>(bytes);
+}
+
 // A byte count: a JSON number, or a string like "4096", "64K", "16MiB", "1.5G" (powers of 1024).
 std::uint64_t parse_size(const json& value, const Context& ctx, const std::string& where) {
-  if (value.is_number_unsigned()) return value.get<std::uint64_t>();
-  if (value.is_number()) {
-    double d = value.get<double>();
-    if (d < 0) ctx.fail(where, "a size cannot be negative");
-    return static_cast<std::uint64_t>(d);
+  if (value.is_number_integer()) {
+    if (!value.is_number_unsigned() && value.get<std::int64_t>() < 0)
+      ctx.fail(where, fmt::format("{}: a size cannot be negative", value.dump()));
+    return value.get<std::uint64_t>();
   }
+  if (value.is_number()) return whole_bytes(value.get<double>(), value.dump(), ctx, where);
   if (!value.is_string()) ctx.fail(where, "expected a byte count (a number or a string like \"64K\")");
   std::string text = value.get<std::string>();
   double number = 0;
@@ -57,9 +87,11 @@ std::uint64_t parse_size(const json& value, const Context& ctx, const std::strin
   else if (suffix == "g") scale = 1024.0 * 1024 * 1024;
   else if (suffix == "t") scale = 1024.0 * 1024 * 1024 * 1024;
   else if (!suffix.empty()) ctx.fail(where, fmt::format("'{}': unknown size suffix (use K, M, G or T)", text));
-  return static_cast<std::uint64_t>(number * scale);
+  return whole_bytes(number * scale, fmt::format("'{}'", text), ctx, where);
 }
 
+// [bytes, GB/s] points, checked as a throughput table here so that an error names the table
+// (or the channel) that holds them rather than the first channel that uses them.
 std::vector<ThroughputFunction::Sample> parse_points(const json& value, const Context& ctx, const std::string& where) {
   if (!value.is_array() || value.empty()) ctx.fail(where, "expected a non-empty array of [bytes, GB/s] points");
   std::vector<ThroughputFunction::Sample> points;
@@ -67,7 +99,14 @@ std::vector<ThroughputFunction::Sample> parse_points(const json& value, const Co
     const auto& p = value[i];
     std::string at = fmt::format("{}[{}]", where, i);
     if (!p.is_array() || p.size() != 2 || !p[1].is_number()) ctx.fail(at, "expected [bytes, GB/s]");
-    points.push_back({parse_size(p[0], ctx, at), p[1].get<double>()});
+    const std::uint64_t bytes = parse_size(p[0], ctx, at + "[0]");
+    if (bytes == 0) ctx.fail(at + "[0]", "a request size must be at least 1 byte");
+    points.push_back({bytes, p[1].get<double>()});
+  }
+  try {
+    ThroughputFunction check(points);
+  } catch (const Error& e) {
+    ctx.fail(where, e.what());
   }
   return points;
 }
@@ -77,12 +116,13 @@ const json& member(const json& object, const char* key, const Context& ctx, cons
   return object.at(key);
 }
 
-// A node, rank or memory index: a whole number that fits in 32 bits (nlohmann would wrap -1 and
-// truncate 1.7 without a word).
-std::uint32_t parse_index(const json& value, const Context& ctx, const std::string& where) {
-  if (!value.is_number_unsigned() || value.get<std::uint64_t>() > std::numeric_limits<std::uint32_t>::max())
-    ctx.fail(where, fmt::format("expected a whole number from 0 to {}, got {}",
-                                std::numeric_limits<std::uint32_t>::max(), value.dump()));
+// A node, rank or memory index: a whole number from 0 to `max` (nlohmann would wrap -1 and
+// truncate 1.7 without a word; MemoryId::key() keeps 20 bits of node, 24 of rank and 16 of index,
+// so a larger one would be taken for another memory).
+std::uint32_t parse_index(const json& value, std::uint32_t max, const Context& ctx, const std::string& where) {
+  if (!value.is_number_unsigned() || value.get<std::uint64_t>() > max)
+    ctx.fail(where, fmt::format("expected a whole number from 0 to {} (the most a memory name holds), got {}", max,
+                                value.dump()));
   return value.get<std::uint32_t>();
 }
 
@@ -95,15 +135,26 @@ std::string optional_string(const json& object, const char* key, std::string fal
   return value.get<std::string>();
 }
 
-std::vector<MemoryId> parse_memory_list(const json& value, const Context& ctx, const std::string& where) {
+// A channel's src or dst: one memory name or a list of them, each declared under "nodes" (keyed
+// by MemoryId::key()) and none listed twice.
+std::vector<MemoryId> parse_memory_list(const json& value, const std::map<std::uint64_t, std::string>& declared,
+                                        const Context& ctx, const std::string& where) {
   std::vector<MemoryId> ids;
+  std::vector<std::string> places;
   auto one = [&](const json& v, const std::string& at) {
     if (!v.is_string()) ctx.fail(at, "expected a memory name such as \"node0/rank0/sys\"");
+    MemoryId id;
     try {
-      ids.push_back(MemoryId::parse(v.get<std::string>()));
+      id = MemoryId::parse(v.get<std::string>());
     } catch (const Error& e) {
       ctx.fail(at, e.what());
     }
+    if (!declared.contains(id.key()))
+      ctx.fail(at, fmt::format("memory {} is not declared (no entry of \"nodes\" has it)", id.to_string()));
+    for (std::size_t j = 0; j < ids.size(); ++j)
+      if (ids[j] == id) ctx.fail(at, fmt::format("memory {} is listed twice (also {})", id.to_string(), places[j]));
+    ids.push_back(id);
+    places.push_back(at);
   };
   if (value.is_array()) {
     if (value.empty()) ctx.fail(where, "empty list of memories");
@@ -114,45 +165,45 @@ std::vector<MemoryId> parse_memory_list(const json& value, const Context& ctx, c
   return ids;
 }
 
-}  // namespace
-
-MachineDescription parse_machine_json(std::string_view text, std::string_view origin) {
-  Context ctx{std::string(origin)};
-  json doc;
-  try {
-    doc = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    ctx.fail("JSON", e.what());
-  }
-  if (!doc.is_object()) ctx.fail("top level", "expected a JSON object");
+MachineDescription parse_document(const json& doc, const Context& ctx) {
+  check_keys(doc, {"format", "name", "description", "shapes", "tables", "nodes", "resources", "channels"}, ctx,
+             "top level");
   if (doc.contains("format") && doc["format"] != kFormat)
     ctx.fail("format", fmt::format("unsupported format {} (this build reads \"{}\")", doc["format"].dump(), kFormat));
   MachineDescription m;
-  m.name = optional_string(doc, "name", std::string(origin), ctx, "top level");
+  m.name = optional_string(doc, "name", ctx.origin, ctx, "top level");
   m.description = optional_string(doc, "description", std::string(), ctx, "top level");
 
   std::map<std::string, std::vector<ThroughputFunction::Sample>> shapes, tables;
-  if (doc.contains("shapes"))
-    for (const auto& [name, value] : doc["shapes"].items()) shapes[name] = parse_points(value, ctx, "shapes." + name);
-  if (doc.contains("tables"))
-    for (const auto& [name, value] : doc["tables"].items()) tables[name] = parse_points(value, ctx, "tables." + name);
+  for (const char* group : {"shapes", "tables"}) {
+    if (!doc.contains(group)) continue;
+    if (!doc[group].is_object()) ctx.fail(group, "expected an object of NAME: [[bytes, GB/s]...]");
+    auto& into = std::string_view(group) == "shapes" ? shapes : tables;
+    for (const auto& item : doc[group].items())
+      into[item.key()] = parse_points(item.value(), ctx, fmt::format("{}.{}", group, item.key()));
+  }
 
+  std::map<std::uint64_t, std::string> declared;  // MemoryId::key() -> the entry declaring it
   const json& nodes = member(doc, "nodes", ctx, "top level");
   if (!nodes.is_array()) ctx.fail("nodes", "expected an array");
   for (std::size_t n = 0; n < nodes.size(); ++n) {
     std::string at = fmt::format("nodes[{}]", n);
     const json& node = nodes[n];
-    const std::uint32_t node_id = parse_index(member(node, "node", ctx, at), ctx, at + ".node");
+    check_keys(node, {"node", "ranks"}, ctx, at);
+    const std::uint32_t node_id = parse_index(member(node, "node", ctx, at), MemoryId::max_node, ctx, at + ".node");
     const json& ranks = member(node, "ranks", ctx, at);
     if (!ranks.is_array()) ctx.fail(at + ".ranks", "expected an array");
     for (std::size_t r = 0; r < ranks.size(); ++r) {
       std::string rat = fmt::format("{}.ranks[{}]", at, r);
-      const std::uint32_t rank_id = parse_index(member(ranks[r], "rank", ctx, rat), ctx, rat + ".rank");
+      check_keys(ranks[r], {"rank", "memories"}, ctx, rat);
+      const std::uint32_t rank_id =
+          parse_index(member(ranks[r], "rank", ctx, rat), MemoryId::max_rank, ctx, rat + ".rank");
       const json& memories = member(ranks[r], "memories", ctx, rat);
       if (!memories.is_array()) ctx.fail(rat + ".memories", "expected an array");
       for (std::size_t k = 0; k < memories.size(); ++k) {
         std::string mat = fmt::format("{}.memories[{}]", rat, k);
         const json& mem = memories[k];
+        check_keys(mem, {"kind", "index", "capacity"}, ctx, mat);
         MemoryDecl decl;
         decl.id.node = node_id;
         decl.id.rank = rank_id;
@@ -162,31 +213,45 @@ MachineDescription parse_machine_json(std::string_view text, std::string_view or
         } catch (const Error& e) {
           ctx.fail(mat + ".kind", e.what());
         }
-        decl.id.index = mem.contains("index") ? parse_index(mem["index"], ctx, mat + ".index") : 0u;
+        decl.id.index =
+            mem.contains("index") ? parse_index(mem["index"], MemoryId::max_index, ctx, mat + ".index") : 0u;
         if (mem.contains("capacity")) decl.capacity = parse_size(mem["capacity"], ctx, mat + ".capacity");
+        auto [it, fresh] = declared.emplace(decl.id.key(), mat);
+        if (!fresh)
+          ctx.fail(mat, fmt::format("memory {} is declared twice (also {})", decl.id.to_string(), it->second));
         m.memories.push_back(decl);
       }
     }
   }
 
+  std::map<std::string, std::string> resource_entries;  // name -> the entry declaring it
   if (doc.contains("resources")) {
     const json& resources = doc["resources"];
     if (!resources.is_array()) ctx.fail("resources", "expected an array");
     for (std::size_t i = 0; i < resources.size(); ++i) {
       std::string at = fmt::format("resources[{}]", i);
+      check_keys(resources[i], {"name", "gbps"}, ctx, at);
       const json& name = member(resources[i], "name", ctx, at);
       const json& gbps = member(resources[i], "gbps", ctx, at);
       if (!name.is_string()) ctx.fail(at + ".name", "expected a string");
-      if (!gbps.is_number()) ctx.fail(at + ".gbps", "expected a number (GB/s)");
+      if (!gbps.is_number() || !(gbps.get<double>() > 0))
+        ctx.fail(at + ".gbps", fmt::format("expected a positive number (GB/s), got {}", gbps.dump()));
+      auto [it, fresh] = resource_entries.emplace(name.get<std::string>(), at);
+      if (!fresh)
+        ctx.fail(at + ".name", fmt::format("resource '{}' is declared twice (also {})", it->first, it->second));
       m.resources.push_back({name.get<std::string>(), gbps.get<double>()});
     }
   }
 
+  // (kind, src, dst) -> the channels[] entry that made it: a repeat would be a second edge, and
+  // max-flow and multi-path planning would count its bandwidth twice.
+  std::map<std::tuple<ChannelKind, std::uint64_t, std::uint64_t>, std::size_t> made;
   const json& channels = member(doc, "channels", ctx, "top level");
   if (!channels.is_array()) ctx.fail("channels", "expected an array");
   for (std::size_t i = 0; i < channels.size(); ++i) {
     std::string at = fmt::format("channels[{}]", i);
     const json& c = channels[i];
+    check_keys(c, {"kind", "src", "dst", "pairs", "throughput", "shares"}, ctx, at);
     ChannelKind kind{};
     const json& kind_value = member(c, "kind", ctx, at);
     try {
@@ -194,8 +259,8 @@ MachineDescription parse_machine_json(std::string_view text, std::string_view or
     } catch (const Error& e) {
       ctx.fail(at + ".kind", e.what());
     }
-    auto srcs = parse_memory_list(member(c, "src", ctx, at), ctx, at + ".src");
-    auto dsts = parse_memory_list(member(c, "dst", ctx, at), ctx, at + ".dst");
+    auto srcs = parse_memory_list(member(c, "src", ctx, at), declared, ctx, at + ".src");
+    auto dsts = parse_memory_list(member(c, "dst", ctx, at), declared, ctx, at + ".dst");
     std::string pairs = optional_string(c, "pairs", "all", ctx, at);
     if (pairs != "all" && pairs != "distinct") ctx.fail(at + ".pairs", "expected \"all\" or \"distinct\"");
     const json& tp = member(c, "throughput", ctx, at);
@@ -210,6 +275,7 @@ MachineDescription parse_machine_json(std::string_view text, std::string_view or
         if (it == tables.end()) ctx.fail(at + ".throughput", fmt::format("no table named '{}' in \"tables\"", tp.get<std::string>()));
         function = ThroughputFunction(it->second);
       } else if (tp.is_object()) {
+        check_keys(tp, {"shape", "gbps"}, ctx, at + ".throughput");
         const json& shape = member(tp, "shape", ctx, at + ".throughput");
         const json& gbps = member(tp, "gbps", ctx, at + ".throughput");
         if (!shape.is_string() || !gbps.is_number()) ctx.fail(at + ".throughput", "expected {\"shape\": name, \"gbps\": peak}");
@@ -226,18 +292,43 @@ MachineDescription parse_machine_json(std::string_view text, std::string_view or
     std::vector<std::string> shares;
     if (c.contains("shares")) {
       if (!c["shares"].is_array()) ctx.fail(at + ".shares", "expected an array of resource names");
-      for (const auto& s : c["shares"]) {
-        if (!s.is_string()) ctx.fail(at + ".shares", "expected resource names");
+      for (std::size_t k = 0; k < c["shares"].size(); ++k) {
+        const json& s = c["shares"][k];
+        std::string sat = fmt::format("{}.shares[{}]", at, k);
+        if (!s.is_string()) ctx.fail(sat, fmt::format("expected a resource name, got {}", s.dump()));
+        if (!resource_entries.contains(s.get<std::string>()))
+          ctx.fail(sat, fmt::format("resource '{}' is not declared in \"resources\"", s.get<std::string>()));
         shares.push_back(s.get<std::string>());
       }
     }
     for (const auto& s : srcs)
       for (const auto& d : dsts) {
         if (pairs == "distinct" && s == d) continue;
+        auto [it, fresh] = made.emplace(std::tuple{kind, s.key(), d.key()}, i);
+        if (!fresh)
+          ctx.fail(at,
+                   fmt::format("channel {} {} -> {} is also made by channels[{}] (one channel per kind, src and dst: "
+                               "a repeat would count its bandwidth twice)",
+                               to_string(kind), s.to_string(), d.to_string(), it->second));
         m.channels.push_back({kind, s, d, function, shares});
       }
   }
-  // Build once so that references to undeclared memories or resources fail here, with the origin.
+  return m;
+}
+
+}  // namespace
+
+MachineDescription parse_machine_json(std::string_view text, std::string_view origin) {
+  Context ctx{std::string(origin)};
+  MachineDescription m;
+  // nlohmann's own errors (a syntax error, a number such as 1e400 that overflows a double) become
+  // caravan errors with the origin.
+  try {
+    m = parse_document(json::parse(text.begin(), text.end()), ctx);
+  } catch (const json::exception& e) {
+    ctx.fail("JSON", e.what());
+  }
+  // Build once so that what the entries cannot show (the graph's own rules) fails here, with the origin.
   try {
     TransferGraph check(m);
   } catch (const Error& e) {

@@ -13,8 +13,9 @@ PathCacheKey PathCacheKey::of(const TransferRequest& request, PlannerKind planne
   key.dst = request.dst.key();
   key.src_layout = request.src_layout;
   key.dst_layout = request.dst_layout;
-  key.fields = (request.fields.total_size() << 24) ^ (static_cast<std::uint64_t>(request.fields.min_size()) << 12) ^
-               request.fields.max_size();
+  key.fields_total = request.fields.total_size();
+  key.field_min = request.fields.min_size();
+  key.field_max = request.fields.max_size();
   key.dims = static_cast<std::uint8_t>(request.space.dims());
   key.size_class = static_cast<std::uint8_t>(std::bit_width(request.bytes()));
   if (request.src_instance_space)
@@ -28,15 +29,17 @@ PathCacheKey PathCacheKey::of(const TransferRequest& request, PlannerKind planne
 }
 
 bool PathCacheKey::operator==(const PathCacheKey& o) const noexcept {
-  return src == o.src && dst == o.dst && fields == o.fields && dims == o.dims && size_class == o.size_class &&
-         src_run_class == o.src_run_class && dst_run_class == o.dst_run_class && planner == o.planner &&
-         src_layout == o.src_layout && dst_layout == o.dst_layout;
+  return src == o.src && dst == o.dst && fields_total == o.fields_total && field_min == o.field_min &&
+         field_max == o.field_max && dims == o.dims && size_class == o.size_class && src_run_class == o.src_run_class &&
+         dst_run_class == o.dst_run_class && planner == o.planner && src_layout == o.src_layout &&
+         dst_layout == o.dst_layout;
 }
 
 std::size_t PathCacheKeyHash::operator()(const PathCacheKey& k) const noexcept {
   std::uint64_t h = k.src * 0x9e3779b97f4a7c15ull;
   h ^= k.dst + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= k.fields + (h << 6) + (h >> 2);
+  h ^= k.fields_total + (h << 6) + (h >> 2);
+  h ^= (static_cast<std::uint64_t>(k.field_min) << 32 | k.field_max) + (h << 6) + (h >> 2);
   h ^= (static_cast<std::uint64_t>(k.src_run_class) << 32 | static_cast<std::uint64_t>(k.dst_run_class) << 24 |
         static_cast<std::uint64_t>(k.dims) << 16 | static_cast<std::uint64_t>(k.size_class) << 8 |
         static_cast<std::uint64_t>(k.planner)) +

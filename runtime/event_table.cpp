@@ -322,6 +322,11 @@ bool EventTable::wait(Event e, const std::chrono::steady_clock::time_point* dead
     *failure = find_poison(s, e.generation());
     return true;
   }
+  if (on_progress_thread())
+    throw Error(Errc::invalid_argument,
+                "Event::wait on the network's progress thread (in an Event::on_trigger callback of an event another "
+                "rank triggered, or of a copy between ranks): it would stop the thread that delivers the event; "
+                "callbacks must not block (chain work with Runtime::spawn or a UserEvent instead)");
   // Counted for shutdown while blocked (see t_blocked_wait_count).
   struct BlockedScope {
     std::atomic<int>* count = t_blocked_wait_count;

@@ -78,6 +78,12 @@ extern thread_local std::atomic<int>* t_blocked_wait_count;
 extern thread_local const char* t_runtime_thread_role;
 extern thread_local int t_event_callback_depth;
 
+// The network's progress thread delivers every message from other ranks, and runs the
+// on_trigger callbacks of events they trigger: a wait there (Event::wait, a heap put to another
+// node) would stop the very thread that must complete it, so such waits are refused.
+inline constexpr const char* kProgressThreadRole = "the network's progress thread";
+inline bool on_progress_thread() noexcept { return t_runtime_thread_role == kProgressThreadRole; }
+
 class RuntimeThreadRole {
  public:
   explicit RuntimeThreadRole(const char* role) : previous_(t_runtime_thread_role) { t_runtime_thread_role = role; }

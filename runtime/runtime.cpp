@@ -138,6 +138,9 @@ void RuntimeImpl::shutdown() {
   std::lock_guard serial(shutdown_mutex_);
   if (stopped_.load(std::memory_order_relaxed)) return;
   stopping_.store(true, std::memory_order_release);
+  // A task or thread waiting in a collective (a barrier, a heap allocation) would hold the
+  // shutdown up for ever: it ends with Error(shut_down) now.
+  if (net_) net_->wake_collectives();
   auto failure = make_failure(Errc::shut_down, "the runtime shut down before this work ran");
   // Each stage runs even if one before it threw (its error is logged): stopping half the
   // runtime would leave threads that later stages join, or events nobody fails.
@@ -438,6 +441,10 @@ Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const Spa
                   fmt::format("spawn('{}'): {} bytes of arguments for rank {}; a task on another rank takes at most "
                               "4 GiB - 1 (pass an Instance or a symmetric heap region instead)",
                               entry->name, args.size(), processor.rank));
+    if (!options.precondition.is_none() && options.precondition.owner_rank() >= world_size_)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("spawn('{}'): the precondition belongs to rank {}, outside the job's ranks 0..{}",
+                              entry->name, options.precondition.owner_rank(), world_size_ - 1));
     if (!options.precondition.is_none() && options.precondition.owner_rank() == rank_) table_for(options.precondition);
     SpawnOptions remote = options;
     remote.processor = processor;

@@ -37,6 +37,11 @@ struct MemoryId {
   MemoryKind kind = MemoryKind::sys;
   std::uint32_t index = 0;
 
+  // The largest node, rank and index key() keeps apart (parse() and machine files accept no more).
+  static constexpr std::uint32_t max_node = (1u << 20) - 1;
+  static constexpr std::uint32_t max_rank = (1u << 24) - 1;
+  static constexpr std::uint32_t max_index = 0xffff;
+
   // Parses "node1/rank4/fbm" or "node0/rank0/fbm1"; throws Error(invalid_argument) naming the
   // part that does not parse.
   static MemoryId parse(std::string_view text);

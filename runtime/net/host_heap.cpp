@@ -99,45 +99,63 @@ HostHeap::HostHeap(Network* network, std::uint64_t bytes_per_rank)
 
   std::string error;
   int fd = -1;
-  if (creator) {
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    struct statvfs fs {};
-    if (fd < 0) {
-      error = fmt::format("shm_open({}) failed: {}", name, std::strerror(errno));
-    } else if (ftruncate(fd, static_cast<off_t>(mapped_bytes_)) != 0) {
-      error = fmt::format("sizing {} to {} bytes failed: {}", name, mapped_bytes_, std::strerror(errno));
-    } else if (fstatvfs(fd, &fs) == 0 && static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize < mapped_bytes_) {
-      // The segment is sparse: a node whose /dev/shm is too small would crash (SIGBUS) only
-      // when the heap fills up. Say so now instead.
-      error = fmt::format("the node's heap needs {} bytes ({} ranks x CARAVAN_SYMMETRIC_HEAP_BYTES) but /dev/shm has "
-                          "{} free; lower CARAVAN_SYMMETRIC_HEAP_BYTES or enlarge /dev/shm",
-                          mapped_bytes_, local_count, static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize);
-    }
-  }
-  std::string all = gather_errors(*network_, error, "symmetric heap: create");
-  if (all.empty() && !creator) {
-    fd = shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) error = fmt::format("shm_open({}) failed: {}", name, std::strerror(errno));
-  }
-  if (all.empty() && error.empty()) {
-    void* base = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) error = fmt::format("mapping {} failed: {}", name, std::strerror(errno));
-    else base_ = static_cast<std::byte*>(base);
-  }
-  if (fd >= 0) close(fd);
-  if (all.empty()) all = gather_errors(*network_, error, "symmetric heap: map");
-  // Every rank of the node has mapped the segment (or given up): the name can go.
-  if (creator && fd >= 0) shm_unlink(name.c_str());
-  if (!all.empty()) {
+  bool named = false;  // this rank created the name and has not unlinked it yet
+  // A collective below may throw (a peer failed during start-up): nothing may stay behind then,
+  // neither the descriptor, nor the name in /dev/shm, nor the mapping (the destructor never runs).
+  const auto undo = [&] {
+    if (fd >= 0) close(fd);
+    if (named) shm_unlink(name.c_str());
     if (base_) munmap(base_, mapped_bytes_);
     base_ = nullptr;
-    throw Error(Errc::transport, "symmetric heap: " + all);
-  }
-  if (network_->node_count() > 1) {
-    registration_ = network_->rma().register_memory(base_ + part_offset(rank_), part_bytes_);
-    remote_ = network_->rma().exchange(*registration_, "symmetric heap: exchange keys");
-    for (int r = 0; r < world_size_; ++r)
-      if (local_index_[static_cast<std::size_t>(r)] >= 0) remote_[static_cast<std::size_t>(r)].reset();
+    registration_.reset();
+    remote_.clear();
+  };
+  try {
+    if (creator) {
+      fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      named = fd >= 0;
+      struct statvfs fs {};
+      if (fd < 0) {
+        error = fmt::format("shm_open({}) failed: {}", name, std::strerror(errno));
+      } else if (ftruncate(fd, static_cast<off_t>(mapped_bytes_)) != 0) {
+        error = fmt::format("sizing {} to {} bytes failed: {}", name, mapped_bytes_, std::strerror(errno));
+      } else if (fstatvfs(fd, &fs) == 0 && static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize < mapped_bytes_) {
+        // The segment is sparse: a node whose /dev/shm is too small would crash (SIGBUS) only
+        // when the heap fills up. Say so now instead.
+        error = fmt::format(
+            "the node's heap needs {} bytes ({} ranks x CARAVAN_SYMMETRIC_HEAP_BYTES) but /dev/shm has "
+            "{} free; lower CARAVAN_SYMMETRIC_HEAP_BYTES or enlarge /dev/shm",
+            mapped_bytes_, local_count, static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize);
+      }
+    }
+    std::string all = gather_errors(*network_, error, "symmetric heap: create");
+    if (all.empty() && !creator) {
+      fd = shm_open(name.c_str(), O_RDWR, 0);
+      if (fd < 0) error = fmt::format("shm_open({}) failed: {}", name, std::strerror(errno));
+    }
+    if (all.empty() && error.empty()) {
+      void* base = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED)
+        error = fmt::format("mapping {} failed: {}", name, std::strerror(errno));
+      else
+        base_ = static_cast<std::byte*>(base);
+    }
+    if (fd >= 0) close(fd);
+    fd = -1;
+    if (all.empty()) all = gather_errors(*network_, error, "symmetric heap: map");
+    // Every rank of the node has mapped the segment (or given up): the name can go.
+    if (named) shm_unlink(name.c_str());
+    named = false;
+    if (!all.empty()) throw Error(Errc::transport, "symmetric heap: " + all);
+    if (network_->node_count() > 1) {
+      registration_ = network_->rma().register_memory(base_ + part_offset(rank_), part_bytes_);
+      remote_ = network_->rma().exchange(*registration_, "symmetric heap: exchange keys");
+      for (int r = 0; r < world_size_; ++r)
+        if (local_index_[static_cast<std::size_t>(r)] >= 0) remote_[static_cast<std::size_t>(r)].reset();
+    }
+  } catch (...) {
+    undo();
+    throw;
   }
 }
 
@@ -147,8 +165,23 @@ HostHeap::~HostHeap() {
 }
 
 void HostHeap::release_registrations() {
-  remote_.clear();
+  std::vector<RemoteMemoryRef> released;
+  {
+    std::lock_guard lock(remote_mutex_);
+    for (auto& r : remote_) released.push_back(std::exchange(r, nullptr));  // keeps the size: see remote_part
+  }
+  released.clear();
   registration_.reset();
+}
+
+RemoteMemoryRef HostHeap::remote_part(int rank, std::string_view what) const {
+  std::lock_guard lock(remote_mutex_);
+  RemoteMemoryRef part = remote_.at(static_cast<std::size_t>(rank));
+  if (!part)
+    throw Error(
+        Errc::shut_down,
+        fmt::format("{}: rank {}'s part of the heap is released: this rank's runtime is shutting down", what, rank));
+  return part;
 }
 
 std::uint64_t HostHeap::used() const {
@@ -253,8 +286,8 @@ void HostHeap::put(const SymmetricRegion& dst, std::uint64_t offset, const void*
   }
   RmaWait wait;
   dirty_[static_cast<std::size_t>(rank)].store(true, std::memory_order_relaxed);
-  wait.wait(network_->rma().put(remote_[static_cast<std::size_t>(rank)], dst.offset + offset, src, bytes, nullptr,
-                                wait.callback()));
+  const RemoteMemoryRef target = remote_part(rank, "SymmetricHeap::put");
+  wait.wait(network_->rma().put(target, dst.offset + offset, src, bytes, nullptr, wait.callback()));
 }
 
 void HostHeap::get(void* dst, const SymmetricRegion& src, std::uint64_t offset, std::size_t bytes, int rank) {
@@ -268,8 +301,8 @@ void HostHeap::get(void* dst, const SymmetricRegion& src, std::uint64_t offset, 
     return;
   }
   RmaWait wait;
-  wait.wait(network_->rma().get(dst, nullptr, remote_[static_cast<std::size_t>(rank)], src.offset + offset, bytes,
-                                wait.callback()));
+  const RemoteMemoryRef source = remote_part(rank, "SymmetricHeap::get");
+  wait.wait(network_->rma().get(dst, nullptr, source, src.offset + offset, bytes, wait.callback()));
 }
 
 std::uint64_t* HostHeap::word(const SymmetricRegion& signals, std::size_t index, int rank, std::string_view what) const {
@@ -307,7 +340,7 @@ void HostHeap::signal(const SymmetricRegion& signals, std::size_t index, SignalO
     std::atomic_thread_fence(std::memory_order_release);
     rma.fence();
   }
-  const auto& target = remote_[static_cast<std::size_t>(rank)];
+  const RemoteMemoryRef target = remote_part(rank, "SymmetricHeap::signal");
   std::uint64_t at = signals.offset + 8 * static_cast<std::uint64_t>(index);
   dirty_[static_cast<std::size_t>(rank)].store(true, std::memory_order_relaxed);
   RmaWait wait;

@@ -73,7 +73,11 @@ class HostHeap {
   std::byte* base_ = nullptr;   // the node's segment
   std::size_t mapped_bytes_ = 0;
   std::vector<int> local_index_;           // rank -> its part's index in this node's segment, or -1
-  std::vector<RemoteMemoryRef> remote_;    // rank -> its part, for ranks of other nodes
+  // rank -> its part, for ranks of other nodes (guarded by remote_mutex_: shutdown releases them
+  // while other threads may still call put/get/signal, which then fail with Errc::shut_down).
+  std::vector<RemoteMemoryRef> remote_;
+  mutable std::mutex remote_mutex_;
+  RemoteMemoryRef remote_part(int rank, std::string_view what) const;
   LocalMemoryRef registration_;            // this rank's part, registered with UCX
   std::unique_ptr<std::atomic<bool>[]> dirty_;  // rank -> RMA issued since the last quiet()
   mutable std::mutex mutex_;

@@ -55,6 +55,14 @@ Network::Network(RuntimeImpl& runtime, const LaunchOptions& launch)
       shutdown_timeout_s_(settings::get_double("CARAVAN_SHUTDOWN_TIMEOUT_S")),
       heartbeat_(settings::get_int("CARAVAN_HEARTBEAT_MS")),
       peers_(new Peer[static_cast<std::size_t>(launch.world_size)]) {
+  // A peer is judged by the heartbeats it sends: a timeout shorter than a few periods would
+  // declare every peer failed between two beats.
+  if (peer_timeout_s_ * 1000.0 < 3.0 * static_cast<double>(heartbeat_.count()))
+    throw Error(
+        Errc::invalid_argument,
+        fmt::format("CARAVAN_PEER_TIMEOUT_S = {} s must be at least three heartbeat periods "
+                    "(CARAVAN_HEARTBEAT_MS = {}): {:.3f} s or more, or a shorter heartbeat",
+                    peer_timeout_s_, heartbeat_.count(), 3.0 * static_cast<double>(heartbeat_.count()) / 1000.0));
   Worker::Options options;
   options.tls = settings::get_string("CARAVAN_UCX_TLS");
   options.poll_us = static_cast<int>(settings::get_int("CARAVAN_UCX_POLL_US"));
@@ -407,6 +415,10 @@ void Network::on_hello(const AmMessage& message) {
   }
   if (rendezvous_error_.empty() && joined_count_ < world_size_) return;
   finish_rendezvous_locked();
+  // The process refused (a wrong rank or world size, a rank claimed twice) holds no slot: it
+  // learns why here instead of waiting out CARAVAN_BOOTSTRAP_TIMEOUT_S.
+  if (!rendezvous_error_.empty() && message.reply_ep)
+    worker_->send(message.reply_ep, static_cast<std::uint16_t>(MsgId::welcome), welcome_);
   // Sending with mutex_ held is safe here only because this is the progress thread, which
   // already holds UCX's (recursive) worker lock.
 }
@@ -491,14 +503,23 @@ std::vector<std::vector<std::byte>> Network::allgather(std::span<const std::byte
                                                        std::optional<std::chrono::nanoseconds> timeout,
                                                        std::string_view what) {
   if (worker_->on_progress_thread())
-    throw Error(Errc::internal, fmt::format("{}: collectives cannot run on the progress thread", what));
+    throw Error(Errc::invalid_argument,
+                fmt::format("{}: a collective cannot run on the network's progress thread (where Event::on_trigger "
+                            "callbacks of remote events run; callbacks must not block)",
+                            what));
   auto failed_peer = [&]() -> int {
     for (int r = 0; r < world_size_; ++r)
       if (r != rank_ && peer_state(r) == PeerState::failed) return r;
     return -1;
   };
-  auto give_up = [&]() { return failed_peer() >= 0 || (rank_ != 0 && peer_state(0) != PeerState::alive); };
+  // This rank shutting down ends the wait too: nothing waits for it here, and a thread still
+  // in a collective would outlive the Network (its shutdown waits for the callers to leave).
+  auto leaving = [&] { return shut_down_.load(std::memory_order_acquire) || !runtime_.accepting_work(); };
+  auto give_up = [&]() { return leaving() || failed_peer() >= 0 || (rank_ != 0 && peer_state(0) != PeerState::alive); };
   auto fail = [&](std::uint64_t seq) {
+    if (leaving())
+      throw Error(Errc::shut_down,
+                  fmt::format("{}: collective #{} abandoned: rank {} is shutting down", what, seq, rank_));
     int lost = failed_peer() >= 0 ? failed_peer() : 0;
     FailureCause cause = peer_failure(lost);
     throw Error(cause ? cause->code() : Errc::transport,
@@ -506,6 +527,18 @@ std::vector<std::vector<std::byte>> Network::allgather(std::span<const std::byte
   };
   std::uint64_t seq = 0;
   std::vector<std::byte> result;
+  {
+    std::lock_guard lock(mutex_);
+    ++collective_callers_;
+  }
+  const auto leave = [this](void*) {
+    {
+      std::lock_guard lock(mutex_);
+      --collective_callers_;
+    }
+    cv_.notify_all();
+  };
+  const std::unique_ptr<void, decltype(leave)> left(this, leave);
   {
     std::lock_guard lock(mutex_);
     seq = next_gather_++;
@@ -639,8 +672,14 @@ void Network::on_gather_result(const AmMessage& message) {
 
 // --- shutdown ---
 
+void Network::wake_collectives() {
+  { std::lock_guard lock(mutex_); }
+  cv_.notify_all();
+}
+
 void Network::shutdown() {
   if (shut_down_.exchange(true)) return;
+  wake_collectives();  // collectives in progress here give up (Errc::shut_down)
   if (!connected_.load(std::memory_order_acquire)) {
     worker_->stop();
     return;
@@ -681,9 +720,18 @@ void Network::shutdown() {
       lose_peer(r, make_failure(Errc::shut_down, fmt::format("rank {} shut down while {} was still running", rank_,
                                                              describe(r))),
                 PeerState::departed);
+  {
+    // Threads still in a collective have been woken and are leaving; the Network must outlive them.
+    std::unique_lock lock(mutex_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return collective_callers_ == 0; }))
+      logger->warn("rank {}: {} thread(s) still in a collective after 5 s of shutting down", rank_,
+                   collective_callers_);
+  }
   if (heap_) heap_->release_registrations();
-  rma_->shutdown(make_failure(Errc::shut_down, fmt::format("rank {} shut down", rank_)));
+  // The progress thread stops before the RMA layer lets go of what it still holds: an operation
+  // completing there could free a registration (its last reference) under that release.
   worker_->stop();
+  rma_->shutdown(make_failure(Errc::shut_down, fmt::format("rank {} shut down", rank_)));
   worker_->close_all(std::vector<bool>(static_cast<std::size_t>(world_size_), true), std::chrono::milliseconds(500));
   close_rendezvous_endpoints();
   logger->info("rank {}: network shut down", rank_);

@@ -66,6 +66,8 @@ class Network {
   // Says bye, serves peers until they have all said bye (or CARAVAN_SHUTDOWN_TIMEOUT_S),
   // poisons what still waits on them, and releases UCX. Idempotent.
   void shutdown();
+  // The runtime has begun to shut down: collectives waiting here end with Error(shut_down).
+  void wake_collectives();
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -184,6 +186,7 @@ class Network {
   std::atomic<bool> connected_{false};
   std::atomic<bool> closing_{false};
   std::atomic<bool> shut_down_{false};
+  int collective_callers_ = 0;  // threads inside allgather (under mutex_): shutdown waits for them
 
   std::unique_ptr<RemoteEvents> events_;
   std::unique_ptr<Rma> rma_;  // destroyed before worker_: it releases UCX objects

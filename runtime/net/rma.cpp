@@ -1,6 +1,7 @@
 #include "runtime/net/rma.h"
 
 #include "runtime/host_memory.h"
+#include "runtime/event_table.h"
 #include "runtime/log.h"
 #include "runtime/net/network.h"
 #include "runtime/net/ucx.h"
@@ -381,6 +382,16 @@ void RmaWait::complete(void* user, const FailureCause& failure) {
   self->failure_ = failure;
   self->state_.store(1, std::memory_order_release);
   self->state_.notify_one();
+}
+
+RmaWait::RmaWait() {
+  // Only the progress thread completes the operation: waiting there would wait for ever. Checked
+  // before the operation is issued (it holds this object's address until it completes).
+  if (detail::on_progress_thread())
+    throw Error(Errc::invalid_argument,
+                "a put, get, signal or quiet to another node on the network's progress thread (in an "
+                "Event::on_trigger callback of an event another rank triggered) would wait for that thread itself; "
+                "callbacks must not block: issue it from a task (Runtime::spawn) instead");
 }
 
 void RmaWait::wait(RmaStatus status) {

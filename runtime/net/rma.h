@@ -184,6 +184,8 @@ class Rma {
 // Waits for one operation from a thread that may block (not the progress thread).
 class RmaWait {
  public:
+  // Throws Error(invalid_argument) on the network's progress thread, which alone completes it.
+  RmaWait();
   RmaCallback callback() { return {&RmaWait::complete, this}; }
   // Returns once the operation completed; throws its failure (an Error with its code). No
   // timeout is needed: a pending operation completes, or fails when its peer is lost (within

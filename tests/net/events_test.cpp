@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -247,6 +248,70 @@ TEST_F(JobTest, EventsOfARankThatShutDownArePoisonedNotHung) {
   } catch (const EventPoisoned& p) {
     EXPECT_EQ(p.cause()->code(), Errc::shut_down) << p.cause()->what();
   }
+}
+
+// A thread waiting in a collective that other ranks never join (here a barrier without a
+// timeout) ends with Errc::shut_down when its rank shuts down, instead of holding the shutdown
+// up for ever (and outliving the Network). The other ranks stay alive meanwhile.
+TEST_F(JobTest, ACollectiveWaitingAtShutdownEndsWithShutDown) {
+  using Clock = std::chrono::steady_clock;
+  rt().barrier(30s);
+  if (rank() != 0) {
+    std::this_thread::sleep_for(3s);  // alive, and not in the barrier rank 0 waits in
+    return;
+  }
+  Errc code = Errc::internal;
+  std::string what = "(the barrier returned)";
+  double seconds = 0;
+  std::thread waiter([&] {
+    const auto start = Clock::now();
+    try {
+      rt().barrier();
+    } catch (const Error& e) {
+      code = e.code();
+      what = e.what();
+    }
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  });
+  std::this_thread::sleep_for(200ms);
+  rt().shutdown();
+  waiter.join();
+  EXPECT_EQ(code, Errc::shut_down) << what;
+  EXPECT_NE(what.find("rank 0 is shutting down"), std::string::npos) << what;
+  EXPECT_LT(seconds, 2.5) << "the barrier waited for the other ranks' byes: " << what;
+}
+
+// On_trigger callbacks of events other ranks trigger run on the network's progress thread: a
+// wait there would stop the thread that must deliver what it waits for. It is refused by name.
+TEST_F(JobTest, CallbacksOfRemoteTriggersMayNotBlock) {
+  UserEvent go;
+  Event mine;
+  if (rank() == 1) mine = go = UserEvent::create();
+  const Event remote = test::all_gather(rt(), mine)[1];
+  UserEvent never;
+  std::promise<std::pair<Errc, std::string>> seen;
+  if (rank() == 0) {
+    never = UserEvent::create();
+    remote.on_trigger([&](const FailureCause&) {
+      try {
+        never.wait();
+        seen.set_value({Errc::internal, "(the wait returned)"});
+      } catch (const Error& e) {
+        seen.set_value({e.code(), e.what()});
+      }
+    });
+  }
+  rt().barrier(30s);
+  if (rank() == 1) go.trigger();
+  if (rank() == 0) {
+    auto result = seen.get_future();
+    ASSERT_EQ(result.wait_for(30s), std::future_status::ready) << "the callback never ran, or blocked";
+    const auto [code, what] = result.get();
+    EXPECT_EQ(code, Errc::invalid_argument) << what;
+    EXPECT_NE(what.find("progress thread"), std::string::npos) << what;
+    never.trigger();
+  }
+  rt().barrier(30s);
 }
 
 }  // namespace

@@ -77,6 +77,27 @@ TEST(PathCache, ARegionOfALargerInstanceIsNotTheDenseCopysPlan) {
   EXPECT_EQ(planner.cache().size(), 2u);
 }
 
+// Field spaces with the same |F| but other field sizes are other keys, also once a field reaches
+// 4 KiB (the packed key made {1, 1, 4096, 4096} and {2, 8192} one key).
+TEST(PathCache, FieldSizesOf4KiBAndMoreAreKeptApart) {
+  TransferRequest a = transpose(16);
+  a.fields = FieldSpace({{"a", 1}, {"b", 1}, {"c", 4096}, {"d", 4096}});
+  TransferRequest b = a;
+  b.fields = FieldSpace({{"a", 2}, {"b", 8192}});
+  ASSERT_EQ(a.bytes(), b.bytes());
+  const auto ka = PathCacheKey::of(a, PlannerKind::full), kb = PathCacheKey::of(b, PlannerKind::full);
+  EXPECT_FALSE(ka == kb);
+  EXPECT_EQ(ka.field_max, 4096u);
+  EXPECT_EQ(kb.field_max, 8192u);
+  Planner planner(two_node(), PlannerOptions{});
+  auto pa = planner.plan(a);
+  auto pb = planner.plan(b);
+  EXPECT_NE(pa.get(), pb.get());
+  EXPECT_EQ(planner.cache().hits(), 0u);
+  EXPECT_EQ(planner.cache().size(), 2u);
+  EXPECT_EQ(planner.plan(b).get(), pb.get());
+}
+
 TEST(PathCache, EvictsTheLeastRecentlyUsed) {
   PathCache cache(2);
   auto plan = std::make_shared<const Plan>();

@@ -265,7 +265,9 @@ TEST(PrefixSuffix, RegionRunsMatchTheFootprintsBytes) {
             ++(run == longest ? exact : below);
             worst = std::max(worst, static_cast<double>(longest) / static_cast<double>(run));
           }
-    if (blocked) EXPECT_LE(worst, 2.0) << text;  // 8 x 8 has partial ends of at most one block each
+    if (blocked) {
+      EXPECT_LE(worst, 2.0) << text;  // 8 x 8 has partial ends of at most one block each
+    }
     EXPECT_GT(exact, 0u) << text;
   }
 }

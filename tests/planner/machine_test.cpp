@@ -146,9 +146,9 @@ TEST(MachineFile, ErrorsNameTheEntry) {
             std::string::npos);
   EXPECT_NE(with_memory("0", R"({"kind": "sys", "index": 1.7})").find("got 1.7"), std::string::npos);
   EXPECT_NE(with_memory("0", R"({"kind": "sys", "index": "abc"})").find("memories[0].index"), std::string::npos);
-  EXPECT_NE(with_memory("4294967296", R"({"kind": "sys"})")
-                .find("nodes[0].node: expected a whole number from 0 to 4294967295"),
-            std::string::npos);
+  EXPECT_NE(
+      with_memory("4294967296", R"({"kind": "sys"})").find("nodes[0].node: expected a whole number from 0 to 1048575"),
+      std::string::npos);
   EXPECT_NE(
       message(
           "{" + nodes +
@@ -157,6 +157,141 @@ TEST(MachineFile, ErrorsNameTheEntry) {
       std::string::npos);
   EXPECT_THROW(load_machine_file("/nonexistent/machine.json"), Error);
   EXPECT_THROW(builtin_machine("nope"), Error);
+}
+
+// Parsing `text` as "test.json" throws Error(invalid_argument) with the origin and `fragment`.
+void expect_invalid(const std::string& text, const std::string& fragment) {
+  try {
+    parse_machine_json(text, "test.json");
+    ADD_FAILURE() << "no error; expected one saying: " << fragment << "\nfor: " << text;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("machine file test.json: ", 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << "message was: " << e.what();
+  }
+}
+
+// One node of rank 0 with sys and zcm (`memory` replaces zcm's entry), `resources` (a JSON array)
+// and `channels` (the text of a JSON array's entries).
+std::string machine(const std::string& channels, const std::string& memory = R"({"kind": "zcm"})",
+                    const std::string& resources = R"([{"name": "bus", "gbps": 5}])", const std::string& extra = "") {
+  return R"({"nodes": [{"node": 0, "ranks": [{"rank": 0, "memories": [{"kind": "sys"}, )" + memory +
+         "]}]}], \"resources\": " + resources + extra + ", \"channels\": [" + channels + "]}";
+}
+
+const std::string kSysToZcm =
+    R"({"kind": "memcpy", "src": "node0/rank0/sys", "dst": "node0/rank0/zcm", "throughput": 1})";
+
+TEST(MachineFile, RejectsUnknownKeys) {
+  ASSERT_NO_THROW(parse_machine_json(machine(kSysToZcm), "test.json"));
+  // A misspelt "shares" used to drop the shared resource without a word.
+  expect_invalid(
+      machine(
+          R"({"kind": "memcpy", "src": "node0/rank0/sys", "dst": "node0/rank0/zcm", "throughput": 1, "share": ["bus"]})"),
+      R"(channels[0]: unknown key "share" (expected kind, src, dst, pairs, throughput, shares))");
+  // A misspelt "capacity" used to leave the memory unbounded.
+  expect_invalid(machine(kSysToZcm, R"({"kind": "zcm", "capacty": "4G"})"),
+                 R"(nodes[0].ranks[0].memories[1]: unknown key "capacty" (expected kind, index, capacity))");
+  expect_invalid(machine(kSysToZcm, R"({"kind": "zcm"})", R"([{"name": "bus", "gpbs": 5}])"),
+                 R"(resources[0]: unknown key "gpbs")");
+  expect_invalid(machine(R"({"kind": "memcpy", "src": "node0/rank0/sys", "dst": "node0/rank0/zcm",
+                             "throughput": {"shape": "s", "gbps": 2, "peak": 3}})",
+                         R"({"kind": "zcm"})", R"([])", R"(, "shapes": {"s": [[64, 1.0]]})"),
+                 R"(channels[0].throughput: unknown key "peak" (expected shape, gbps))");
+  expect_invalid(machine(kSysToZcm, R"({"kind": "zcm"})", R"([])", R"(, "table": {})"),
+                 R"(top level: unknown key "table")");
+  expect_invalid(R"({"nodes": [{"node": 0, "host": "a", "ranks": []}], "channels": []})",
+                 R"(nodes[0]: unknown key "host")");
+  expect_invalid(R"({"nodes": [{"node": 0, "ranks": [{"rank": 0, "gpu": 0, "memories": []}]}], "channels": []})",
+                 R"(nodes[0].ranks[0]: unknown key "gpu")");
+  expect_invalid(machine("[1]"), "channels[0]: expected a JSON object, got array");
+}
+
+TEST(MachineFile, RejectsARepeatedChannel) {
+  // sys -> zcm from a list entry and again from an explicit one: two edges, bandwidth counted twice.
+  const std::string list =
+      R"({"kind": "memcpy", "src": ["node0/rank0/sys", "node0/rank0/zcm"], "dst": ["node0/rank0/sys", "node0/rank0/zcm"], "throughput": 1})";
+  expect_invalid(machine(list + ", " + kSysToZcm),
+                 "channels[1]: channel memcpy node0/rank0/sys -> node0/rank0/zcm is also made by channels[0]");
+  expect_invalid(
+      machine(
+          R"({"kind": "memcpy", "src": ["node0/rank0/sys", "node0/rank0/sys"], "dst": "node0/rank0/zcm", "throughput": 1})"),
+      "channels[0].src[1]: memory node0/rank0/sys is listed twice (also channels[0].src[0])");
+  // Another kind between the same memories is another channel.
+  MachineDescription m = parse_machine_json(
+      machine(list + R"(, {"kind": "file", "src": "node0/rank0/sys", "dst": "node0/rank0/zcm", "throughput": 1})"),
+      "test.json");
+  EXPECT_EQ(m.channels.size(), 5u);
+}
+
+TEST(MachineFile, RejectsSizesThatDoNotConvert) {
+  const auto capacity = [](const std::string& value) {
+    return machine(kSysToZcm, R"({"kind": "zcm", "capacity": )" + value + "}");
+  };
+  const std::string at = "nodes[0].ranks[0].memories[1].capacity: ";
+  expect_invalid(capacity(R"("inf")"), at + "'inf' is not a byte count (a size must be finite)");
+  expect_invalid(capacity(R"("nan")"), at + "'nan' is not a byte count");
+  expect_invalid(capacity(R"("1e30")"), at + "'1e30' is too large");
+  expect_invalid(capacity(R"("16777216T")"), at + "'16777216T' is too large");
+  expect_invalid(capacity("18446744073709551616"), at + "1.8446744073709552e+19 is too large");  // 2^64: a double
+  expect_invalid(capacity("1e30"), "is too large");
+  expect_invalid(capacity("0.5"), at + "0.5 is a fraction of a byte");
+  expect_invalid(capacity(R"("0.1")"), at + "'0.1' is a fraction of a byte");
+  expect_invalid(capacity("-1"), at + "-1: a size cannot be negative");
+  // A number past a double's range is nlohmann's error, made a caravan one with the origin.
+  expect_invalid(capacity("1e400"), "JSON: ");
+  // Request sizes: the table holding the point is named, not the channel that uses it.
+  expect_invalid(machine(kSysToZcm, R"({"kind": "zcm"})", "[]", R"(, "tables": {"t": [[0.5, 1.0], [64, 2.0]]})"),
+                 "tables.t[0][0]: 0.5 is a fraction of a byte");
+  expect_invalid(machine(kSysToZcm, R"({"kind": "zcm"})", "[]", R"(, "tables": {"t": [[0, 1.0]]})"),
+                 "tables.t[0][0]: a request size must be at least 1 byte");
+  expect_invalid(machine(kSysToZcm, R"({"kind": "zcm"})", "[]", R"(, "shapes": {"s": [[64, 1.0], ["64", 0.5]]})"),
+                 "shapes.s: throughput table: request size 64 appears twice");
+  // Whole sizes still read as before, 0 (unbounded) included.
+  MachineDescription m = parse_machine_json(capacity(R"("1.5K")"), "test.json");
+  EXPECT_EQ(m.memories[1].capacity, 1536u);
+  EXPECT_EQ(parse_machine_json(capacity("0"), "test.json").memories[1].capacity, 0u);
+  EXPECT_EQ(parse_machine_json(capacity("18446744073709551615"), "test.json").memories[1].capacity,
+            18446744073709551615ull);
+}
+
+TEST(MachineFile, MemoryIdsKeepToWhatAMemoryNameHolds) {
+  // MemoryId::key() keeps 16 bits of index: index 65536 was taken for index 0.
+  expect_invalid(machine(kSysToZcm, R"({"kind": "zcm"}, {"kind": "zcm", "index": 65536})"),
+                 "nodes[0].ranks[0].memories[2].index: expected a whole number from 0 to 65535");
+  expect_invalid(R"({"nodes": [{"node": 1048576, "ranks": []}], "channels": []})",
+                 "nodes[0].node: expected a whole number from 0 to 1048575");
+  expect_invalid(R"({"nodes": [{"node": 0, "ranks": [{"rank": 16777216, "memories": []}]}], "channels": []})",
+                 "nodes[0].ranks[0].rank: expected a whole number from 0 to 16777215");
+  MachineDescription m = parse_machine_json(
+      R"({"nodes": [{"node": 1048575, "ranks": [{"rank": 16777215, "memories": [{"kind": "fbm", "index": 65535}]}]}],
+          "channels": [{"kind": "sdma", "src": "node1048575/rank16777215/fbm65535", "dst": "node1048575/rank16777215/fbm65535", "throughput": 1}]})",
+      "test.json");
+  EXPECT_EQ(m.memories[0].id, MemoryId::parse("node1048575/rank16777215/fbm65535"));
+  expect_invalid(
+      machine(kSysToZcm, R"({"kind": "zcm"}, {"kind": "zcm", "index": 0})"),
+      "nodes[0].ranks[0].memories[2]: memory node0/rank0/zcm is declared twice (also nodes[0].ranks[0].memories[1])");
+}
+
+TEST(MachineFile, ChannelErrorsNameTheJsonEntry) {
+  // channels[0] makes four channels; the error is in channels[1], not "channel 4".
+  const std::string list =
+      R"({"kind": "memcpy", "src": ["node0/rank0/sys", "node0/rank0/zcm"], "dst": ["node0/rank0/sys", "node0/rank0/zcm"], "throughput": 1})";
+  expect_invalid(
+      machine(
+          list +
+          R"(, {"kind": "file", "src": "node0/rank0/sys", "dst": ["node0/rank0/zcm", "node0/rank0/dsk"], "throughput": 1})"),
+      "channels[1].dst[1]: memory node0/rank0/dsk is not declared");
+  expect_invalid(
+      machine(
+          list +
+          R"(, {"kind": "file", "src": "node0/rank0/sys", "dst": "node0/rank0/zcm", "throughput": 1, "shares": ["bus", "nic"]})"),
+      "channels[1].shares[1]: resource 'nic' is not declared");
+  expect_invalid(machine(kSysToZcm, R"({"kind": "zcm"})", R"([{"name": "bus", "gbps": 0}])"),
+                 "resources[0].gbps: expected a positive number (GB/s), got 0");
+  expect_invalid(
+      machine(kSysToZcm, R"({"kind": "zcm"})", R"([{"name": "bus", "gbps": 1}, {"name": "bus", "gbps": 2}])"),
+      "resources[1].name: resource 'bus' is declared twice (also resources[0])");
 }
 
 TEST(MachineFile, LocalMachineIsMeasured) {

@@ -11,7 +11,9 @@
 namespace caravan::planner {
 
 // Parses a machine file's text; `origin` (a path or a name) prefixes every error message.
-// Throws Error(invalid_argument) naming the entry and the rule broken.
+// Throws Error(invalid_argument) naming the entry and the rule broken: among them an unknown key
+// in any object, a (kind, src, dst) made by two channel entries, a size that is not finite, not
+// below 2^64 or a fraction of a byte, and a node, rank or index beyond what a MemoryId holds.
 MachineDescription parse_machine_json(std::string_view text, std::string_view origin);
 // Reads a file; throws Error(not_found) when it cannot be opened.
 MachineDescription load_machine_file(const std::string& path);

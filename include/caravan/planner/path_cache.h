@@ -21,7 +21,10 @@ namespace caravan::planner {
 struct PathCacheKey {
   std::uint64_t src = 0, dst = 0;  // MemoryId::key()
   Layout src_layout, dst_layout;
-  std::uint64_t fields = 0;  // |F|, smallest and largest field size
+  // |F| and the smallest and largest field size, each kept whole (packed into one word they
+  // collided once a field reached 4 KiB).
+  std::uint64_t fields_total = 0;
+  std::uint32_t field_min = 0, field_max = 0;
   std::uint8_t dims = 0;
   std::uint8_t size_class = 0;  // bit width of the payload byte count
   // For a region of larger instances: bit widths of the runs it keeps in each (region_run_bytes;
