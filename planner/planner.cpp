@@ -3,16 +3,24 @@
 
 #include <caravan/error.h>
 
+#include <algorithm>
 #include <numeric>
 
 namespace caravan::planner {
 namespace {
 
-// The largest divisor of n that is at most c.
+// The largest divisor of n that is at most c, from the divisor pairs (d, n / d) with d up to
+// sqrt(n): a cached block near 2^28 over a prime extent would otherwise count down 2^28 times
+// on every copy.
 std::uint64_t divisor_at_most(std::uint64_t n, std::uint64_t c) {
-  for (std::uint64_t d = std::min(c, n); d > 1; --d)
-    if (n % d == 0) return d;
-  return 1;
+  if (n <= c) return n;
+  std::uint64_t best = 1;
+  for (std::uint64_t d = 1; d <= n / d; ++d) {
+    if (n % d != 0) continue;
+    if (d <= c) best = std::max(best, d);
+    if (n / d <= c) best = std::max(best, n / d);
+  }
+  return best;
 }
 
 // A cached plan's path with its layouts fitted to another index space of the same size class:
@@ -39,6 +47,9 @@ std::optional<Plan> retarget(const TransferGraph& graph, const TransferRequest& 
   return plan;
 }
 
+// A fitted plan is kept if it predicts at least this share of the cached plan's rate.
+constexpr double kRetargetKeeps = 0.9;
+
 }  // namespace
 
 Planner::Planner(std::shared_ptr<const TransferGraph> graph, PlannerOptions options)
@@ -53,7 +64,15 @@ std::shared_ptr<const Plan> Planner::plan(const TransferRequest& request) {
     // The same space (and whole instances): the cached plan as it is. A region's instances may
     // differ within the key's run classes, so its predictions are recomputed below.
     if (hit->space == request.space && !request.src_instance_space && !request.dst_instance_space) return hit->plan;
-    if (auto fitted = retarget(*graph_, request, options_, *hit->plan)) return std::make_shared<const Plan>(std::move(*fitted));
+    // The cached path with its blocks fitted to this space, unless fitting cost it much of its
+    // rate (a block that no longer divides the extent can shrink to 1 and leave a hop with
+    // one-value requests): then a plan of its own. Either replaces the entry.
+    if (auto fitted = retarget(*graph_, request, options_, *hit->plan);
+        fitted && fitted->predicted_gbps >= kRetargetKeeps * hit->plan->predicted_gbps) {
+      auto plan = std::make_shared<const Plan>(std::move(*fitted));
+      cache_.insert(key, request.space, plan);
+      return plan;
+    }
   }
   auto plan = std::make_shared<const Plan>(kind == PlannerKind::full ? plan_full(*graph_, request, options_)
                                                                      : plan_simple(*graph_, request, options_));

@@ -75,6 +75,21 @@ Plan plan_simple(const TransferGraph& graph, const TransferRequest& request, con
   std::vector<std::uint32_t> path;
   if (ctx.src == ctx.dst) {
     auto loop = self_loop_of(graph, ctx.src, ChannelKind::memcpy);
+    if (!loop && converts) {
+      // A conversion: the self-loop predicted fastest for it, not the one with the highest
+      // peak (the copy engine converting an AOS instance sends one value per request).
+      double best = -1;
+      for (auto e : graph.out_channels(ctx.src)) {
+        if (!graph.channel(e).self_loop()) continue;
+        bool valid = true;
+        const detail::Step step{e, request.dst_layout};
+        const double gbps = detail::make_plan(ctx, PlannerKind::simple, std::span(&step, 1), &valid).predicted_gbps;
+        if (valid && gbps > best) {
+          best = gbps;
+          loop = e;
+        }
+      }
+    }
     if (!loop) {
       for (auto e : graph.out_channels(ctx.src))
         if (graph.channel(e).self_loop() && (!loop || graph.channel(e).peak_gbps > graph.channel(*loop).peak_gbps)) loop = e;
@@ -161,13 +176,29 @@ Plan plan_simple(const TransferGraph& graph, const TransferRequest& request, con
       break;
     }
   }
-  // The conversion on the first or the last hop, where one end holds the whole instance.
+  // The conversion on the first or the last hop, where one end holds the whole instance, or
+  // (between GPUs, with no host memory on the way) on a conversion kernel at either end: a copy
+  // engine or peer link converting sends one value per request. The fastest predicted wins.
+  std::optional<Plan> best;
+  const auto consider = [&](Plan plan, bool plan_valid) {
+    if (plan_valid && (!best || plan.predicted_gbps > best->predicted_gbps)) best = std::move(plan);
+  };
   Plan first = build(path, 0, &valid);
-  bool first_valid = valid;
+  consider(std::move(first), valid);
   Plan last = build(path, path.size() - 1, &valid);
-  bool last_valid = valid;
-  if (first_valid && (!last_valid || first.predicted_gbps >= last.predicted_gbps)) return first;
-  if (last_valid) return last;
+  consider(std::move(last), valid);
+  if (!has_memcpy && static_cast<int>(path.size()) + 1 <= options.max_hops) {
+    for (std::uint32_t end : {ctx.src, ctx.dst}) {
+      auto loop = self_loop_of(graph, end, ChannelKind::gpu_convert);
+      if (!loop) continue;
+      auto with_loop = path;
+      const std::size_t at = end == ctx.src ? 0 : path.size();
+      with_loop.insert(with_loop.begin() + static_cast<std::ptrdiff_t>(at), *loop);
+      Plan plan = build(with_loop, at, &valid);
+      consider(std::move(plan), valid);
+    }
+  }
+  if (best) return std::move(*best);
   ctx.no_plan("simple");
 }
 

@@ -98,6 +98,25 @@ TEST(PathCache, FieldSizesOf4KiBAndMoreAreKeptApart) {
   EXPECT_EQ(planner.plan(b).get(), pb.get());
 }
 
+// A cached path whose blocks cannot be fitted to a new extent (4099 is prime: every block
+// becomes 1) is not reused at a fraction of its rate: the new space gets a plan of its own, as
+// good as planning it afresh, and later copies of that space hit it.
+TEST(PathCache, AFitThatCostsTheRateIsReplanned) {
+  PlannerOptions o;
+  Planner planner(two_node(), o);
+  auto a = planner.plan(transpose(4096));
+  TransferRequest prime = transpose(4096);
+  prime.space = Rect::from_extents({4096, 4099});  // the same size class
+  auto b = planner.plan(prime);
+  const Plan fresh = plan_full(*two_node(), prime, o);
+  EXPECT_GE(b->predicted_gbps, 0.9 * fresh.predicted_gbps) << to_text(*b) << "\n" << to_text(fresh);
+  EXPECT_EQ(b->bytes, prime.bytes());
+  for (const auto& buf : b->buffers) EXPECT_LE(buf.bytes, o.buffer_threshold);
+  auto c = planner.plan(prime);
+  EXPECT_EQ(c.get(), b.get()) << "the plan for this space is cached";
+  EXPECT_EQ(planner.cache().size(), 1u);
+}
+
 TEST(PathCache, EvictsTheLeastRecentlyUsed) {
   PathCache cache(2);
   auto plan = std::make_shared<const Plan>();

@@ -155,6 +155,29 @@ TEST(PlannerPolicy, CopiesWithinAGpuPreferTheCopyEngineUnlessTheKernelIsClearlyF
 // narrow band between the nodes' system memories is rated by its 128-byte rows. The full planner
 // gathers it into whole buffers before the network (which is slow for small requests); the
 // simple planner's direct path is rated at the rows' rate.
+// Layout conversions among GPU memories below the full planner's size: the simple planner puts
+// the conversion on the conversion kernel, not on the copy engine or the peer link (which would
+// send one value per request), both within one GPU and between two.
+TEST(PlannerPolicy, ConversionsBetweenGpuMemoriesRunOnTheConversionKernel) {
+  TransferGraph g(builtin_machine("h200x4"));
+  const Rect space = Rect::from_extents({1 << 19});  // 8 MiB of 4 x 4-byte fields
+  for (const char* dst : {"node0/rank0/fbm", "node0/rank1/fbm"}) {
+    TransferRequest r{M("node0/rank0/fbm"), M(dst), space, FieldSpace::uniform(4, 4), Layout::aos(1), Layout::soa(1)};
+    Plan p = plan_simple(g, r);
+    SCOPED_TRACE(to_text(p));
+    bool on_kernel = false;
+    for (const auto& h : p.hops) {
+      if (h.converts()) {
+        EXPECT_EQ(h.kind, ChannelKind::gpu_convert);
+        on_kernel = true;
+      }
+    }
+    EXPECT_TRUE(on_kernel);
+    EXPECT_GT(p.predicted_gbps, 10.0) << "the copy engine converting sends one value per request (0.01 GB/s)";
+    EXPECT_GE(p.predicted_gbps, 0.5 * plan_full(g, r).predicted_gbps);
+  }
+}
+
 TEST(PlannerRegions, ANarrowBandIsRatedByItsRowsAndGatheredBeforeTheNetwork) {
   TransferGraph g = two_node();
   const Rect band(2, Point{0, 0}, Point{15, 4095});  // 16 points of 8 bytes: 128-byte rows
