@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
 #include <cstring>
 #include <ctime>
 #include <random>
@@ -37,6 +38,15 @@ std::uint64_t pid_namespace() {
   struct stat info {};
   if (stat("/proc/self/ns/pid", &info) != 0) return 0;
   return static_cast<std::uint64_t>(info.st_ino);
+}
+
+// This boot of this machine: host names repeat across machines (container images), and two
+// processes compare pids, or share memory, only on the same one.
+std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
 }
 
 std::chrono::nanoseconds seconds(double s) {
@@ -197,6 +207,17 @@ void Network::tick() {
   if (!connected_.load(std::memory_order_acquire)) return;
   const std::int64_t now = now_ns();
   const auto timeout_ns = static_cast<std::int64_t>(peer_timeout_s_ * 1e9);
+  // This thread itself was held up (a long message handler, the machine overloaded): the peers'
+  // heartbeats are still queued, unread. Judging them now would declare every peer failed, so
+  // they get a fresh window instead.
+  const std::int64_t since_tick = now - std::exchange(last_tick_ns_, now);
+  if (since_tick > timeout_ns / 2) {
+    log::get("net")->warn(
+        "rank {}: the network's progress thread was held up for {:.1f} s; peers get a fresh {} s "
+        "(CARAVAN_PEER_TIMEOUT_S) before they are judged",
+        rank_, static_cast<double>(since_tick) / 1e9, peer_timeout_s_);
+    for (int r = 0; r < world_size_; ++r) peers_[r].last_seen_ns.store(now, std::memory_order_relaxed);
+  }
   for (int r = 0; r < world_size_; ++r) {
     if (r == rank_ || peer_state(r) != PeerState::alive) continue;
     worker_->send(worker_->endpoint(r), static_cast<std::uint16_t>(MsgId::heartbeat), {});
@@ -211,7 +232,8 @@ void Network::tick() {
       // A peer on this host whose process is gone: no need to wait for the timeout. Its bye
       // may still be waiting in our receive queue (it flushed it before exiting): drain the
       // worker first, so that a peer that shut down properly is not taken for a failed one.
-      while (ucp_worker_progress(worker_->worker()) != 0) {
+      // Bounded: a peer streaming into this rank without pause would keep it here for ever.
+      for (int i = 0; i < 100000 && ucp_worker_progress(worker_->worker()) != 0; ++i) {
       }
       if (peer_state(r) == PeerState::alive)
         lose_peer(r, make_failure(Errc::transport, fmt::format("{} has exited", describe(r))), PeerState::failed);
@@ -232,10 +254,8 @@ std::vector<bool> Network::error_modes() const {
   for (std::string_view name : {"all", "sm", "shm", "posix", "sysv", "cma", "xpmem", "knem"})
     if (tls.find(name) != std::string::npos) shared_memory = true;
   std::vector<bool> peer(static_cast<std::size_t>(world_size_));
-  for (int r = 0; r < world_size_; ++r) {
-    bool same_host = ranks_[static_cast<std::size_t>(r)].host == ranks_[static_cast<std::size_t>(rank_)].host;
-    peer[static_cast<std::size_t>(r)] = mode == "peer" || (mode == "auto" && !(same_host && shared_memory));
-  }
+  for (int r = 0; r < world_size_; ++r)
+    peer[static_cast<std::size_t>(r)] = mode == "peer" || (mode == "auto" && !(same_machine(r) && shared_memory));
   return peer;
 }
 
@@ -255,10 +275,11 @@ void Network::start() {
     for (std::size_t r = 0; r < joined_.size(); ++r) addresses[r] = joined_[r].address;
   }
   worker_->connect_all(addresses, error_modes());
+  last_tick_ns_ = now_ns();  // read by tick() once connected_ is set
   for (int r = 0; r < world_size_; ++r) {
     peers_[r].last_seen_ns.store(now_ns(), std::memory_order_relaxed);
-    peers_[r].same_process_namespace = ranks_[r].host == ranks_[rank_].host &&
-                                       joined_[r].pid_namespace == joined_[rank_].pid_namespace && r != rank_;
+    peers_[r].same_process_namespace =
+        same_machine(r) && joined_[r].pid_namespace == joined_[rank_].pid_namespace && r != rank_;
   }
   connected_.store(true, std::memory_order_release);
   // Every endpoint carries messages before the rendezvous endpoints go away.
@@ -305,6 +326,7 @@ void Network::rendezvous_as_root(Clock::time_point deadline) {
     self.pid_namespace = pid_namespace();
     self.node_key = launch_.node_key;
     self.host = host_name();
+    self.boot_id = boot_id();
     self.address = worker_->address();
     joined_count_ = 1;
     std::random_device random;
@@ -339,6 +361,7 @@ void Network::rendezvous_as_joiner(Clock::time_point deadline) {
       .put(pid_namespace())
       .put_string(launch_.node_key)
       .put_string(host_name())
+      .put_string(boot_id())
       .put_bytes(worker_->address());
   ucs_status_t last_error = UCS_OK;
   int attempts = 0;
@@ -387,6 +410,7 @@ void Network::on_hello(const AmMessage& message) {
   joiner.pid_namespace = in.get<std::uint64_t>();
   joiner.node_key = in.get_string();
   joiner.host = in.get_string();
+  joiner.boot_id = in.get_string();
   auto address = in.get_bytes();
   joiner.address.assign(address.begin(), address.end());
   joiner.reply_ep = message.reply_ep;
@@ -431,7 +455,12 @@ void Network::finish_rendezvous_locked() {
   } else {
     out.put_string(job_id_).put(static_cast<std::uint32_t>(world_size_));
     for (const Joined& j : joined_)
-      out.put(j.pid).put(j.pid_namespace).put_string(j.node_key).put_string(j.host).put_bytes(j.address);
+      out.put(j.pid)
+          .put(j.pid_namespace)
+          .put_string(j.node_key)
+          .put_string(j.host)
+          .put_string(j.boot_id)
+          .put_bytes(j.address);
   }
   welcome_ = out.take();
   welcomed_ = true;
@@ -468,6 +497,7 @@ void Network::apply_table(std::span<const std::byte> welcome) {
     j.pid_namespace = in.get<std::uint64_t>();
     j.node_key = in.get_string();
     j.host = in.get_string();
+    j.boot_id = in.get_string();
     auto address = in.get_bytes();
     j.address.assign(address.begin(), address.end());
     // Nodes are numbered in order of their lowest rank, so every rank computes the same table.

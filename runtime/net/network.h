@@ -120,6 +120,7 @@ class Network {
     std::uint32_t pid = 0;
     std::uint64_t pid_namespace = 0;
     std::string node_key, host;
+    std::string boot_id;  // with the host name, tells machines apart (see same_machine)
     std::vector<std::byte> address;
     ucp_ep_h reply_ep = nullptr;
   };
@@ -146,6 +147,11 @@ class Network {
   void rendezvous_as_joiner(std::chrono::steady_clock::time_point deadline);
   void close_rendezvous_endpoints();
   std::vector<bool> error_modes() const;
+  // Rank r runs on this machine and boot (its pids and shared memory are ours to use).
+  bool same_machine(int r) const {
+    return ranks_[static_cast<std::size_t>(r)].host == ranks_[static_cast<std::size_t>(rank_)].host &&
+           joined_[static_cast<std::size_t>(r)].boot_id == joined_[static_cast<std::size_t>(rank_)].boot_id;
+  }
   std::string describe(int rank) const;
 
   RuntimeImpl& runtime_;
@@ -186,6 +192,7 @@ class Network {
   std::atomic<bool> connected_{false};
   std::atomic<bool> closing_{false};
   std::atomic<bool> shut_down_{false};
+  std::int64_t last_tick_ns_ = 0;  // the progress thread's last tick (tick() only, after start)
   int collective_callers_ = 0;  // threads inside allgather (under mutex_): shutdown waits for them
 
   std::unique_ptr<RemoteEvents> events_;
