@@ -38,7 +38,7 @@ void TransferRequest::validate() const {
   for (const auto& [instance, side] : {std::pair{&src_instance_space, "src"}, std::pair{&dst_instance_space, "dst"}}) {
     if (!*instance) continue;
     const IndexSpace& whole = **instance;
-    if (whole.dims() != space.dims() || !whole.contains(space.lo()) || !whole.contains(space.hi()))
+    if (!whole.contains(space))
       throw Error(Errc::invalid_argument,
                   fmt::format("transfer: the index space {} must lie inside the {} instance's index space {}",
                               space.to_string(), side, whole.to_string()));

@@ -241,13 +241,22 @@ Plan plan_full(const TransferGraph& graph, const TransferRequest& request, const
   Model model = detail::build_model(request);
   FullSearch search(ctx, model);
   search.run();
+  if (!search.found() && !search.exhaustive())
+    throw Error(Errc::invalid_argument,
+                fmt::format("full planner: no path from {} to {} found within its search budget of {} states (a "
+                            "machine this large needs fewer hops: CARAVAN_PLANNER_MAX_HOPS, or the simple planner)",
+                            request.src.to_string(), request.dst.to_string(), kMaxStates));
   if (!search.found()) ctx.no_plan("full");
   auto steps = search.best_steps();
   bool valid = true;
   Plan plan = detail::make_plan(ctx, PlannerKind::full, steps, &valid);
   plan.exhaustive = search.exhaustive();
   plan.paths_evaluated = search.evaluated();
-  if (!valid || plan.predicted_gbps < search.best() * (1 - 1e-6)) {
+  if (!valid)  // the search kept every buffer within its limit: a planner bug, not to be run
+    throw Error(Errc::internal, fmt::format("full planner: the chosen path {} needs a buffer over its limit "
+                                            "(a planner bug; please report it with the machine file)\n{}",
+                                            plan.route(), to_text(plan)));
+  if (plan.predicted_gbps < search.best() * (1 - 1e-6)) {
     // The model and the plan's own figures disagree: a planner bug, reported, not hidden.
     caravan::log::get("planner")->error("full plan {} predicted {} GB/s by the model but {} GB/s from its hops (valid={})",
                                         plan.route(), search.best(), plan.predicted_gbps, valid);

@@ -103,6 +103,10 @@ std::uint64_t Rect::volume() const noexcept {
   return v;
 }
 
+bool Rect::contains(const Rect& other) const noexcept {
+  return other.dims_ > 0 && other.dims_ == dims_ && contains(other.lo_) && contains(other.hi_);
+}
+
 bool Rect::contains(const Point& p) const noexcept {
   for (int d = 0; d < dims_; ++d) {
     auto i = static_cast<std::size_t>(d);
@@ -496,8 +500,7 @@ std::uint64_t total_bytes(const Layout& layout, const IndexSpace& space, const F
 std::uint64_t region_run_bytes(const Layout& layout, const IndexSpace& instance_space, const IndexSpace& region,
                                const FieldSpace& fields) {
   layout.validate(instance_space.dims());
-  if (region.dims() != instance_space.dims() || !instance_space.contains(region.lo()) ||
-      !instance_space.contains(region.hi()))
+  if (!instance_space.contains(region))
     throw Error(Errc::invalid_argument, fmt::format("region_run_bytes: the region {} is not inside the index space {}",
                                                     region.to_string(), instance_space.to_string()));
   std::uint64_t run = 1;

@@ -1,3 +1,4 @@
+#include "runtime/checks.h"
 #include "runtime/runtime_impl.h"
 
 #include "runtime/log.h"
@@ -428,9 +429,7 @@ Processor RuntimeImpl::check_processor(std::string_view call, std::string_view t
 Event RuntimeImpl::spawn(TaskId task, std::span<const std::byte> args, const SpawnOptions& options) {
   const detail::TaskEntry* entry = detail::lookup_task(task);
   if (!entry) throw Error(Errc::not_found, fmt::format("spawn: no task has id {}", task.value));
-  if (options.priority < kMinPriority || options.priority > kMaxPriority)
-    throw Error(Errc::invalid_argument, fmt::format("spawn('{}'): priority {} is outside [{}, {}]", entry->name,
-                                                    options.priority, kMinPriority, kMaxPriority));
+  detail::check_priority(options.priority, fmt::format("spawn('{}')", entry->name));
   const Processor processor = check_processor("spawn", entry->name, options.processor);
   if (processor.rank != rank_) {
     if (!accepting_work())

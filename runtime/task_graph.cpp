@@ -1,3 +1,4 @@
+#include "runtime/checks.h"
 #include "runtime/runtime_impl.h"
 
 #include <caravan/runtime.h>
@@ -27,9 +28,7 @@ TaskGraph::NodeId TaskGraph::add(Node node) {
 TaskGraph::NodeId TaskGraph::add_task(TaskId task, std::span<const std::byte> args,
                                       std::span<const NodeId> dependencies, int priority, Processor processor) {
   std::string name(task_name(task));  // throws for an unknown task
-  if (priority < kMinPriority || priority > kMaxPriority)
-    throw Error(Errc::invalid_argument, fmt::format("TaskGraph: task '{}' has priority {}, outside [{}, {}]", name,
-                                                    priority, kMinPriority, kMaxPriority));
+  detail::check_priority(priority, fmt::format("TaskGraph: task '{}'", name));
   // A processor that does not exist fails here, not at every launch (when a runtime is
   // running: a graph may be built before one starts).
   if (RuntimeImpl* rt = RuntimeImpl::current()) (void)rt->check_processor("TaskGraph::add_task", name, processor);

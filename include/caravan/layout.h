@@ -48,6 +48,9 @@ class Rect {
   std::int64_t extent(int d) const noexcept { return hi_[static_cast<std::size_t>(d)] - lo_[static_cast<std::size_t>(d)] + 1; }
   std::uint64_t volume() const noexcept;
   bool contains(const Point& p) const noexcept;
+  // Every point of `other` is here: the same number of dimensions and both corners inside (false
+  // for an empty Rect).
+  bool contains(const Rect& other) const noexcept;
   bool operator==(const Rect& other) const noexcept;
 
   // "[0,9]x[0,4]"

@@ -1,4 +1,5 @@
 // The public Instance and copy API (include/caravan/copy.h) on top of the engine.
+#include "runtime/checks.h"
 #include "runtime/dma/engine.h"
 #include "runtime/dma/instance_impl.h"
 
@@ -163,9 +164,7 @@ TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance
 TaskGraph::NodeId add_copy(TaskGraph& graph, const Instance& src, const Instance& dst, const CopyOptions& options,
                            std::span<const TaskGraph::NodeId> dependencies) {
   if (!src.valid() || !dst.valid()) throw Error(Errc::invalid_argument, "add_copy: an instance is empty");
-  if (options.priority < kMinPriority || options.priority > kMaxPriority)
-    throw Error(Errc::invalid_argument,
-                fmt::format("add_copy: priority {} is outside [{}, {}]", options.priority, kMinPriority, kMaxPriority));
+  detail::check_priority(options.priority, "add_copy");
   const bool signal = options.signal.flags || options.signal.value || options.signal.tiles;
   if (!options.precondition.is_none() || options.report || signal)
     throw Error(Errc::invalid_argument,

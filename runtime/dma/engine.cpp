@@ -1,4 +1,5 @@
 #include "runtime/dma/engine.h"
+#include "runtime/checks.h"
 
 #include "channels/file_channel.h"
 #include "channels/memcpy_channel.h"
@@ -743,7 +744,7 @@ planner::TransferRequest Engine::make_request(const Instance& src, const Instanc
   check_common(dst, "dst memory");
   if (region) {
     const Rect& r = *region;
-    const auto inside = [&r](const Rect& space) { return space.contains(r.lo()) && space.contains(r.hi()); };
+    const auto inside = [&r](const Rect& space) { return space.contains(r); };
     if (r.dims() == 0)
       throw Error(Errc::invalid_argument, "copy: CopyOptions::region is an empty Rect (give the points to copy)");
     if (r.dims() != src.space().dims() || r.dims() != dst.space().dims())
@@ -1053,9 +1054,7 @@ void check_multipath_tiles_consecutive(const planner::MultiPlan& plan, const Ins
 }  // namespace
 
 Event Engine::copy(const Instance& src, const Instance& dst, const CopyOptions& options) {
-  if (options.priority < kMinPriority || options.priority > kMaxPriority)
-    throw Error(Errc::invalid_argument, fmt::format("copy: priority {} is outside [{}, {}]", options.priority,
-                                                    kMinPriority, kMaxPriority));
+  detail::check_priority(options.priority, "copy");
   const std::int64_t called_ns = now_ns();
   std::shared_ptr<const planner::Plan> plan;
   if (wants_multipath(src, dst, options)) {
@@ -1431,9 +1430,7 @@ std::shared_ptr<const planner::MultiPlan> Engine::plan_multipath(const Instance&
 }
 
 void Engine::check_copy(const Instance& src, const Instance& dst, const CopyOptions& options) {
-  if (options.priority < kMinPriority || options.priority > kMaxPriority)
-    throw Error(Errc::invalid_argument,
-                fmt::format("copy: priority {} is outside [{}, {}]", options.priority, kMinPriority, kMaxPriority));
+  detail::check_priority(options.priority, "copy");
   check_signal_fields(options.signal, "copy");
   if (wants_multipath(src, dst, options)) {  // throws for multipath across ranks
     (void)runnable_multipath_plan(src, dst, nullptr, options.region);
@@ -1532,9 +1529,7 @@ Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const 
   if (value.size() != dst.fields().total_size())
     throw Error(Errc::invalid_argument, fmt::format("fill: the value is {} bytes, but one point of the instance has {} "
                                                     "(its fields in declaration order)", value.size(), dst.fields().total_size()));
-  if (options.priority < kMinPriority || options.priority > kMaxPriority)
-    throw Error(Errc::invalid_argument, fmt::format("fill: priority {} is outside [{}, {}]", options.priority,
-                                                    kMinPriority, kMaxPriority));
+  detail::check_priority(options.priority, "fill");
   if (options.signal.flags || options.signal.value || options.signal.tiles)
     throw Error(Errc::invalid_argument, "fill: CopyOptions::signal is for copy() only; fill() does not write landing flags");
   // A fill is one hop from the host memory holding the value to the destination.
@@ -1559,7 +1554,7 @@ Event Engine::fill(const Instance& dst, std::span<const std::byte> value, const 
   op->pattern->write(0, value);
   if (options.region) {
     const Rect& r = *options.region;
-    if (r.dims() != dst.space().dims() || !dst.space().contains(r.lo()) || !dst.space().contains(r.hi()))
+    if (!dst.space().contains(r))
       throw Error(Errc::invalid_argument,
                   fmt::format("fill: CopyOptions::region {} must lie inside the instance's index space {}",
                               r.dims() ? r.to_string() : std::string("(empty)"), dst.space().to_string()));
