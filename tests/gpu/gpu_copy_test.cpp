@@ -175,6 +175,9 @@ TEST_F(GpuCopyTest, BetweenPeerGpus) {
   EXPECT_TRUE(uses(copy_and_verify(space, "F,x", "F,x", fbm(1), fbm(0)), "xgmi"));
   for (auto [a, b] : k1dPairs) copy_and_verify(space, a, b, fbm(0), fbm(1));
   for (auto [a, b] : k2dPairs) copy_and_verify(Rect::from_extents({997, 61}), a, b, fbm(1), fbm(0));
+  // A conversion between GPUs runs on the conversion kernel at one end, not on the peer link
+  // (which would move one value per request).
+  EXPECT_TRUE(uses(copy_and_verify(space, "F,x", "x,F", fbm(0), fbm(1)), "gpu_convert"));
 }
 
 TEST_F(GpuCopyTest, EveryGpuAndEveryPeerPair) {

@@ -1290,12 +1290,18 @@ TEST(Overlap, ReduceScatterAloneTakesSmAboveTheGemmLimit) {
     GemmReduceScatter with_gemm(team, kRows * world, 64, kCols);
     EXPECT_FALSE(with_gemm.pull());
     EXPECT_FALSE(with_gemm.push());
+    // Real buffers (the null checks come first): the refusal comes before any of them is used.
+    CARAVAN_HIP_CHECK(hipSetDevice(first_devices(world).front()));
+    bf16* a = device_alloc<bf16>(static_cast<std::size_t>(kRows) * world * 64);
+    bf16* b = device_alloc<bf16>(64 * static_cast<std::size_t>(kCols));
+    bf16* out = device_alloc<bf16>(static_cast<std::size_t>(kRows) * kCols);
     try {
-      with_gemm.run(0, nullptr, nullptr, nullptr, GemmRsVariant::sm_push, nullptr);
+      with_gemm.run(0, a, b, out, GemmRsVariant::sm_push, nullptr);
       ADD_FAILURE() << "sm-push accepted above CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("CARAVAN_OVERLAP_GPU_SM_RS_MAX_BYTES"), std::string::npos) << e.what();
     }
+    for (bf16* p : {a, b, out}) CARAVAN_HIP_CHECK(hipFree(p));
   }
   reduce_scatter_every_variant_call_after_call();
 }
