@@ -15,6 +15,7 @@
 
 #include <caravan/error.h>
 #include <caravan/platform.h>
+#include <caravan/settings.h>
 
 #include <fmt/format.h>
 #include <nccl.h>
@@ -649,6 +650,9 @@ std::vector<std::string> describe_stamps(const std::string& variant, const Stamp
   return out;
 }
 
+// The push size of the grouped ring row (see run_gemm_rs).
+constexpr std::uint64_t kRingGroupBytes = std::uint64_t{16} << 20;
+
 CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
   const int world = bench.world();
   const std::uint64_t seed_a = bench.seed() ^ 0xC33C, seed_b = bench.seed() ^ 0xD44D;
@@ -748,6 +752,20 @@ CaseRecord run_gemm_rs(OverlapBench& bench, const Shape& s) {
                            ring_op->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_ring, ctx.stream, lanes);
                          },
                          poison_out, check_out);
+    // The x4 ring pushing 16 MiB at a time where its parts are smaller (o-proj at TP 4 has 8 MiB
+    // parts): the flag after each push costs about 4 us beside the GEMM (thirty-third session,
+    // docs/overlap-sessions.md), so fewer, larger pushes may keep the ring nearer its GEMMs. The
+    // same on every rank (the parts are), so every rank measures it or none.
+    if (split4) {
+      const int configured_group = split4->ring_push_group(r);
+      split4->set_ring_push_bytes(r, kRingGroupBytes);
+      if (split4->ring_push_group(r) != configured_group)
+        runner.measure(
+            ctx, "ce-ring x4 parts 2 lanes 16M pushes",
+            [&] { split4->run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::ce_ring, ctx.stream, 2); },
+            poison_out, check_out);
+      split4->set_ring_push_bytes(r, settings::get_bytes("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES"));
+    }
     runner.measure(ctx, "tile-push",
                    [&] { op.run(r, a.get(), b.get(), out.get(), gpu::GemmRsVariant::tile_push, ctx.stream); }, poison_out,
                    check_out);

@@ -978,7 +978,8 @@ GemmReduceScatter::GemmReduceScatter(GpuTeam& team, long m, long k, long n, int 
       n_(n),
       splits_(splits),
       early_launch_(settings::get_bool("CARAVAN_OVERLAP_GPU_EARLY_LAUNCH")),
-      ring_push_bytes_(settings::get_bytes("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES")) {
+      ring_push_bytes_(static_cast<std::size_t>(team.world()),
+                       settings::get_bytes("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES")) {
   const int world = team.world();
   // k = 0: the ReduceScatter alone, which checks its shape in its own terms (ReduceScatter).
   const bool gemm = k != 0;
@@ -1171,12 +1172,21 @@ void GemmReduceScatter::reduce_scatter(int rank, const bf16* in, bf16* out, Gemm
   enqueue(rank, nullptr, nullptr, in, out, variant, stream, 1);
 }
 
-int GemmReduceScatter::ring_push_group() const {
+int GemmReduceScatter::ring_push_group(int rank) const {
+  require(rank >= 0 && rank < team_.world(), "GemmReduceScatter::ring_push_group: rank out of range");
   const std::uint64_t part_bytes = static_cast<std::uint64_t>(m_ / team_.world() / splits_) *
                                    static_cast<std::uint64_t>(n_) * sizeof(bf16);
+  const std::uint64_t wanted = ring_push_bytes_[static_cast<std::size_t>(rank)];
   int group = 1;
-  while (group < splits_ && (splits_ % group != 0 || group * part_bytes < ring_push_bytes_)) ++group;
+  while (group < splits_ && (splits_ % group != 0 || group * part_bytes < wanted)) ++group;
   return group;
+}
+
+void GemmReduceScatter::set_ring_push_bytes(int rank, std::uint64_t bytes) {
+  require(rank >= 0 && rank < team_.world(), [&] {
+    return fmt::format("GemmReduceScatter::set_ring_push_bytes: rank {} is outside 0..{}", rank, team_.world() - 1);
+  });
+  ring_push_bytes_[static_cast<std::size_t>(rank)] = bytes;
 }
 
 void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf16* in, bf16* out,
@@ -1351,7 +1361,7 @@ void GemmReduceScatter::enqueue(int rank, const bf16* a, const bf16* b, const bf
     // written), so fewer, larger pushes move the bytes faster; the GEMMs keep their parts. The
     // neighbour's word counts parts, so it reads a group's parts as soon as the group lands,
     // whatever group the neighbour's ranks chose.
-    const int group = ring_push_group();
+    const int group = ring_push_group(rank);
     Lanes lane(team_, rank, s, stream, lanes);
     int chunk = 0;
     for (int t = 0; t < world; ++t) {

@@ -382,9 +382,14 @@ class GemmReduceScatter {
   // its wait for the left neighbour's part (step 0: once the lane gets to it); `pushed[c]` once
   // its copy to the right neighbour has finished (chunks of the last step are not pushed).
   void set_ring_trace(int rank, ChunkTrace* trace);
-  // The parts of a step one ce_ring push carries: the fewest that divide `splits` and reach
-  // CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES as read at construction (1: a push per part).
-  int ring_push_group() const;
+  // The parts of a step one ce_ring push of `rank` carries: the fewest that divide `splits` and
+  // reach its push bytes (CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES as read at construction, unless
+  // set_ring_push_bytes changed them; 1: a push per part).
+  int ring_push_group(int rank = 0) const;
+  // This rank's push bytes for its later ce_ring calls (0: a push per part). Ranks may differ:
+  // the neighbour's word counts parts, whatever group carried them. Not while a call of this
+  // rank is being enqueued.
+  void set_ring_push_bytes(int rank, std::uint64_t bytes);
   // Every rank's call count and copy-engine flag words (arrived: parts landed per source;
   // freed; ready; ring: ce_ring parts landed from the left neighbour), for a hang report, as
   // AllGatherGemm::describe_flags.
@@ -404,7 +409,7 @@ class GemmReduceScatter {
   long m_, k_, n_;
   int splits_;
   bool early_launch_;  // CARAVAN_OVERLAP_GPU_EARLY_LAUNCH, read at construction (not per call)
-  std::uint64_t ring_push_bytes_;  // CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES, likewise
+  std::vector<std::uint64_t> ring_push_bytes_;  // per rank: CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES, likewise
   SymmetricRegion received_, flags_;
   SymmetricRegion ll_lines_, ll_state_;  // only when the output fits the low-latency protocol
   LlFormat ll_format_ = LlFormat::pairs;

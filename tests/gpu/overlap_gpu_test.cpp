@@ -937,18 +937,31 @@ TEST(Overlap, GemmReduceScatterRingTraceTimesEveryChunkInOrder) {
 // at a time, or a whole step at a time (3 parts' bytes round up to 4, the least group dividing
 // the parts; 1G is more than a step). Each setting: three calls with 1 and 2 lanes, each checked
 // against the float32 reference; a traced call shows every part of a group pushed only once the
-// group's last part's GEMM is done.
+// group's last part's GEMM is done. Last, ranks that group differently in one ring
+// (set_ring_push_bytes: rank 0 two parts a push, the others one).
 void check_ring_push_groups(GpuTeam& team) {
   const int world = team.world();
   constexpr int kSplits = 4;
   const long m = 128L * world, k = 160, n = 256, rows = m / world, kk = k * world;
   constexpr std::size_t kPartBytes = 128 / kSplits * 256 * sizeof(bf16);
   const std::uint64_t seed = fresh_seed();
+  constexpr std::size_t kMixed = ~std::size_t{0};  // rank 0 pushes two parts at a time, the others one
   for (const auto& [push_bytes, group] : std::vector<std::pair<std::size_t, int>>{
-           {0, 1}, {kPartBytes, 1}, {2 * kPartBytes, 2}, {3 * kPartBytes, 4}, {std::size_t{1} << 30, 4}}) {
+           {0, 1}, {kPartBytes, 1}, {2 * kPartBytes, 2}, {3 * kPartBytes, 4}, {std::size_t{1} << 30, 4}, {kMixed, 2}}) {
     SCOPED_TRACE("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES=" + std::to_string(push_bytes));
-    settings::ScopedOverride setting("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES", std::to_string(push_bytes));
+    settings::ScopedOverride setting("CARAVAN_OVERLAP_GPU_RING_PUSH_BYTES",
+                                     std::to_string(push_bytes == kMixed ? 0 : push_bytes));
     GemmReduceScatter op(team, m, k, n, kSplits);
+    if (push_bytes == kMixed) {
+      op.set_ring_push_bytes(0, 2 * kPartBytes);
+      for (int r = 1; r < world; ++r) EXPECT_EQ(op.ring_push_group(r), 1) << "rank " << r;
+      try {
+        op.set_ring_push_bytes(world, 0);
+        ADD_FAILURE() << "a rank past the team accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("is outside 0.."), std::string::npos) << e.what();
+      }
+    }
     EXPECT_EQ(op.ring_push_group(), group) << "parts a push carries";
     const auto chunks = static_cast<std::size_t>(world * kSplits);
     run_ranks(team, [&](int r, hipStream_t stream, RankBarrier& barrier) {
@@ -977,8 +990,9 @@ void check_ring_push_groups(GpuTeam& team) {
         EXPECT_LT(err, 1e-2) << "rank " << r << " call " << call << " (" << lanes << " lanes)";
       }
       const ChunkTrace& t = events.trace;
+      const auto mine = static_cast<std::size_t>(op.ring_push_group(r));
       for (std::size_t c = 0; c < chunks - kSplits; ++c) {  // the pushed parts: all steps but the last
-        const std::size_t group_last = c - c % group + static_cast<std::size_t>(group) - 1;
+        const std::size_t group_last = c - c % mine + mine - 1;
         EXPECT_GE(events.at(t.pushed[c]), events.at(t.gemm_done[group_last]))
             << "rank " << r << ": part " << c << " pushed before part " << group_last << "'s GEMM ended";
       }
