@@ -18,7 +18,8 @@ struct RunSpec {
   bool quiet = false;                  // no summary line when every rank succeeds
 };
 
-// Starts the ranks (fork + exec: the launcher itself never initialises UCX or a GPU), waits for
+// Starts the ranks (fork + exec: the launcher never initialises UCX or a GPU, though UCX, linked
+// in, installs a SIGHUP handler, which is why SIGHUP is waited for too), waits for
 // them, reports each rank that fails, and returns the exit status for the tool: 0 when every
 // rank exited 0, else the first failed rank's status (128 + signal for a signal). Throws
 // caravan::Error(invalid_argument) for a bad spec.

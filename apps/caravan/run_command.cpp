@@ -9,8 +9,12 @@
 // Failure handling: the launcher reaps every rank as it exits (SIGCHLD). The first rank that
 // fails (non-zero status or a signal) is reported at once, naming the rank; the others then
 // have --grace seconds to notice (they do, within CARAVAN_PEER_TIMEOUT_S) and exit by
-// themselves before they get SIGTERM, then SIGKILL. SIGINT/SIGTERM to the launcher are passed
-// on to every rank. Ranks die with the launcher (PR_SET_PDEATHSIG), so none is left behind.
+// themselves before they get SIGTERM, then, 5 s later, SIGKILL. SIGINT, SIGTERM, SIGHUP and
+// SIGQUIT to the launcher are passed on to every rank, which then has 5 s to exit before
+// SIGKILL (a second such signal kills at once); the launcher then exits with 128 + that signal.
+// Ranks die with the launcher (PR_SET_PDEATHSIG), and the launcher is the subreaper of what the
+// ranks start (PR_SET_CHILD_SUBREAPER): processes a rank leaves behind are stopped once every
+// rank has exited, so none is left running.
 #include "apps/caravan/commands.h"
 #include "apps/caravan/launcher.h"
 
@@ -21,6 +25,7 @@
 #include <fmt/format.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -34,10 +39,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 extern char** environ;
@@ -101,6 +110,53 @@ int exit_code(int status) {
 const char* const kJobVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                      "MASTER_PORT", "CARAVAN_NODE", "GROUP_RANK"};
 
+// The most --grace may be (a year): past it a deadline would overflow the clock.
+constexpr double kMaxGraceSeconds = 365.0 * 24 * 3600;
+
+// How long ranks have between a stop signal (SIGTERM, or the one the launcher got) and SIGKILL.
+constexpr auto kStopSeconds = std::chrono::seconds(5);
+
+// The processes whose parent is this one (ranks, and what they left behind after exiting, which
+// the subreaper inherits), from /proc.
+std::vector<pid_t> children_of_this_process() {
+  std::vector<pid_t> children;
+  const pid_t me = getpid();
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc", std::filesystem::directory_options::skip_permission_denied)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses, so read after the last ')'.
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    char state = 0;
+    long ppid = 0;
+    if (rest >> state >> ppid && ppid == me) children.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return children;
+}
+
+// Stops what the ranks left behind (reparented to this subreaper): SIGTERM, up to 2 s, SIGKILL;
+// returns how many there were.
+std::size_t stop_leftovers() {
+  std::vector<pid_t> left = children_of_this_process();
+  if (left.empty()) return 0;
+  for (pid_t pid : left) kill(pid, SIGTERM);
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  std::size_t reaped = 0;
+  while (reaped < left.size() && Clock::now() < until) {
+    while (waitpid(-1, nullptr, WNOHANG) > 0) ++reaped;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (pid_t pid : children_of_this_process()) kill(pid, SIGKILL);
+  while (waitpid(-1, nullptr, 0) > 0) {
+  }
+  return left.size();
+}
+
 }  // namespace
 
 int run_ranks(const RunSpec& spec) {
@@ -111,6 +167,9 @@ int run_ranks(const RunSpec& spec) {
                 fmt::format("--nodes {}: must be in [1, -n {}] (every logical node holds at least one rank)", spec.nodes,
                             spec.ranks));
   if (spec.command.empty()) throw Error(Errc::invalid_argument, "caravan run: no PROGRAM to start");
+  if (spec.grace_s > kMaxGraceSeconds)
+    throw Error(Errc::invalid_argument,
+                fmt::format("--grace {}: must be at most {:.0f} s (a year)", spec.grace_s, kMaxGraceSeconds));
   double grace = spec.grace_s >= 0 ? spec.grace_s : settings::get_double("CARAVAN_PEER_TIMEOUT_S") + 10.0;
   int port = spec.port != 0 ? spec.port : free_port(spec.address);
   if (port < 1 || port > 65535)
@@ -128,13 +187,15 @@ int run_ranks(const RunSpec& spec) {
   }
   for (const auto& [name, value] : spec.environment) base.push_back(name + "=" + value);
 
-  // Block the signals we wait for, and let the ranks start with an empty mask.
+  // Block the signals we wait for, and let the ranks start with the mask we had. SIGHUP and
+  // SIGQUIT too: UCX, linked in, installs a SIGHUP handler of its own (UCX_DEBUG_SIGNO), so a
+  // closed terminal would otherwise leave the job running.
   sigset_t waited, previous;
   sigemptyset(&waited);
-  sigaddset(&waited, SIGCHLD);
-  sigaddset(&waited, SIGINT);
-  sigaddset(&waited, SIGTERM);
+  for (int signal : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&waited, signal);
   sigprocmask(SIG_BLOCK, &waited, &previous);
+  // What a rank starts and leaves behind becomes our child, to be stopped at the end.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
 
   std::map<pid_t, int> rank_of_pid;
   std::vector<pid_t> pids(static_cast<std::size_t>(spec.ranks), -1);
@@ -162,6 +223,9 @@ int run_ranks(const RunSpec& spec) {
     std::vector<std::string> command = spec.command;
     for (auto& s : command) argv.push_back(s.data());
     argv.push_back(nullptr);
+    // exec's failure comes back through a pipe that a successful exec closes.
+    int exec_pipe[2] = {-1, -1};
+    const bool piped = pipe2(exec_pipe, O_CLOEXEC) == 0;
     pid_t pid = fork();
     if (pid == 0) {
       // Only async-signal-safe calls until exec.
@@ -169,48 +233,85 @@ int run_ranks(const RunSpec& spec) {
       if (getppid() != launcher) _exit(126);
       sigprocmask(SIG_SETMASK, &previous, nullptr);
       execvpe(argv[0], argv.data(), envp.data());
-      const char prefix[] = "caravan run: cannot start ";
-      (void)!write(2, prefix, sizeof(prefix) - 1);
-      (void)!write(2, argv[0], strlen(argv[0]));
-      (void)!write(2, "\n", 1);
+      const int error = errno;
+      if (piped) (void)!write(exec_pipe[1], &error, sizeof error);
       _exit(127);
     }
-    if (pid < 0) {
-      int error = errno;
+    const auto give_up = [&](const std::string& why) {
       kill_all(SIGKILL);
       for (pid_t p : pids)
         if (p > 0) waitpid(p, nullptr, 0);
+      stop_leftovers();
+      prctl(PR_SET_CHILD_SUBREAPER, 0);
       sigprocmask(SIG_SETMASK, &previous, nullptr);
-      throw Error(Errc::internal, fmt::format("caravan run: fork failed for rank {}: {}", r, std::strerror(error)));
+      throw Error(Errc::invalid_argument, why);
+    };
+    if (pid < 0) {
+      const int error = errno;
+      if (piped) {
+        close(exec_pipe[0]);
+        close(exec_pipe[1]);
+      }
+      give_up(fmt::format("caravan run: fork failed for rank {}: {}", r, std::strerror(error)));
     }
     pids[static_cast<std::size_t>(r)] = pid;
     rank_of_pid[pid] = r;
+    if (piped) {
+      close(exec_pipe[1]);
+      int error = 0;
+      ssize_t got = 0;
+      do {
+        got = read(exec_pipe[0], &error, sizeof error);
+      } while (got < 0 && errno == EINTR);
+      close(exec_pipe[0]);
+      if (got == static_cast<ssize_t>(sizeof error)) {
+        waitpid(pid, nullptr, 0);
+        pids[static_cast<std::size_t>(r)] = -1;
+        give_up(fmt::format("caravan run: cannot start {}: {}", spec.command.front(), std::strerror(error)));
+      }
+    }
   }
 
   int running = spec.ranks;
   std::optional<int> first_failed;
-  int first_status = 0, failed_count = 0;
-  std::optional<Clock::time_point> stop_at;  // when the survivors get SIGTERM
+  int first_status = 0, failed_count = 0, stopped_count = 0;
+  std::optional<Clock::time_point> stop_at;  // the next step: SIGTERM to the survivors, then SIGKILL
   bool terminated = false, killed = false;
+  int received = 0;  // the stop signal the launcher got, if any
   while (running > 0) {
     timespec wait_time{0, 200'000'000};
     int signal = sigtimedwait(&waited, nullptr, &wait_time);
-    if (signal == SIGINT || signal == SIGTERM) {
-      fmt::print(stderr, "caravan run: got signal {}, stopping every rank\n", signal);
-      kill_all(SIGTERM);
-      terminated = true;
-      stop_at = Clock::now();
+    if (signal == SIGINT || signal == SIGTERM || signal == SIGHUP || signal == SIGQUIT) {
+      if (received == 0) {
+        // Passed on as it came (a rank may handle SIGINT as an interrupt); SIGKILL follows if
+        // they have not exited within kStopSeconds.
+        fmt::print(stderr, "caravan run: got signal {} ({}), passing it on to every rank\n", signal, strsignal(signal));
+        received = signal;
+        kill_all(signal);
+        terminated = true;
+        stop_at = Clock::now() + kStopSeconds;
+      } else if (!killed) {
+        fmt::print(stderr, "caravan run: got signal {} again, killing every rank\n", signal);
+        kill_all(SIGKILL);
+        killed = true;
+      }
     }
     int status = 0;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       auto it = rank_of_pid.find(pid);
-      if (it == rank_of_pid.end()) continue;
+      if (it == rank_of_pid.end()) continue;  // something a rank left behind (we are its subreaper)
       int r = it->second;
       pids[static_cast<std::size_t>(r)] = -1;
       --running;
       bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (ok) continue;
+      // Ended by the launcher's own signal (after a failure elsewhere, or passing one on): not a
+      // failure of its own.
+      if (terminated && (WIFSIGNALED(status) || received != 0)) {
+        ++stopped_count;
+        continue;
+      }
       ++failed_count;
       fmt::print(stderr, "caravan run: rank {} (pid {}) {}\n", r, pid, describe_status(status));
       if (!first_failed) {
@@ -225,20 +326,31 @@ int run_ranks(const RunSpec& spec) {
                    running, grace, *first_failed);
         kill_all(SIGTERM);
         terminated = true;
-        stop_at = Clock::now() + std::chrono::seconds(5);
+        stop_at = Clock::now() + kStopSeconds;
       } else if (!killed) {
+        fmt::print(stderr, "caravan run: {} rank(s) still running {} s after SIGTERM; sending SIGKILL\n", running,
+                   kStopSeconds.count());
         kill_all(SIGKILL);
         killed = true;
       }
     }
   }
+  if (const std::size_t left = stop_leftovers(); left > 0)
+    fmt::print(stderr, "caravan run: stopped {} process(es) the ranks had started and left running\n", left);
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
   sigprocmask(SIG_SETMASK, &previous, nullptr);
-  if (!first_failed) {
-    if (!spec.quiet && terminated) fmt::print(stderr, "caravan run: stopped by a signal\n");
-    return terminated ? 130 : 0;
+  const std::string stopped =
+      stopped_count > 0 ? fmt::format("; {} stopped by the launcher", stopped_count) : std::string();
+  if (received != 0) {
+    if (first_failed)
+      fmt::print(stderr, "caravan run: rank {} {} ({} of {} rank(s) failed{})\n", *first_failed,
+                 describe_status(first_status), failed_count, spec.ranks, stopped);
+    if (!spec.quiet) fmt::print(stderr, "caravan run: stopped by signal {} ({})\n", received, strsignal(received));
+    return 128 + received;
   }
-  fmt::print(stderr, "caravan run: failed: rank {} {} ({} of {} rank(s) failed)\n", *first_failed,
-             describe_status(first_status), failed_count, spec.ranks);
+  if (!first_failed) return 0;
+  fmt::print(stderr, "caravan run: failed: rank {} {} ({} of {} rank(s) failed{})\n", *first_failed,
+             describe_status(first_status), failed_count, spec.ranks, stopped);
   return exit_code(first_status) == 0 ? 1 : exit_code(first_status);
 }
 
