@@ -410,8 +410,9 @@ std::vector<UnknownVariable> unknown_environment_variables() {
     const std::string_view text(*entry);
     if (!text.starts_with("CARAVAN_")) continue;
     const std::string_view name = text.substr(0, text.find('='));
-    // CARAVAN_NODE is set by `caravan run` for its ranks; CARAVAN_TEST_* belong to test programs.
-    if (find(name) || name == "CARAVAN_NODE" || name.starts_with("CARAVAN_TEST_")) continue;
+    // CARAVAN_NODE and CARAVAN_JOB_ID are set by `caravan run` for its ranks; CARAVAN_TEST_*
+    // belong to test programs.
+    if (find(name) || name == "CARAVAN_NODE" || name == "CARAVAN_JOB_ID" || name.starts_with("CARAVAN_TEST_")) continue;
     UnknownVariable unknown{std::string(name), ""};
     // A name within a third of its length in edits, or one that extends or is extended by a
     // setting's name (CARAVAN_WAIT_SPIN for CARAVAN_WAIT_SPIN_US), is a likely intended one.

@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -39,6 +40,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -107,8 +109,22 @@ int exit_code(int status) {
   return 1;
 }
 
-const char* const kJobVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                                     "MASTER_PORT", "CARAVAN_NODE", "GROUP_RANK"};
+const char* const kJobVariables[] = {"RANK",        "WORLD_SIZE",   "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                     "MASTER_PORT", "CARAVAN_NODE", "GROUP_RANK", "CARAVAN_JOB_ID"};
+
+// Removes the job's /dev/shm segments (runtime/net/host_heap.cpp names them
+// caravan-<job id>-node<N>), which a rank killed while it made the heap leaves behind; returns
+// how many there were.
+std::size_t remove_job_segments(const std::string& job_id) {
+  std::size_t removed = 0;
+  std::error_code error;
+  const std::string prefix = "caravan-" + job_id + "-node";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(prefix) && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
+}
 
 // The most --grace may be (a year): past it a deadline would overflow the clock.
 constexpr double kMaxGraceSeconds = 365.0 * 24 * 3600;
@@ -186,6 +202,11 @@ int run_ranks(const RunSpec& spec) {
     if (!job_variable) base.emplace_back(entry);
   }
   for (const auto& [name, value] : spec.environment) base.push_back(name + "=" + value);
+  // The job's name on this host (what it leaves in /dev/shm is found by it).
+  std::random_device random;
+  const std::string job_id =
+      fmt::format("{:x}{:06x}", static_cast<std::uint64_t>(std::time(nullptr)), random() & 0xFFFFFF);
+  base.push_back("CARAVAN_JOB_ID=" + job_id);
 
   // Block the signals we wait for, and let the ranks start with the mask we had. SIGHUP and
   // SIGQUIT too: UCX, linked in, installs a SIGHUP handler of its own (UCX_DEBUG_SIGNO), so a
@@ -242,6 +263,7 @@ int run_ranks(const RunSpec& spec) {
       for (pid_t p : pids)
         if (p > 0) waitpid(p, nullptr, 0);
       stop_leftovers();
+      remove_job_segments(job_id);
       prctl(PR_SET_CHILD_SUBREAPER, 0);
       sigprocmask(SIG_SETMASK, &previous, nullptr);
       throw Error(Errc::invalid_argument, why);
@@ -337,6 +359,8 @@ int run_ranks(const RunSpec& spec) {
   }
   if (const std::size_t left = stop_leftovers(); left > 0)
     fmt::print(stderr, "caravan run: stopped {} process(es) the ranks had started and left running\n", left);
+  if (const std::size_t segments = remove_job_segments(job_id); segments > 0)
+    fmt::print(stderr, "caravan run: removed {} shared-memory segment(s) the job left in /dev/shm\n", segments);
   prctl(PR_SET_CHILD_SUBREAPER, 0);
   sigprocmask(SIG_SETMASK, &previous, nullptr);
   const std::string stopped =

@@ -26,6 +26,10 @@ struct LaunchOptions {
   // Ranks with equal node keys form one node (share host memory). Empty: the host name.
   // `caravan run --nodes K` gives each logical node its own key.
   std::string node_key;
+  // Names what the job creates on each node (the symmetric heap's /dev/shm segment): letters,
+  // digits, '_' and '-', at most 64. Empty: rank 0 picks one. `caravan run` sets CARAVAN_JOB_ID,
+  // so that it can remove what a job that was killed leaves there.
+  std::string job_id;
 };
 
 struct RuntimeOptions {

@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include <unistd.h>
 
 #include <charconv>
@@ -53,6 +56,7 @@ std::optional<LaunchOptions> launch_from_environment() {
   if (auto node = env("CARAVAN_NODE")) key += "#node" + *node;
   else if (auto group = env("GROUP_RANK")) key += "#group" + *group;
   launch.node_key = key;
+  if (auto id = env("CARAVAN_JOB_ID")) launch.job_id = *id;
   return validated(std::move(launch), true);
 }
 
@@ -76,6 +80,13 @@ LaunchOptions validated(LaunchOptions launch, bool from_environment) {
       throw Error(Errc::invalid_argument, fmt::format("{} is empty: it names the host of rank 0", addr_name));
   }
   if (launch.node_key.empty()) launch.node_key = host_name();
+  const bool id_ok = launch.job_id.size() <= 64 && std::all_of(launch.job_id.begin(), launch.job_id.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+                     });
+  if (!id_ok)
+    throw Error(Errc::invalid_argument,
+                fmt::format("{}='{}': a job id is at most 64 letters, digits, '_' and '-'",
+                            from_environment ? "CARAVAN_JOB_ID" : "LaunchOptions::job_id", launch.job_id));
   return launch;
 }
 

@@ -330,7 +330,9 @@ void Network::rendezvous_as_root(Clock::time_point deadline) {
     self.address = worker_->address();
     joined_count_ = 1;
     std::random_device random;
-    job_id_ = fmt::format("{:x}{:04x}", static_cast<std::uint64_t>(std::time(nullptr)), random() & 0xFFFF);
+    job_id_ = !launch_.job_id.empty()
+                  ? launch_.job_id
+                  : fmt::format("{:x}{:04x}", static_cast<std::uint64_t>(std::time(nullptr)), random() & 0xFFFF);
   }
   worker_->listen(launch_.master_addr, launch_.master_port, [this](ucp_conn_request_h request) {
     try {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # usage: run_launcher_test.sh CARAVAN
 # `caravan run` as a job's owner meets it: a program that cannot start, processes a rank leaves
-# behind, and a stop signal to the launcher. Each case checks the exit status, the launcher's
+# behind, a stop signal to the launcher, and a segment the job leaves in /dev/shm. Each case checks the exit status, the launcher's
 # words, and that nothing of the job is left running.
 set -u
 caravan=$1
@@ -51,6 +51,25 @@ rc=$?
 [ $rc -eq 143 ] || fail "signal: exit status $rc, expected 143"
 [ "$(grep -c 'handled on rank' "$dir/out")" -eq 2 ] || fail "signal: not every rank's handler ran: $(cat "$dir/out")"
 grep -q "stopped by signal 15" "$dir/out" || fail "signal: not reported: $(cat "$dir/out")"
+
+# 4. A segment the job leaves in /dev/shm (as a rank killed while it makes the heap would): the
+# launcher removes it by the job id it gave the ranks (CARAVAN_JOB_ID).
+cat >"$dir/segment.sh" <<'SCRIPT'
+#!/bin/sh
+[ -n "$CARAVAN_JOB_ID" ] || { echo "no CARAVAN_JOB_ID"; exit 1; }
+echo "$CARAVAN_JOB_ID" >"$1"
+touch "/dev/shm/caravan-$CARAVAN_JOB_ID-node0"
+SCRIPT
+chmod +x "$dir/segment.sh"
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then
+  out=$("$caravan" run -n 1 "$dir/segment.sh" "$dir/job" 2>&1)
+  rc=$?
+  [ $rc -eq 0 ] || fail "segment: exit status $rc: $out"
+  grep -q "removed 1 shared-memory segment(s)" <<<"$out" || fail "segment: not reported: $out"
+  [ -e "/dev/shm/caravan-$(cat "$dir/job")-node0" ] && fail "segment: still in /dev/shm"
+else
+  echo "run_launcher_test: case 4 skipped: /dev/shm is not writable here"
+fi
 
 cat "$dir/out"
 exit $failed

@@ -33,8 +33,9 @@ class Environment {
 };
 
 const std::map<std::string, std::optional<std::string>> kNoJob = {
-    {"RANK", std::nullopt},        {"WORLD_SIZE", std::nullopt},   {"MASTER_ADDR", std::nullopt},
-    {"MASTER_PORT", std::nullopt}, {"CARAVAN_NODE", std::nullopt}, {"GROUP_RANK", std::nullopt}};
+    {"RANK", std::nullopt},          {"WORLD_SIZE", std::nullopt},   {"MASTER_ADDR", std::nullopt},
+    {"MASTER_PORT", std::nullopt},   {"CARAVAN_NODE", std::nullopt}, {"GROUP_RANK", std::nullopt},
+    {"CARAVAN_JOB_ID", std::nullopt}};
 
 TEST(Launch, NoWorldSizeMeansNoJob) {
   Environment env(kNoJob);
@@ -101,6 +102,22 @@ TEST(Launch, BadValuesNameTheVariableAndTheRule) {
   }
   CARAVAN_EXPECT_ERROR(validated(LaunchOptions{.rank = 0, .world_size = 70000}, false), Errc::invalid_argument,
                        "LaunchOptions::world_size=70000: must be in [1, 65535]");
+  {
+    // The job id names files in /dev/shm: no '/', nothing long.
+    auto values = kNoJob;
+    values["WORLD_SIZE"] = "1";
+    values["CARAVAN_JOB_ID"] = "../x";
+    Environment env(values);
+    CARAVAN_EXPECT_ERROR(launch_from_environment(), Errc::invalid_argument,
+                         "CARAVAN_JOB_ID='../x': a job id is at most 64 letters, digits, '_' and '-'");
+  }
+  {
+    auto values = kNoJob;
+    values["WORLD_SIZE"] = "1";
+    values["CARAVAN_JOB_ID"] = "job-7_a";
+    Environment env(values);
+    EXPECT_EQ(launch_from_environment()->job_id, "job-7_a");
+  }
 }
 
 TEST(Launch, RuntimeAloneIsRankZeroOfOne) {
