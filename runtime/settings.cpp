@@ -34,6 +34,7 @@ struct Definition {
   double min = -std::numeric_limits<double>::infinity();  // for integer, bytes, real
   double max = std::numeric_limits<double>::infinity();
   const char* choices = "";  // for choice: "a|b|c"
+  std::int64_t multiple_of = 0;  // for integer: the value must be a multiple of this (0: any)
 };
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -155,7 +156,7 @@ const Definition kTable[] = {
   {"CARAVAN_OVERLAP_TILE_M", Kind::integer, "64",
    "Rows per flagged chunk of the CPU overlapped collectives, also the GEMM tile's rows", 1, 1 << 20},
   {"CARAVAN_OVERLAP_TILE_N", Kind::integer, "128",
-   "Columns of a CPU GEMM tile (a multiple of 32)", 32, 1 << 20},
+   "Columns of a CPU GEMM tile (a multiple of 32)", 32, 1 << 20, "", 32},
   {"CARAVAN_OVERLAP_TIMEOUT_S", Kind::real, "30",
    "Longest a CPU overlapped operation waits for one flag (a chunk, a peer's entry) before it fails (seconds)", 0.001, 86400},
   {"CARAVAN_OVERLAP_GPU_COMM_BLOCKS", Kind::integer, "32",
@@ -287,6 +288,8 @@ std::int64_t parse_int(const Definition& d, std::string_view text) {
   if (ec != std::errc() || ptr != text.data() + text.size() || text.empty())
     reject(d, text, "expected an integer");
   check_range(d, text, static_cast<double>(value));
+  if (d.multiple_of > 0 && value % d.multiple_of != 0)
+    reject(d, text, fmt::format("must be a multiple of {}", d.multiple_of));
   return value;
 }
 
@@ -325,7 +328,9 @@ double parse_real(const Definition& d, std::string_view text) {
   std::string copy(text);
   char* end = nullptr;
   double value = std::strtod(copy.c_str(), &end);
-  if (copy.empty() || end != copy.c_str() + copy.size()) reject(d, text, "expected a number");
+  // strtod also reads hexadecimal ("0x10" as 16), which no one means for seconds or ratios.
+  if (copy.empty() || end != copy.c_str() + copy.size() || copy.find_first_of("xX") != std::string::npos)
+    reject(d, text, "expected a decimal number");
   check_range(d, text, value);
   return value;
 }
@@ -440,6 +445,19 @@ std::vector<SettingView> list() {
     }
     out.push_back(std::move(view));
   }
+  // Rules between settings. A peer is judged by its heartbeats: a timeout under three periods
+  // declares every peer failed between two beats (the network refuses it too, at start-up).
+  const auto find_view = [&out](std::string_view name) {
+    return std::find_if(out.begin(), out.end(), [name](const SettingView& v) { return v.name == name; });
+  };
+  const auto timeout = find_view("CARAVAN_PEER_TIMEOUT_S"), heartbeat = find_view("CARAVAN_HEARTBEAT_MS");
+  if (timeout != out.end() && heartbeat != out.end() && timeout->error.empty() && heartbeat->error.empty() &&
+      get_double("CARAVAN_PEER_TIMEOUT_S") * 1000.0 < 3.0 * static_cast<double>(get_int("CARAVAN_HEARTBEAT_MS")))
+    timeout->error = fmt::format(
+        "CARAVAN_PEER_TIMEOUT_S={}: must be at least three heartbeat periods "
+        "(CARAVAN_HEARTBEAT_MS={}): {:.3f} s or more, or a shorter heartbeat",
+        timeout->current_value, heartbeat->current_value,
+        3.0 * static_cast<double>(get_int("CARAVAN_HEARTBEAT_MS")) / 1000.0);
   return out;
 }
 

@@ -18,6 +18,8 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 namespace caravan::app {
@@ -104,7 +106,11 @@ IndexSpace make_space(const PlanArgs& a, int dims, const FieldSpace& fields) {
   }
   const std::uint64_t bytes = settings::parse_byte_count(a.size, "--size");
   if (bytes == 0) throw Error(Errc::invalid_argument, "--size '0': must be at least 1 byte");
-  std::uint64_t points = std::max<std::uint64_t>(1, bytes / fields.total_size());
+  if (bytes < fields.total_size())
+    throw Error(Errc::invalid_argument,
+                fmt::format("--size '{}': {} bytes is less than one point of --fields ({} bytes)", a.size, bytes,
+                            fields.total_size()));
+  std::uint64_t points = bytes / fields.total_size();
   auto side = static_cast<std::int64_t>(std::llround(std::pow(static_cast<double>(points), 1.0 / dims)));
   side = std::max<std::int64_t>(side, 1);
   std::uint64_t rest = points;
@@ -250,8 +256,14 @@ void add_plan_command(CLI::App& app) {
 
   static int nodes = 2, gpus = 8;
   static std::string output;
-  CLI::App* machine = app.add_subcommand("machine", "Machine description files");
-  machine->require_subcommand(1);
+  CLI::App* machine = app.add_subcommand("machine", "Machine description files: show one, or generate one");
+  machine->require_subcommand(0, 1);
+  machine->callback([machine] {
+    if (machine->get_subcommands().empty())
+      throw Error(Errc::invalid_argument,
+                  "caravan machine: name a subcommand: show (a machine's memories and channels) or generate (write a "
+                  "machine file); see caravan machine --help");
+  });
   CLI::App* generate = machine->add_subcommand("generate", "Write the machine file of N nodes x G GPUs (H200-like, one NIC per node)");
   generate->add_option("--nodes", nodes, "Nodes")->capture_default_str();
   generate->add_option("--gpus", gpus, "GPUs (ranks) per node")->capture_default_str();
@@ -265,17 +277,21 @@ void add_plan_command(CLI::App& app) {
   show->add_flag("--json", show_json, "Print the machine file (JSON) instead of tables");
   show->callback([] { show_machine(machine_or_setting(shown), show_json); });
   generate->callback([] {
-    if (nodes < 1 || nodes > 4096)
-      throw Error(Errc::invalid_argument, fmt::format("--nodes {}: must be in [1, 4096]", nodes));
-    if (gpus < 1 || gpus > 64) throw Error(Errc::invalid_argument, fmt::format("--gpus {}: must be in [1, 64]", gpus));
+    // generate_cluster checks --nodes and --gpus (their bounds and their product).
     std::string text = planner::to_machine_json(planner::generate_cluster({nodes, gpus}));
     if (output.empty()) {
       fmt::print("{}\n", text);
       return;
     }
     std::ofstream out(output);
-    if (!out) throw Error(Errc::io, fmt::format("machine generate --output: cannot write '{}'", output));
+    if (!out)
+      throw Error(Errc::invalid_argument,
+                  fmt::format("machine generate --output '{}': cannot open it: {}", output, std::strerror(errno)));
     out << text << "\n";
+    out.close();  // a full disk shows only when the buffer is written
+    if (!out)
+      throw Error(Errc::io, fmt::format("machine generate --output '{}': writing {} bytes failed: {}", output,
+                                        text.size() + 1, std::strerror(errno)));
   });
 }
 

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -78,7 +79,7 @@ int free_port(const std::string& address) {
   }
   int first = std::max(1024, low - 12000), last = std::max(first + 1, low);
   std::mt19937 random(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(Clock::now().time_since_epoch().count()));
-  int port = 0;
+  int port = 0, bind_error = 0;
   for (int attempt = 0; attempt < 100 && port == 0; ++attempt) {
     int candidate = first + static_cast<int>(random() % static_cast<unsigned>(last - first));
     int fd = socket(found->ai_family, SOCK_STREAM, 0);
@@ -88,10 +89,18 @@ int free_port(const std::string& address) {
     if (bound.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&bound)->sin_port = htons(static_cast<std::uint16_t>(candidate));
     else reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port = htons(static_cast<std::uint16_t>(candidate));
     if (bind(fd, reinterpret_cast<sockaddr*>(&bound), found->ai_addrlen) == 0) port = candidate;
+    else
+      bind_error = errno;
     close(fd);
+    if (bind_error == EADDRNOTAVAIL) break;  // no port will do
   }
   freeaddrinfo(found);
-  if (port == 0) throw Error(Errc::invalid_argument, fmt::format("--addr {}: found no free port there (pass --port)", address));
+  if (port == 0 && bind_error == EADDRNOTAVAIL)
+    throw Error(Errc::invalid_argument,
+                fmt::format("--addr {}: not an address of this host (rank 0 listens on it; ranks run here)", address));
+  if (port == 0)
+    throw Error(Errc::invalid_argument, fmt::format("--addr {}: found no free port there ({}; pass --port)", address,
+                                                    bind_error ? std::strerror(bind_error) : "no socket"));
   return port;
 }
 
@@ -187,6 +196,14 @@ int run_ranks(const RunSpec& spec) {
     throw Error(Errc::invalid_argument,
                 fmt::format("--grace {}: must be at most {:.0f} s (a year)", spec.grace_s, kMaxGraceSeconds));
   double grace = spec.grace_s >= 0 ? spec.grace_s : settings::get_double("CARAVAN_PEER_TIMEOUT_S") + 10.0;
+  if (spec.port != 0) {  // the address is still checked: every rank is told it
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(spec.address.c_str(), nullptr, &hints, &found) != 0 || !found)
+      throw Error(Errc::invalid_argument, fmt::format("--addr {}: cannot resolve it", spec.address));
+    freeaddrinfo(found);
+  }
   int port = spec.port != 0 ? spec.port : free_port(spec.address);
   if (port < 1 || port > 65535)
     throw Error(Errc::invalid_argument,

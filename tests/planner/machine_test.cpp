@@ -103,6 +103,19 @@ TEST(MachineFile, GeneratorScales) {
   EXPECT_TRUE(g.find(MemoryId::parse("node63/rank511/fbm")).has_value());
   EXPECT_TRUE(g.find(MemoryId::parse("node5/rank40/reg")).has_value());
   EXPECT_THROW(generate_cluster({0, 8}), Error);
+  // Its size grows with the square of the nodes: bounded before it takes gigabytes.
+  for (const ClusterSpec too_big : {ClusterSpec{4096, 64}, ClusterSpec{1024, 64}, ClusterSpec{1025, 1}}) {
+    try {
+      generate_cluster(too_big);
+      ADD_FAILURE() << too_big.nodes << " x " << too_big.gpus_per_node << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(
+          std::string(e.what()).find("nodes must be 1..1024, GPUs per node 1..64, and nodes x GPUs at most 16384"),
+          std::string::npos)
+          << e.what();
+    }
+  }
   EXPECT_EQ(resolve_machine("generate:2x3").memories.size(), 2u * 6);
   EXPECT_THROW(resolve_machine("generate:2y3"), Error);
   settings::ScopedOverride machine("CARAVAN_PLANNER_MACHINE", "h200x4");
