@@ -228,7 +228,9 @@ void enqueue_transfer_kernel(std::span<const dma::TransferOp> ops, const CopyEnd
 
 CopyQueue::CopyQueue(int device, int streams, std::string name)
     : device_(device), name_(std::move(name)), spin_ns_(settings::get_int("CARAVAN_GPU_WORKER_SPIN_US") * 1000) {
-  CARAVAN_HIP_CHECK(hipSetDevice(device_));
+  // Often built on an application thread (the first copy() makes every channel): its current
+  // device is put back afterwards.
+  const gpu::ScopedDevice on_device(device_);
   streams_.resize(static_cast<std::size_t>(std::max(streams, 1)), nullptr);
   for (auto& s : streams_) {
     hipError_t status = hipStreamCreateWithFlags(&s, hipStreamNonBlocking);
@@ -314,7 +316,8 @@ void CopyQueue::submit(const std::function<void(hipStream_t)>& enqueue, dma::Cha
     int device = -1;
     ~RestoreDevice() {
       int now = -1;
-      if (device >= 0 && hipGetDevice(&now) == hipSuccess && now != device) (void)hipSetDevice(device);
+      if (device >= 0 && hipGetDevice(&now) == hipSuccess && now != device && hipSetDevice(device) != hipSuccess)
+        (void)hipGetLastError();  // not this copy's error, nor a later call's
     }
   } restore;
   if (hipGetDevice(&restore.device) != hipSuccess) {

@@ -20,27 +20,6 @@
 namespace caravan::gpu {
 namespace {
 
-// Restores the calling thread's current device when it goes out of scope, so that discovery
-// and allocations do not move a caller's thread to another device.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (hipGetDevice(&previous_) != hipSuccess) {
-      (void)hipGetLastError();
-      previous_ = -1;
-    }
-    CARAVAN_HIP_CHECK(hipSetDevice(device));
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) (void)hipSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
 // For the release calls of noexcept frees: a failure cannot be thrown, so it is logged (and
 // cleared, so that it does not surface in an unrelated later call).
 void log_failed_release(hipError_t status, const char* call) {
@@ -71,7 +50,7 @@ Topology discover() {
   }
   t.peer.assign(static_cast<std::size_t>(n), std::vector<bool>(static_cast<std::size_t>(n), false));
   for (int i = 0; i < n; ++i) {
-    DeviceGuard guard(i);
+    ScopedDevice guard(i);
     for (int j = 0; j < n; ++j) {
       if (i == j) continue;
       int can = 0;
@@ -144,7 +123,7 @@ std::string topology_key() {
 
 void* allocate_device(int device, std::uint64_t bytes) {
   require_device(device);
-  DeviceGuard guard(device);
+  ScopedDevice guard(device);
   void* ptr = nullptr;
   CARAVAN_HIP_CHECK(hipMalloc(&ptr, std::max<std::uint64_t>(bytes, 1)));
   // Zeroed, and waited for: a memset of device memory returns before it has run, on the default
@@ -236,7 +215,7 @@ void* ipc_open(const IpcHandle& handle, int device) {
   require_device(device);
   hipIpcMemHandle_t h{};
   std::memcpy(&h, handle.bytes, kIpcHandleBytes);
-  DeviceGuard guard(device);
+  ScopedDevice guard(device);
   void* mapped = nullptr;
   // Lazy peer access: the mapping is reachable from `device` even where the owner's GPU is
   // another one (peer access between the two is enabled at discovery anyway).
@@ -329,7 +308,7 @@ void enqueue_raw(const RawCopy& c, const std::vector<hipStream_t>& streams) {
 }  // namespace
 
 std::vector<double> time_raw_copies(const RawCopy& c, int repetitions) {
-  DeviceGuard guard(c.device);
+  ScopedDevice guard(c.device);
   const int n_streams = std::max(c.streams, 1);
   std::vector<hipStream_t> streams(static_cast<std::size_t>(n_streams));
   for (auto& s : streams) CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&s, hipStreamNonBlocking));
@@ -354,24 +333,24 @@ std::vector<double> time_raw_concurrent(const std::vector<RawCopy>& copies, int 
   const auto destroy = [&] {
     for (std::size_t i = 0; i < copies.size(); ++i)
       if (streams[i]) {
-        DeviceGuard guard(copies[i].device);
+        ScopedDevice guard(copies[i].device);
         (void)hipStreamDestroy(streams[i]);
       }
   };
   std::vector<double> seconds;
   try {
     for (std::size_t i = 0; i < copies.size(); ++i) {
-      DeviceGuard guard(copies[i].device);
+      ScopedDevice guard(copies[i].device);
       CARAVAN_HIP_CHECK(hipStreamCreateWithFlags(&streams[i], hipStreamNonBlocking));
     }
     for (int r = 0; r < repetitions; ++r) {
       auto start = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < copies.size(); ++i) {
-        DeviceGuard guard(copies[i].device);
+        ScopedDevice guard(copies[i].device);
         enqueue_raw(copies[i], {streams[i]});
       }
       for (std::size_t i = 0; i < copies.size(); ++i) {
-        DeviceGuard guard(copies[i].device);
+        ScopedDevice guard(copies[i].device);
         CARAVAN_HIP_CHECK(hipStreamSynchronize(streams[i]));
       }
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

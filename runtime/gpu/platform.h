@@ -44,6 +44,12 @@ inline hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int device) { re
 inline hipError_t hipRuntimeGetVersion(int* version) { return cudaRuntimeGetVersion(version); }
 inline hipError_t hipDriverGetVersion(int* version) { return cudaDriverGetVersion(version); }
 inline hipError_t hipGetLastError() { return cudaGetLastError(); }
+// A kernel launch that returns its own status (a <<<>>> launch leaves it in the thread's last
+// error, mixed with whatever the application left there).
+inline hipError_t hipLaunchKernel(const void* kernel, dim3 grid, dim3 block, void** args, std::size_t shared_bytes,
+                                  hipStream_t stream) {
+  return cudaLaunchKernel(kernel, grid, block, args, shared_bytes, stream);
+}
 inline const char* hipGetErrorName(hipError_t e) { return cudaGetErrorName(e); }
 inline const char* hipGetErrorString(hipError_t e) { return cudaGetErrorString(e); }
 
@@ -250,3 +256,32 @@ inline int copy_engine_count(const hipDeviceProp_t& prop) {
     if (caravan_hip_status_ != hipSuccess)                                        \
       ::caravan::gpu::throw_hip_error(caravan_hip_status_, #call, __FILE__, __LINE__); \
   } while (0)
+
+namespace caravan::gpu {
+
+// Makes `device` current for a scope and puts the caller's device back at its end: the runtime
+// builds queues, streams and buffers on the application's threads (the first copy() makes every
+// channel), and a thread must not come back on another GPU. A failed restore is cleared, so that
+// it does not surface as a later, unrelated call's error.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (hipGetDevice(&previous_) != hipSuccess) {
+      (void)hipGetLastError();
+      previous_ = -1;
+    }
+    CARAVAN_HIP_CHECK(hipSetDevice(device));
+  }
+  ~ScopedDevice() {
+    int now = -1;
+    if (previous_ < 0 || (hipGetDevice(&now) == hipSuccess && now == previous_)) return;
+    if (hipSetDevice(previous_) != hipSuccess) (void)hipGetLastError();
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace caravan::gpu

@@ -15,7 +15,8 @@ FailureCause failure_of(const Error& e) { return std::make_shared<const Error>(e
 class DeviceStreams final : public GpuStreams {
  public:
   DeviceStreams(int device, int per_class) : device_(device) {
-    CARAVAN_HIP_CHECK(hipSetDevice(device_));
+    // Built on whichever thread spawns the first GPU task: its current device is put back.
+    const gpu::ScopedDevice on_device(device_);
     int least = 0, greatest = 0;
     CARAVAN_HIP_CHECK(hipDeviceGetStreamPriorityRange(&least, &greatest));
     try {

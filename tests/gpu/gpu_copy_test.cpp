@@ -107,6 +107,27 @@ TEST_F(GpuCopyTest, ZeroCopyMemoryToGpuAndBack) {
 }
 
 #if CARAVAN_HAVE_GPU
+// The runtime builds its GPU queues and streams on the application's threads (the first copy
+// makes every channel, GPU 1's included): the thread keeps its current device. A stale error the
+// application left in the thread's last-error state is neither taken as a copy's failure (the
+// conversion kernel's launch checks its own status) nor cleared.
+TEST(GpuThreadState, CopiesKeepTheCallersDeviceAndLastError) {
+  CARAVAN_REQUIRE_GPUS(2);
+  CARAVAN_HIP_CHECK(hipSetDevice(1));
+  Runtime rt(RuntimeOptions{.cpu_workers = 2});
+  const Rect space = Rect::from_extents({65537});
+  EXPECT_TRUE(uses(copy_and_verify(space, "F,x", "x,F", fbm(0), fbm(0)), "gpu_convert"));
+  int now = -1;
+  CARAVAN_HIP_CHECK(hipGetDevice(&now));
+  EXPECT_EQ(now, 1) << "the first copy moved this thread to GPU " << now;
+  ASSERT_NE(hipSetDevice(1 << 20), hipSuccess) << "a device that does not exist";  // the application's error
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(uses(copy_and_verify(space, "F,x", "x,F", fbm(0), fbm(0)), "gpu_convert"));
+  CARAVAN_HIP_CHECK(hipGetDevice(&now));
+  EXPECT_EQ(now, 1);
+  EXPECT_NE(hipGetLastError(), hipSuccess) << "the application's error was cleared by a copy";
+  EXPECT_EQ(hipGetLastError(), hipSuccess);
+}
+
 // Plain (pageable) memory attached as zcm: attach pins and maps it for the GPUs while the
 // instance lives (a kernel given gpu_data() would otherwise fault the device), and the copy
 // engines move it both ways. Memory the caller pinned itself is left as it is.
