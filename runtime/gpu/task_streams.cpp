@@ -64,7 +64,13 @@ class DeviceStreams final : public GpuStreams {
       gpu::throw_hip_error(status, call, __FILE__, __LINE__);
     };
     if (!event) {
-      make_current();
+      try {
+        make_current();
+      } catch (const Error&) {  // the same rule: the body's work ends before the failure is told
+        (void)hipGetLastError();
+        if (hipStreamSynchronize(stream) != hipSuccess) (void)hipGetLastError();
+        throw;
+      }
       if (hipError_t status = hipEventCreateWithFlags(&event, hipEventDisableTiming); status != hipSuccess)
         fail(status, "hipEventCreateWithFlags(&event, hipEventDisableTiming)");
     }
