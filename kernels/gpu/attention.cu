@@ -287,10 +287,9 @@ void launch(const AttentionArguments& a, hipStream_t stream) {
   constexpr int rows = 16 * Warps;
   const dim3 grid(static_cast<unsigned>((a.tokens + rows - 1) / rows * a.q_heads));
   const float scale_log2 = a.scale * 1.4426950408889634f;
-  attention_kernel<D, Warps><<<grid, Warps * 32, shared_bytes<D>(), stream>>>(
-      a.q, a.k, a.v, a.ld, a.tokens, static_cast<int>(a.q_heads), static_cast<int>(a.q_heads / a.kv_heads), scale_log2,
-      a.out, a.ld_out);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(attention_kernel<D, Warps>, dim3(grid), dim3(Warps * 32), shared_bytes<D>(), stream, a.q, a.k, a.v,
+                 a.ld, a.tokens, static_cast<int>(a.q_heads), static_cast<int>(a.q_heads / a.kv_heads), scale_log2,
+                 a.out, a.ld_out);
 }
 
 template <int Warps>
@@ -426,15 +425,17 @@ void attention_reference(const float* q, const float* k, const float* v, const A
   const int heads = static_cast<int>(a.q_heads);
   switch (a.head_dim) {
     case 32:
-      attention_reference_kernel<32><<<blocks, 128, 0, stream>>>(q, k, v, a.ld, a.tokens, heads, group, a.scale, out, a.ld_out);
+      launch_checked(attention_reference_kernel<32>, dim3(blocks), dim3(128), 0, stream, q, k, v, a.ld, a.tokens, heads,
+                     group, a.scale, out, a.ld_out);
       break;
     case 64:
-      attention_reference_kernel<64><<<blocks, 128, 0, stream>>>(q, k, v, a.ld, a.tokens, heads, group, a.scale, out, a.ld_out);
+      launch_checked(attention_reference_kernel<64>, dim3(blocks), dim3(128), 0, stream, q, k, v, a.ld, a.tokens, heads,
+                     group, a.scale, out, a.ld_out);
       break;
     default:
-      attention_reference_kernel<128><<<blocks, 128, 0, stream>>>(q, k, v, a.ld, a.tokens, heads, group, a.scale, out, a.ld_out);
+      launch_checked(attention_reference_kernel<128>, dim3(blocks), dim3(128), 0, stream, q, k, v, a.ld, a.tokens,
+                     heads, group, a.scale, out, a.ld_out);
   }
-  CARAVAN_HIP_CHECK(hipGetLastError());
 }
 
 }  // namespace caravan::gpu

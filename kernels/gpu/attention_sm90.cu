@@ -417,10 +417,9 @@ void launch(const AttentionArguments& a, hipStream_t stream) {
   const long items = (a.tokens + kBlockRows - 1) / kBlockRows * a.q_heads;
   const dim3 grid(static_cast<unsigned>(std::min<long>(items, current_multiprocessors())));
   const float scale_log2 = a.scale * 1.4426950408889634f;
-  attention_sm90_kernel<D><<<grid, kThreads, AttentionConfig<D>::kSharedBytes, stream>>>(
-      map_q, map_k, map_v, a.tokens, static_cast<int>(a.q_heads), static_cast<int>(a.q_heads / a.kv_heads), scale_log2,
-      a.out, a.ld_out);
-  CARAVAN_HIP_CHECK(cudaGetLastError());
+  launch_checked(attention_sm90_kernel<D>, dim3(grid), dim3(kThreads), AttentionConfig<D>::kSharedBytes, stream, map_q,
+                 map_k, map_v, a.tokens, static_cast<int>(a.q_heads), static_cast<int>(a.q_heads / a.kv_heads),
+                 scale_log2, a.out, a.ld_out);
 }
 
 }  // namespace

@@ -29,8 +29,7 @@ void launch_kernel(void (*kernel)(Params...), unsigned grid, unsigned threads, h
     return;
   }
 #endif
-  kernel<<<grid, threads, 0, stream>>>(args...);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(kernel, dim3(grid), dim3(threads), 0, stream, args...);
 }
 
 // The first instruction of a kernel that may be launched early: a no-op for an ordinary launch.

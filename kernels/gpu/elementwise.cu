@@ -380,31 +380,30 @@ int blocks_for(long work, int threads, int cap = 4096) {
 
 void fill_random(bf16* out, long rows, long cols, long ld, std::uint64_t seed, long row0, long col0, float scale,
                  hipStream_t stream) {
-  fill_random_kernel<<<blocks_for(rows * cols, 256), 256, 0, stream>>>(out, rows, cols, ld, seed, row0, col0, scale);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(fill_random_kernel<bf16>, dim3(blocks_for(rows * cols, 256)), dim3(256), 0, stream, out, rows, cols,
+                 ld, seed, row0, col0, scale);
 }
 void fill_random(float* out, long rows, long cols, long ld, std::uint64_t seed, long row0, long col0, float scale,
                  hipStream_t stream) {
-  fill_random_kernel<<<blocks_for(rows * cols, 256), 256, 0, stream>>>(out, rows, cols, ld, seed, row0, col0, scale);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(fill_random_kernel<float>, dim3(blocks_for(rows * cols, 256)), dim3(256), 0, stream, out, rows, cols,
+                 ld, seed, row0, col0, scale);
 }
 
 void compare(const bf16* out, long rows, long cols, long ld, const float* ref, long ref_ld, ErrorSums* sums,
              hipStream_t stream) {
   CARAVAN_HIP_CHECK(hipMemsetAsync(sums, 0, sizeof(ErrorSums), stream));
-  compare_kernel<<<blocks_for(rows * cols, 256, 1024), 256, 0, stream>>>(out, rows, cols, ld, ref, ref_ld, sums);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(compare_kernel, dim3(blocks_for(rows * cols, 256, 1024)), dim3(256), 0, stream, out, rows, cols, ld,
+                 ref, ref_ld, sums);
 }
 
 void reduce_sum(bf16* out, const ReduceInputs& inputs, std::size_t elements, hipStream_t stream) {
   const std::size_t vectors = elements / 8;
   if (vectors > 0) {
-    reduce_sum_kernel<<<blocks_for(static_cast<long>(vectors), 512, 132 * 8), 512, 0, stream>>>(out, inputs, vectors);
-    CARAVAN_HIP_CHECK(hipGetLastError());
+    launch_checked(reduce_sum_kernel, dim3(blocks_for(static_cast<long>(vectors), 512, 132 * 8)), dim3(512), 0, stream,
+                   out, inputs, vectors);
   }
   if (vectors * 8 < elements) {
-    reduce_sum_tail_kernel<<<1, 32, 0, stream>>>(out, inputs, vectors * 8, elements);
-    CARAVAN_HIP_CHECK(hipGetLastError());
+    launch_checked(reduce_sum_tail_kernel, dim3(1), dim3(32), 0, stream, out, inputs, vectors * 8, elements);
   }
 }
 

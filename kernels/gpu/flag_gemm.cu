@@ -190,9 +190,8 @@ void flag_gemm_parts(const bf16* a, long lda, const bf16* b, long ldb, const Fla
     throw Error(Errc::invalid_argument, "flag_gemm: the portable kernel takes at most 65535 row tiles (m up to " +
                                             std::to_string(65535L * kTileM) + "); got m " + std::to_string(m));
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>(flag_gemm_row_tiles(m)));
-  flag_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, lda, b, ldb, out, m, n, k, flags, rows_per_flag, epoch, tile_order,
-                                                  rows_per_done);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(flag_gemm_kernel, dim3(grid), dim3(kThreads), 0, stream, a, lda, b, ldb, out, m, n, k, flags,
+                 rows_per_flag, epoch, tile_order, rows_per_done);
 }
 
 void flag_gemm(const bf16* a, long lda, const bf16* b, long ldb, bf16* c, long ldc, long m, long n, long k,

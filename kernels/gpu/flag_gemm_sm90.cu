@@ -359,10 +359,9 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const dev::Outpu
   const long col_tiles = (n + TileN - 1) / TileN, tiles = col_tiles * ((m + kTileM - 1) / kTileM);
   long blocks = tiles;
   if (Persistent) blocks = std::min<long>(tiles, current_multiprocessors());
-  flag_gemm_sm90_kernel<TileN, Persistent>
-      <<<dim3(static_cast<unsigned>(blocks)), kThreads, Config<TileN, Persistent>::kSharedBytes, stream>>>(
-          map_a, map_b, out, m, n, k, col_tiles, kGroupRows, flags, rows_per_flag, epoch, tile_order, rows_per_done);
-  CARAVAN_HIP_CHECK(cudaGetLastError());
+  launch_checked(flag_gemm_sm90_kernel<TileN, Persistent>, dim3(dim3(static_cast<unsigned>(blocks))), dim3(kThreads),
+                 Config<TileN, Persistent>::kSharedBytes, stream, map_a, map_b, out, m, n, k, col_tiles, kGroupRows,
+                 flags, rows_per_flag, epoch, tile_order, rows_per_done);
 }
 
 }  // namespace

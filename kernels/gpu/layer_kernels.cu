@@ -202,8 +202,7 @@ void preload_layer_kernels() {
 
 void to_float(const bf16* in, float* out, std::size_t count, hipStream_t stream) {
   if (count == 0) return;
-  to_float_kernel<<<grid_for(static_cast<long>(count)), kThreads, 0, stream>>>(in, out, count);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(to_float_kernel, dim3(grid_for(static_cast<long>(count))), dim3(kThreads), 0, stream, in, out, count);
 }
 
 void rmsnorm(const bf16* x, long rows, long cols, const float* weight, bf16* out, hipStream_t stream) {
@@ -212,22 +211,21 @@ void rmsnorm(const bf16* x, long rows, long cols, const float* weight, bf16* out
   const auto blocks = static_cast<unsigned>(rows);
   const long per_thread = (cols / 8 + kThreads - 1) / kThreads;
   if (reinterpret_cast<std::uintptr_t>(weight) % 16 != 0 || per_thread > 8)
-    rmsnorm_kernel<<<blocks, kThreads, 0, stream>>>(x, cols, weight, out);
+    launch_checked(rmsnorm_kernel, dim3(blocks), dim3(kThreads), 0, stream, x, cols, weight, out);
   else if (per_thread > 4)
-    rmsnorm_registers_kernel<8><<<blocks, kThreads, 0, stream>>>(x, cols, weight, out);
+    launch_checked(rmsnorm_registers_kernel<8>, dim3(blocks), dim3(kThreads), 0, stream, x, cols, weight, out);
   else if (per_thread > 2)
-    rmsnorm_registers_kernel<4><<<blocks, kThreads, 0, stream>>>(x, cols, weight, out);
+    launch_checked(rmsnorm_registers_kernel<4>, dim3(blocks), dim3(kThreads), 0, stream, x, cols, weight, out);
   else if (per_thread > 1)
-    rmsnorm_registers_kernel<2><<<blocks, kThreads, 0, stream>>>(x, cols, weight, out);
+    launch_checked(rmsnorm_registers_kernel<2>, dim3(blocks), dim3(kThreads), 0, stream, x, cols, weight, out);
   else
-    rmsnorm_registers_kernel<1><<<blocks, kThreads, 0, stream>>>(x, cols, weight, out);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+    launch_checked(rmsnorm_registers_kernel<1>, dim3(blocks), dim3(kThreads), 0, stream, x, cols, weight, out);
 }
 
 void add(const bf16* a, const bf16* b, bf16* out, std::size_t count, hipStream_t stream) {
   require_vectors("add", static_cast<long>(count));
-  add_kernel<<<grid_for(static_cast<long>(count / 8)), kThreads, 0, stream>>>(a, b, out, count / 8);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(add_kernel, dim3(grid_for(static_cast<long>(count / 8))), dim3(kThreads), 0, stream, a, b, out,
+                 count / 8);
 }
 
 void swiglu(const bf16* up_gate, long rows, long f, bf16* out, hipStream_t stream) {
@@ -235,16 +233,15 @@ void swiglu(const bf16* up_gate, long rows, long f, bf16* out, hipStream_t strea
   if (rows <= 0) return;
   const dim3 grid(static_cast<unsigned>((f / 8 + kThreads - 1) / kThreads),
                   static_cast<unsigned>(rows < 65535 ? rows : 65535));
-  swiglu_kernel<<<grid, kThreads, 0, stream>>>(up_gate, rows, f, out);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(swiglu_kernel, dim3(grid), dim3(kThreads), 0, stream, up_gate, rows, f, out);
 }
 
 void causal_softmax(const float* scores, long rows, long cols, long rows_per_head, long first_query, bf16* out,
                     hipStream_t stream) {
   if (rows <= 0 || cols <= 0 || rows_per_head <= 0 || first_query < 0)
     throw Error(Errc::invalid_argument, "causal_softmax: rows, cols and rows_per_head must be positive, first_query >= 0");
-  causal_softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(scores, cols, rows_per_head, first_query, out);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(causal_softmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, scores, cols,
+                 rows_per_head, first_query, out);
 }
 
 }  // namespace caravan::gpu

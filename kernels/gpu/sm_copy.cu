@@ -361,8 +361,7 @@ void pull_reduce_scatter(const HeapView& heap, const bf16* rows, std::size_t ele
 }
 
 void stamp_time(std::uint64_t* word, hipStream_t stream) {
-  stamp_time_kernel<<<1, 1, 0, stream>>>(word);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(stamp_time_kernel, dim3(1), dim3(1), 0, stream, word);
 }
 
 std::size_t sm_push_counter_bytes(int world, int chunks) {
@@ -386,10 +385,9 @@ void sm_push(const HeapView& heap, const void* src, void* dst, std::size_t chunk
                     std::to_string(pitch_bytes) +
                     ") apart need all_peers_at_once, both multiples of 16, row_bytes dividing chunk_bytes (" +
                     std::to_string(chunk_bytes) + ") and at most pitch_bytes");
-  sm_push_kernel<<<blocks, kThreads, 0, stream>>>(heap, static_cast<const uint4*>(src), static_cast<uint4*>(dst),
-                                                  chunk_bytes / 16, chunks, flags, counters, epoch,
-                                                  static_cast<std::uint32_t>(row_bytes / 16), pitch_bytes / 16);
-  CARAVAN_HIP_CHECK(hipGetLastError());
+  launch_checked(sm_push_kernel, dim3(blocks), dim3(kThreads), 0, stream, heap, static_cast<const uint4*>(src),
+                 static_cast<uint4*>(dst), chunk_bytes / 16, chunks, flags, counters, epoch,
+                 static_cast<std::uint32_t>(row_bytes / 16), pitch_bytes / 16);
 }
 
 }  // namespace caravan::gpu

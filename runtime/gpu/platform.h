@@ -250,6 +250,9 @@ inline int copy_engine_count(const hipDeviceProp_t& prop) {
 
 }  // namespace caravan::gpu
 
+#include <tuple>
+#include <type_traits>
+
 #define CARAVAN_HIP_CHECK(call)                                                   \
   do {                                                                            \
     hipError_t caravan_hip_status_ = (call);                                      \
@@ -258,6 +261,24 @@ inline int copy_engine_count(const hipDeviceProp_t& prop) {
   } while (0)
 
 namespace caravan::gpu {
+
+// Launches `kernel` and checks the launch by its own status (hipLaunchKernel), not by the
+// thread's last error, which may hold an error the application left there (a check by
+// hipGetLastError would take it as this launch's failure, and clear it). Each argument becomes
+// the type of its parameter first, as a <<<>>> launch converts them.
+template <class... Params, class... Args>
+void launch_checked(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, hipStream_t stream,
+                    Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch_checked: one argument per kernel parameter");
+  std::tuple<std::remove_cv_t<std::remove_reference_t<Params>>...> values(std::forward<Args>(args)...);
+  std::apply(
+      [&](auto&... value) {
+        void* pointers[] = {static_cast<void*>(&value)..., nullptr};
+        CARAVAN_HIP_CHECK(
+            hipLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, pointers, shared_bytes, stream));
+      },
+      values);
+}
 
 // Makes `device` current for a scope and puts the caller's device back at its end: the runtime
 // builds queues, streams and buffers on the application's threads (the first copy() makes every
