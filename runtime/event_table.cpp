@@ -90,6 +90,7 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t), "fute
 
 thread_local std::atomic<int>* t_blocked_wait_count = nullptr;
 thread_local const char* t_runtime_thread_role = nullptr;
+thread_local bool t_on_progress_thread = false;
 thread_local int t_event_callback_depth = 0;
 
 int wait_spin_us_for(std::int64_t setting, bool uses_gpu) {

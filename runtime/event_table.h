@@ -81,8 +81,10 @@ extern thread_local int t_event_callback_depth;
 // The network's progress thread delivers every message from other ranks, and runs the
 // on_trigger callbacks of events they trigger: a wait there (Event::wait, a heap put to another
 // node) would stop the very thread that must complete it, so such waits are refused.
-inline constexpr const char* kProgressThreadRole = "the network's progress thread";
-inline bool on_progress_thread() noexcept { return t_runtime_thread_role == kProgressThreadRole; }
+// Its own flag, not a comparison of the role's text by address: string literals are not merged
+// across files in every build (AddressSanitizer's keeps them apart), so that test failed there.
+extern thread_local bool t_on_progress_thread;
+inline bool on_progress_thread() noexcept { return t_on_progress_thread; }
 
 class RuntimeThreadRole {
  public:

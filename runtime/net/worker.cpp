@@ -356,7 +356,8 @@ void Worker::stop() {
 void Worker::wake() { ucp_worker_signal(worker_); }
 
 void Worker::progress_main() {
-  const detail::RuntimeThreadRole role(detail::kProgressThreadRole);
+  const detail::RuntimeThreadRole role("the network's progress thread");
+  detail::t_on_progress_thread = true;  // for the whole life of this thread
   thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   const auto poll = std::chrono::microseconds(options_.poll_us);
   const auto tick = options_.tick;
