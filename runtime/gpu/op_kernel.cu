@@ -172,14 +172,8 @@ void launch_op_batch(const KernelBatch& batch, hipStream_t stream, unsigned max_
     if (vectors == 0) return;
     const std::uint64_t per_block = static_cast<std::uint64_t>(kThreads) * dev::kGridCopyUnroll;
     const std::uint64_t blocks = std::min<std::uint64_t>((vectors + per_block - 1) / per_block, max_blocks ? max_blocks : 1024);
-    const uint4* src = reinterpret_cast<const uint4*>(lone.src);
-    uint4* dst = reinterpret_cast<uint4*>(lone.dst);
-    std::uint64_t count = vectors;
-    void* args[] = {&src, &dst, &count};
-    // hipLaunchKernel returns the launch's own status: checking the thread's last error instead
-    // would take (and clear) an error the application left there as this copy's.
-    CARAVAN_HIP_CHECK(hipLaunchKernel(reinterpret_cast<const void*>(&contiguous_kernel),
-                                      dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0, stream));
+    launch_checked(contiguous_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                   reinterpret_cast<const uint4*>(lone.src), reinterpret_cast<uint4*>(lone.dst), vectors);
     return;
   }
   // A contiguous run becomes a strided op of single units (the widest its addresses, length and
@@ -213,10 +207,12 @@ void launch_op_batch(const KernelBatch& batch, hipStream_t stream, unsigned max_
       std::min<std::uint64_t>((units + per_block - 1) / per_block, max_blocks ? max_blocks : 2048);
   const bool narrow =
       units + blocks * per_block < (std::uint64_t{1} << 32) && !g_force_wide_index.load(std::memory_order_relaxed);
-  const void* kernel = narrow ? reinterpret_cast<const void*>(&op_batch_kernel<std::uint32_t>)
-                              : reinterpret_cast<const void*>(&op_batch_kernel<std::uint64_t>);
-  void* args[] = {&shaped, &plan};
-  CARAVAN_HIP_CHECK(hipLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0, stream));
+  if (narrow)
+    launch_checked(op_batch_kernel<std::uint32_t>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                   shaped, plan);
+  else
+    launch_checked(op_batch_kernel<std::uint64_t>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                   shaped, plan);
 }
 
 void force_wide_index_for_testing(bool on) { g_force_wide_index.store(on, std::memory_order_relaxed); }
