@@ -272,9 +272,14 @@ void GpuSymmetricHeap::release_to(std::uint64_t mark) {
   if (collective) Runtime::current().barrier(join_timeout());
 }
 
-HeapView GpuSymmetricHeap::view(int rank) const {
+void GpuSymmetricHeap::check_rank(int rank, const char* call) const {
   if (rank < 0 || rank >= world())
-    throw Error(Errc::invalid_argument, fmt::format("GpuSymmetricHeap::view: rank {} outside 0..{}", rank, world() - 1));
+    throw Error(Errc::invalid_argument,
+                fmt::format("{}: rank {} is outside the team's ranks 0..{}", call, rank, world() - 1));
+}
+
+HeapView GpuSymmetricHeap::view(int rank) const {
+  check_rank(rank, "GpuSymmetricHeap::view");
   HeapView v;
   for (int p = 0; p < world(); ++p) v.bases[p] = bases_[static_cast<std::size_t>(p)];
   v.rank = rank;

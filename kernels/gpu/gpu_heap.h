@@ -75,9 +75,7 @@ class GpuSymmetricHeap {
   // `rank`'s copy of `region` (a device address every GPU of the team may load and store).
   template <class T = std::byte>
   T* at(const SymmetricRegion& region, int rank) const {
-    if (rank < 0 || static_cast<std::size_t>(rank) >= bases_.size())
-      throw Error(Errc::invalid_argument, "GpuSymmetricHeap: rank " + std::to_string(rank) +
-                                              " is outside the team of " + std::to_string(bases_.size()) + " rank(s)");
+    check_rank(rank, "GpuSymmetricHeap::at");
     return reinterpret_cast<T*>(bases_[static_cast<std::size_t>(rank)] + region.offset);
   }
   HeapView view(int rank) const;
@@ -90,6 +88,8 @@ class GpuSymmetricHeap {
   void release_to(std::uint64_t mark);
 
  private:
+  // Error(invalid_argument) naming `call` when `rank` is not one of the team's.
+  void check_rank(int rank, const char* call) const;
   GpuSymmetricHeap() = default;
   void free_all() noexcept;
 

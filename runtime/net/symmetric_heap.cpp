@@ -69,8 +69,9 @@ void SymmetricHeap::signal(const SymmetricRegion& signals, std::size_t index, Si
 void SymmetricHeap::put_signal(const SymmetricRegion& dst, std::uint64_t offset, const void* src, std::size_t bytes,
                                const SymmetricRegion& signals, std::size_t index, SignalOp op, std::uint64_t value,
                                int rank) {
-  checked("put_signal").put(dst, offset, src, bytes, rank);
-  checked("put_signal").signal(signals, index, op, value, rank, MemoryOrder::release);
+  net::HostHeap& heap = checked("put_signal");
+  heap.put(dst, offset, src, bytes, rank);
+  heap.signal(signals, index, op, value, rank, MemoryOrder::release);
 }
 
 std::uint64_t SymmetricHeap::wait_until(const SymmetricRegion& signals, std::size_t index, SignalCompare cmp,
