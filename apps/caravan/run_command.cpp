@@ -17,6 +17,7 @@
 // rank has exited, so none is left running.
 #include "apps/caravan/commands.h"
 #include "apps/caravan/launcher.h"
+#include "runtime/net/host_heap.h"
 
 #include <caravan/error.h>
 #include <caravan/settings.h>
@@ -121,13 +122,12 @@ int exit_code(int status) {
 const char* const kJobVariables[] = {"RANK",        "WORLD_SIZE",   "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                      "MASTER_PORT", "CARAVAN_NODE", "GROUP_RANK", "CARAVAN_JOB_ID"};
 
-// Removes the job's /dev/shm segments (runtime/net/host_heap.cpp names them
-// caravan-<job id>-node<N>), which a rank killed while it made the heap leaves behind; returns
-// how many there were.
+// Removes the job's /dev/shm segments (net::heap_segment_prefix), which a rank killed while it
+// made the heap leaves behind; returns how many there were.
 std::size_t remove_job_segments(const std::string& job_id) {
   std::size_t removed = 0;
   std::error_code error;
-  const std::string prefix = "caravan-" + job_id + "-node";
+  const std::string prefix = net::heap_segment_prefix(job_id);
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
     const std::string name = entry.path().filename().string();
     if (name.starts_with(prefix) && shm_unlink(("/" + name).c_str()) == 0) ++removed;

@@ -69,6 +69,8 @@ const char* compare_name(SignalCompare cmp) {
 
 }  // namespace
 
+std::string heap_segment_prefix(std::string_view job_id) { return fmt::format("caravan-{}-node", job_id); }
+
 HostHeap::HostHeap(Network* network, std::uint64_t bytes_per_rank)
     : network_(network), part_bytes_(round_up(bytes_per_rank, 4096)) {
   if (!network_) {
@@ -94,7 +96,7 @@ HostHeap::HostHeap(Network* network, std::uint64_t bytes_per_rank)
   }
   dirty_ = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(world_size_));
   mapped_bytes_ = part_bytes_ * static_cast<std::uint64_t>(local_count);
-  const std::string name = fmt::format("/caravan-{}-node{}", network_->job_id(), me.node);
+  const std::string name = fmt::format("/{}{}", heap_segment_prefix(network_->job_id()), me.node);
   const bool creator = me.local_rank == 0;
 
   std::string error;

@@ -34,6 +34,10 @@ namespace caravan::net {
 
 class Network;
 
+// The name (in /dev/shm, without its leading '/') that node segments of job `job_id` start
+// with; a node's is this followed by its number. `caravan run` removes what a killed job left.
+std::string heap_segment_prefix(std::string_view job_id);
+
 class HostHeap {
  public:
   // `network` null: a runtime alone. Collective otherwise.
