@@ -445,20 +445,24 @@ std::vector<SettingView> list() {
     }
     out.push_back(std::move(view));
   }
-  // Rules between settings. A peer is judged by its heartbeats: a timeout under three periods
-  // declares every peer failed between two beats (the network refuses it too, at start-up).
-  const auto find_view = [&out](std::string_view name) {
-    return std::find_if(out.begin(), out.end(), [name](const SettingView& v) { return v.name == name; });
-  };
-  const auto timeout = find_view("CARAVAN_PEER_TIMEOUT_S"), heartbeat = find_view("CARAVAN_HEARTBEAT_MS");
-  if (timeout != out.end() && heartbeat != out.end() && timeout->error.empty() && heartbeat->error.empty() &&
-      get_double("CARAVAN_PEER_TIMEOUT_S") * 1000.0 < 3.0 * static_cast<double>(get_int("CARAVAN_HEARTBEAT_MS")))
-    timeout->error = fmt::format(
-        "CARAVAN_PEER_TIMEOUT_S={}: must be at least three heartbeat periods "
-        "(CARAVAN_HEARTBEAT_MS={}): {:.3f} s or more, or a shorter heartbeat",
-        timeout->current_value, heartbeat->current_value,
-        3.0 * static_cast<double>(get_int("CARAVAN_HEARTBEAT_MS")) / 1000.0);
+  // Rules between settings, on the first setting they name.
+  const auto timeout =
+      std::find_if(out.begin(), out.end(), [](const SettingView& v) { return v.name == "CARAVAN_PEER_TIMEOUT_S"; });
+  const bool both_valid = std::none_of(out.begin(), out.end(), [](const SettingView& v) {
+    return (v.name == "CARAVAN_PEER_TIMEOUT_S" || v.name == "CARAVAN_HEARTBEAT_MS") && !v.error.empty();
+  });
+  if (timeout != out.end() && both_valid) timeout->error = peer_timeout_error();
   return out;
+}
+
+std::string peer_timeout_error() {
+  const double timeout_s = get_double("CARAVAN_PEER_TIMEOUT_S");
+  const auto heartbeat_ms = static_cast<double>(get_int("CARAVAN_HEARTBEAT_MS"));
+  if (timeout_s * 1000.0 >= 3.0 * heartbeat_ms) return {};
+  return fmt::format(
+      "CARAVAN_PEER_TIMEOUT_S={}: must be at least three heartbeat periods (CARAVAN_HEARTBEAT_MS={}): "
+      "{:.3f} s or more, or a shorter heartbeat",
+      timeout_s, heartbeat_ms, 3.0 * heartbeat_ms / 1000.0);
 }
 
 std::int64_t get_int(std::string_view name) {

@@ -23,8 +23,13 @@ struct SettingView {
   std::string error;          // non-empty if the current value is invalid
 };
 
-// All settings, in table order.
+// All settings, in table order; a value that breaks a rule between settings (see
+// peer_timeout_error) carries that error too.
 std::vector<SettingView> list();
+
+// The rule between CARAVAN_PEER_TIMEOUT_S and CARAVAN_HEARTBEAT_MS (a peer is judged by its
+// heartbeats: the timeout must cover three), as an error message naming both; empty when kept.
+std::string peer_timeout_error();
 
 // A CARAVAN_* variable of the environment that is no setting: most likely a typo, which would
 // otherwise be ignored without a word. `suggestion` is the closest setting name, if one is close.
